@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what csattn needs to build and test on a Debian machine (idempotent).
+# Only Debian packages are used; nothing is downloaded from anywhere else.
+set -euo pipefail
+
+# Debian package -> a file whose presence proves it is installed (checked before apt runs,
+# so a second call costs nothing and needs no network).
+declare -A probe=(
+  [cmake]=/usr/bin/cmake
+  [ninja-build]=/usr/bin/ninja
+  [g++]=/usr/bin/g++
+  [libgtest-dev]=/usr/include/gtest/gtest.h
+  [libgmock-dev]=/usr/include/gmock/gmock.h
+  [libbenchmark-dev]=/usr/include/benchmark/benchmark.h
+  [libcli11-dev]=/usr/include/CLI/CLI.hpp
+  [nlohmann-json3-dev]=/usr/include/nlohmann/json.hpp
+  [libfmt-dev]=/usr/include/fmt/format.h
+  [libopenblas-openmp-dev]=/usr/include/x86_64-linux-gnu/cblas.h
+  [libomp-dev]=/usr/lib/llvm-14/include/omp.h
+)
+
+missing=()
+for pkg in "${!probe[@]}"; do
+  [ -e "${probe[$pkg]}" ] || missing+=("$pkg")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "bootstrap: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
