@@ -15,7 +15,7 @@ declare -A probe=(
   [libcli11-dev]=/usr/include/CLI/CLI.hpp
   [nlohmann-json3-dev]=/usr/include/nlohmann/json.hpp
   [libfmt-dev]=/usr/include/fmt/format.h
-  [libopenblas-openmp-dev]=/usr/include/x86_64-linux-gnu/cblas.h
+  [libopenblas-openmp-dev]=/usr/lib/x86_64-linux-gnu/libopenblas.so
   [libomp-dev]=/usr/lib/llvm-14/include/omp.h
 )
 

@@ -44,6 +44,10 @@ class HybridAttentionLayer {
 
   // x: [T, d_model] (any float dtype). Throws csattn::Error on a bad shape or layout.
   LayerOutputs forward(const Tensor& x, const SeqLayout& layout) const;
+  // The same with a caller-supplied CSA selection ([T, index_topk] i32, segment-local ids
+  // or -1) instead of the indexer's top-k: for tests and for comparing attention on one
+  // selection across backends. The indexer loss then uses this selection too.
+  LayerOutputs forward(const Tensor& x, const SeqLayout& layout, const Tensor& topk) const;
 
   // Upstream gradients: grad_output for the output, grad_indexer_loss for the indexer loss.
   // Indexer parameters are trained only by the indexer loss; with loss_coeff = 0 their

@@ -25,10 +25,12 @@ class Tensor {
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
-  std::int64_t numel() const { return shape_numel(shape_); }
+  // A default-constructed tensor holds nothing: numel 0, empty() true. A scalar has shape {}
+  // and one element.
+  std::int64_t numel() const { return bytes_.empty() ? 0 : shape_numel(shape_); }
   std::int64_t dim(int i) const { return shape_.at(static_cast<std::size_t>(i)); }
   int ndim() const { return static_cast<int>(shape_.size()); }
-  bool empty() const { return shape_.empty(); }
+  bool empty() const { return bytes_.empty(); }
   std::size_t nbytes() const { return bytes_.size(); }
 
   void* data() { return bytes_.data(); }

@@ -1,0 +1,267 @@
+#include "cpu/indexer.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "cpu/blas.hpp"
+
+namespace csattn::cpu {
+
+namespace {
+
+constexpr int kRowsPerBlock = 32;
+
+struct RowBlock {
+  int segment, first, last;  // physical rows [first, last)
+};
+
+std::vector<RowBlock> row_blocks(const BatchGeometry& geo) {
+  std::vector<RowBlock> blocks;
+  for (int b = 0; b < geo.segments; ++b)
+    for (int r = 0; r < geo.seg_len[b]; r += kRowsPerBlock)
+      blocks.push_back({b, geo.seg_start[b] + r,
+                        geo.seg_start[b] + std::min(geo.seg_len[b], r + kRowsPerBlock)});
+  return blocks;
+}
+
+int candidate_count(const BatchGeometry& geo, int row) {
+  return geo.row_is_padding[row] ? 0 : geo.visible_compressed(row);
+}
+
+// Keeps the k best of scores[0..n) (score descending, index ascending on ties) and writes
+// them in ascending index order.
+void select_topk(const float* scores, int n, int k, std::int32_t* out, std::vector<int>& idx) {
+  if (n <= k) {
+    for (int j = 0; j < n; ++j) out[j] = j;
+    for (int j = n; j < k; ++j) out[j] = -1;
+    return;
+  }
+  idx.resize(static_cast<std::size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  auto better = [scores](int x, int y) {
+    return scores[x] > scores[y] || (scores[x] == scores[y] && x < y);
+  };
+  std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), better);
+  std::sort(idx.begin(), idx.begin() + k);
+  for (int j = 0; j < k; ++j) out[j] = idx[static_cast<std::size_t>(j)];
+}
+
+}  // namespace
+
+void indexer_row_scores(const IndexerArgs& a, int row, const int* ids, int n, int comp_start,
+                        float* scores) {
+  const float* q = a.q + static_cast<long>(row) * a.heads * a.dim;
+  const float* w = a.weights + static_cast<long>(row) * a.heads;
+  for (int k = 0; k < n; ++k) {
+    const float* key = a.keys + static_cast<long>(comp_start + ids[k]) * a.dim;
+    float s = 0.0f;
+    for (int h = 0; h < a.heads; ++h) {
+      float dot = 0.0f;
+      for (int d = 0; d < a.dim; ++d) dot += q[h * a.dim + d] * key[d];
+      s += w[h] * std::max(dot, 0.0f);
+    }
+    scores[k] = s;
+  }
+}
+
+void indexer_topk(const BatchGeometry& geo, const IndexerArgs& a, std::int32_t* topk) {
+  const std::vector<RowBlock> blocks = row_blocks(geo);
+  const int HI = a.heads, DI = a.dim, K = a.topk;
+#pragma omp parallel
+  {
+    std::vector<float> dots, scores;
+    std::vector<int> idx;
+#pragma omp for schedule(dynamic, 1)
+    for (std::size_t bi = 0; bi < blocks.size(); ++bi) {
+      const RowBlock& blk = blocks[bi];
+      int ncols = 0;
+      for (int t = blk.first; t < blk.last; ++t) ncols = std::max(ncols, candidate_count(geo, t));
+      const int nrows = blk.last - blk.first;
+      if (ncols > 0) {
+        // dots[(r*HI + h), j] = qI[first + r, h] . KI[seg, j] for the block's visible prefix.
+        dots.resize(static_cast<std::size_t>(nrows) * HI * ncols);
+        gemm(false, true, nrows * HI, ncols, DI, 1.0f,
+             a.q + static_cast<long>(blk.first) * HI * DI, DI,
+             a.keys + static_cast<long>(geo.comp_start[blk.segment]) * DI, DI, 0.0f,
+             dots.data(), ncols);
+      }
+      for (int t = blk.first; t < blk.last; ++t) {
+        const int n = candidate_count(geo, t);
+        const int r = t - blk.first;
+        scores.assign(static_cast<std::size_t>(n), 0.0f);
+        const float* w = a.weights + static_cast<long>(t) * HI;
+        for (int h = 0; h < HI; ++h) {
+          const float* dh = dots.data() + (static_cast<long>(r) * HI + h) * ncols;
+          for (int j = 0; j < n; ++j) scores[j] += w[h] * std::max(dh[j], 0.0f);
+        }
+        select_topk(scores.data(), n, K, topk + static_cast<long>(t) * K, idx);
+      }
+    }
+  }
+}
+
+namespace {
+
+// Work buffers of one thread for the per-row loss.
+struct LossScratch {
+  std::vector<int> cand;            // segment-local candidate ids
+  std::vector<float> keys, dots;    // indexer keys [n, DI], qI.K [HI, n]
+  std::vector<float> logits;        // I [n]
+  std::vector<float> ckeys, z;      // main compressed rows [n, D], logits [H, n]
+  std::vector<float> wkeys, zw;     // window rows [nw, D], logits [H, nw]
+  std::vector<double> target, logp;
+  std::vector<float> g, ddots, dkeys;
+};
+
+// KL of one row; with `want_grad`, also its gradient (scaled by `scale`) into qI, w' and
+// the thread's key-gradient buffer.
+double row_loss(const BatchGeometry& geo, const LossArgs& a, int t, LossScratch& s,
+                bool want_grad, float scale, float* dq, float* dw, float* dkeys_thread) {
+  const IndexerArgs& ix = a.indexer;
+  const TeacherArgs& te = a.teacher;
+  const int HI = ix.heads, DI = ix.dim, H = te.heads, D = te.dim;
+  const int vis = candidate_count(geo, t);
+  s.cand.clear();
+  if (a.sparse) {
+    const std::int32_t* sel = a.topk + static_cast<long>(t) * ix.topk;
+    for (int k = 0; k < ix.topk; ++k)
+      if (sel[k] >= 0 && sel[k] < vis) s.cand.push_back(sel[k]);
+  } else {
+    for (int j = 0; j < vis; ++j) s.cand.push_back(j);
+  }
+  const int n = static_cast<int>(s.cand.size());
+  if (n == 0) return 0.0;
+  const int b = geo.row_segment[t];
+  const int c0 = geo.comp_start[b];
+
+  // Predictor: p = softmax(I) over the candidates.
+  s.keys.resize(static_cast<std::size_t>(n) * DI);
+  for (int k = 0; k < n; ++k)
+    std::memcpy(&s.keys[static_cast<std::size_t>(k) * DI],
+                ix.keys + static_cast<long>(c0 + s.cand[k]) * DI, sizeof(float) * DI);
+  s.dots.resize(static_cast<std::size_t>(HI) * n);
+  const float* qi = ix.q + static_cast<long>(t) * HI * DI;
+  const float* wi = ix.weights + static_cast<long>(t) * HI;
+  gemm(false, true, HI, n, DI, 1.0f, qi, DI, s.keys.data(), DI, 0.0f, s.dots.data(), n);
+  s.logits.assign(static_cast<std::size_t>(n), 0.0f);
+  for (int h = 0; h < HI; ++h)
+    for (int k = 0; k < n; ++k) s.logits[k] += wi[h] * std::max(s.dots[h * n + k], 0.0f);
+  float imax = -INFINITY;
+  for (int k = 0; k < n; ++k) imax = std::max(imax, s.logits[k]);
+  double isum = 0.0;
+  for (int k = 0; k < n; ++k) isum += std::exp(static_cast<double>(s.logits[k]) - imax);
+  const double ilse = imax + std::log(isum);
+  s.logp.resize(static_cast<std::size_t>(n));
+  for (int k = 0; k < n; ++k) s.logp[k] = s.logits[k] - ilse;
+
+  // Teacher: per-head attention mass on the candidates with the full CSA denominator
+  // (sink + window + candidates), head-summed, L1-normalised.
+  const int pos = geo.row_position[t], start = geo.seg_start[b];
+  const int w0 = std::max(0, pos - te.window + 1), nw = pos - w0 + 1;
+  s.ckeys.resize(static_cast<std::size_t>(n) * D);
+  for (int k = 0; k < n; ++k)
+    std::memcpy(&s.ckeys[static_cast<std::size_t>(k) * D],
+                te.comp + static_cast<long>(c0 + s.cand[k]) * D, sizeof(float) * D);
+  s.z.resize(static_cast<std::size_t>(H) * n);
+  s.zw.resize(static_cast<std::size_t>(H) * nw);
+  const float* q = te.q + static_cast<long>(t) * H * D;
+  gemm(false, true, H, n, D, te.scale, q, D, s.ckeys.data(), D, 0.0f, s.z.data(), n);
+  gemm(false, true, H, nw, D, te.scale, q, D, te.kv + static_cast<long>(start + w0) * D, D,
+       0.0f, s.zw.data(), nw);
+  s.target.assign(static_cast<std::size_t>(n), 0.0);
+  for (int h = 0; h < H; ++h) {
+    double mx = te.sink[h];
+    for (int k = 0; k < nw; ++k) mx = std::max(mx, static_cast<double>(s.zw[h * nw + k]));
+    for (int k = 0; k < n; ++k) mx = std::max(mx, static_cast<double>(s.z[h * n + k]));
+    double zsum = std::exp(te.sink[h] - mx);
+    for (int k = 0; k < nw; ++k) zsum += std::exp(s.zw[h * nw + k] - mx);
+    for (int k = 0; k < n; ++k) zsum += std::exp(s.z[h * n + k] - mx);
+    const double lse = mx + std::log(zsum);
+    for (int k = 0; k < n; ++k) s.target[k] += std::exp(s.z[h * n + k] - lse);
+  }
+  double tsum = 0.0;
+  for (int k = 0; k < n; ++k) tsum += s.target[k];
+  tsum = std::max(tsum, static_cast<double>(FLT_MIN));
+  double kl = 0.0;
+  for (int k = 0; k < n; ++k) {
+    s.target[k] /= tsum;
+    kl += s.target[k] * (std::log(std::max(s.target[k], 1e-10)) - s.logp[k]);
+  }
+  if (!want_grad) return kl;
+
+  // dLoss/dI_j = scale * (p_j - T_j), then through the ReLU-weighted head sum.
+  s.g.resize(static_cast<std::size_t>(n));
+  for (int k = 0; k < n; ++k)
+    s.g[k] = scale * static_cast<float>(std::exp(s.logp[k]) - s.target[k]);
+  s.ddots.resize(static_cast<std::size_t>(HI) * n);
+  float* dwr = dw + static_cast<long>(t) * HI;
+  for (int h = 0; h < HI; ++h) {
+    double acc = 0.0;
+    for (int k = 0; k < n; ++k) {
+      const float dot = s.dots[h * n + k];
+      acc += static_cast<double>(s.g[k]) * std::max(dot, 0.0f);
+      s.ddots[h * n + k] = dot > 0.0f ? s.g[k] * wi[h] : 0.0f;
+    }
+    dwr[h] = static_cast<float>(acc);
+  }
+  gemm(false, false, HI, DI, n, 1.0f, s.ddots.data(), n, s.keys.data(), DI, 0.0f,
+       dq + static_cast<long>(t) * HI * DI, DI);
+  s.dkeys.resize(static_cast<std::size_t>(n) * DI);
+  gemm(true, false, n, DI, HI, 1.0f, s.ddots.data(), n, qi, DI, 0.0f, s.dkeys.data(), DI);
+  for (int k = 0; k < n; ++k) {
+    float* dst = dkeys_thread + static_cast<long>(c0 + s.cand[k]) * DI;
+    const float* src = s.dkeys.data() + static_cast<long>(k) * DI;
+    for (int d = 0; d < DI; ++d) dst[d] += src[d];
+  }
+  return kl;
+}
+
+double reduction_scale(const BatchGeometry& geo, const LossArgs& a) {
+  if (a.per_token) return a.coeff;
+  return geo.real_rows > 0 ? a.coeff / static_cast<double>(geo.real_rows) : 0.0;
+}
+
+}  // namespace
+
+double indexer_loss_forward(const BatchGeometry& geo, const LossArgs& a) {
+  const int T = geo.rows;
+  std::vector<double> row_kl(static_cast<std::size_t>(T), 0.0);
+#pragma omp parallel
+  {
+    LossScratch s;
+#pragma omp for schedule(dynamic, 16)
+    for (int t = 0; t < T; ++t) row_kl[t] = row_loss(geo, a, t, s, false, 0.0f, nullptr, nullptr, nullptr);
+  }
+  double sum = 0.0;  // fixed order: independent of the thread count
+  for (double v : row_kl) sum += v;
+  return reduction_scale(geo, a) * sum;
+}
+
+void indexer_loss_backward(const BatchGeometry& geo, const LossArgs& a, float grad_loss,
+                           float* dq, float* dweights, float* dkeys) {
+  const int T = geo.rows, HI = a.indexer.heads, DI = a.indexer.dim;
+  const int nc = geo.compressed_rows();
+  std::memset(dq, 0, sizeof(float) * static_cast<std::size_t>(T) * HI * DI);
+  std::memset(dweights, 0, sizeof(float) * static_cast<std::size_t>(T) * HI);
+  const float scale = static_cast<float>(reduction_scale(geo, a) * grad_loss);
+  const int nthreads = omp_get_max_threads();
+  std::vector<float> parts(static_cast<std::size_t>(nthreads) * nc * DI, 0.0f);
+#pragma omp parallel
+  {
+    LossScratch s;
+    float* mine = parts.data() + static_cast<std::size_t>(omp_get_thread_num()) * nc * DI;
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; ++t) row_loss(geo, a, t, s, true, scale, dq, dweights, mine);
+  }
+  for (int th = 0; th < nthreads; ++th)
+    for (long i = 0; i < static_cast<long>(nc) * DI; ++i)
+      dkeys[i] += parts[static_cast<std::size_t>(th) * nc * DI + i];
+}
+
+}  // namespace csattn::cpu

@@ -1,0 +1,320 @@
+// The csattn program, run as a child process (its path is CSATTN_CLI_PATH): exit codes,
+// one-line errors, the report, --config, --save, --inputs, --weights, bench.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "csattn/config.hpp"
+#include "csattn/safetensors.hpp"
+#include "csattn/tensor.hpp"
+#include "csattn/weights.hpp"
+
+#ifndef CSATTN_CLI_PATH
+#error "CSATTN_CLI_PATH must name the csattn binary"
+#endif
+
+namespace csattn {
+namespace {
+
+struct CliResult {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+// A path in the test temp dir, unique per test and process.
+std::string temp_path(const std::string& suffix) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name = std::string(info->test_suite_name()) + "_" + info->name() + "_" +
+                           std::to_string(::getpid()) + "_" + suffix;
+  return (std::filesystem::path(::testing::TempDir()) / ("csattn_cli_" + name)).string();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// Runs `csattn <args>`; stdout and stderr are captured separately.
+CliResult run_cli(const std::string& args) {
+  const std::string err_path = temp_path("stderr.txt");
+  const std::string cmd =
+      std::string("'") + CSATTN_CLI_PATH + "' " + args + " 2>'" + err_path + "'";
+  CliResult r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) {
+    ADD_FAILURE() << "popen failed for: " << cmd;
+    return r;
+  }
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(pipe);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = read_file(err_path);
+  std::filesystem::remove(err_path);
+  return r;
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  if (!s.empty() && s.back() != '\n') ++n;
+  return n;
+}
+
+// Status 2, exactly one line on stderr, "csattn: error:" and the problem in it.
+void expect_usage_error(const std::string& args, const std::vector<std::string>& needles) {
+  SCOPED_TRACE("csattn " + args);
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.status, 2) << "stdout:\n" << r.out << "stderr:\n" << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << "stderr:\n" << r.err;
+  EXPECT_EQ(r.err.rfind("csattn: error: ", 0), 0u) << r.err;
+  for (const std::string& needle : needles)
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "'" << needle << "' not in: " << r.err;
+}
+
+nlohmann::json parse_json(const CliResult& r) {
+  try {
+    return nlohmann::json::parse(r.out);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "stdout is not JSON (" << e.what() << "):\n" << r.out;
+    return nlohmann::json::object();
+  }
+}
+
+TEST(Cli, RunTinyPrintsEveryLayerType) {
+  const CliResult r = run_cli("run --preset tiny --seqlens 5,9,17 --check-rows 4");
+  ASSERT_EQ(r.status, 0) << "stdout:\n" << r.out << "stderr:\n" << r.err;
+  for (const char* type : {"SWA", "CSA", "HCA"})
+    EXPECT_NE(r.out.find(type), std::string::npos) << type << " missing from:\n" << r.out;
+  EXPECT_NE(r.out.find("5,9,17"), std::string::npos) << r.out;
+}
+
+TEST(Cli, RunJsonReportMatchesTheOracleInFp32) {
+  const CliResult r = run_cli(
+      "run --preset tiny --seqlens 5,9,40 --padded-seqlens 8,9,44 --check-rows 8 --dtype fp32 "
+      "--json");
+  ASSERT_EQ(r.status, 0) << "stdout:\n" << r.out << "stderr:\n" << r.err;
+  const nlohmann::json j = parse_json(r);
+  ASSERT_TRUE(j.contains("layers"));
+  ASSERT_EQ(j["layers"].size(), 3u);
+  EXPECT_EQ(j["precision"], "fp32");
+  EXPECT_EQ(j["seqlens"], nlohmann::json({5, 9, 40}));
+  EXPECT_EQ(j["padded_seqlens"], nlohmann::json({8, 9, 44}));
+  const char* types[] = {"SWA", "CSA", "HCA"};
+  for (std::size_t i = 0; i < 3; ++i) {
+    const nlohmann::json& l = j["layers"][i];
+    SCOPED_TRACE(l.dump());
+    EXPECT_EQ(l["type"], types[i]);
+    EXPECT_EQ(l["tokens"], 61);
+    ASSERT_TRUE(l["check"].is_object());
+    EXPECT_EQ(l["check"]["rows"], 8);
+    ASSERT_TRUE(l["check"]["rel_diff"].is_number());
+    EXPECT_LT(l["check"]["rel_diff"].get<double>(), 1e-3);
+    EXPECT_GT(l["check"]["max_abs_ref"].get<double>(), 0.0);
+    ASSERT_TRUE(l["grad_weights_norm"].is_number());
+    EXPECT_GT(l["grad_weights_norm"].get<double>(), 0.0);
+    if (i == 1) {
+      ASSERT_TRUE(l["check"]["topk_match_fraction"].is_number());
+    }
+  }
+}
+
+TEST(Cli, RunWithoutBackwardHasNoGradients) {
+  const CliResult r =
+      run_cli("run --preset tiny --seqlens 20 --ratio 4 --no-backward --check-rows 0 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = parse_json(r);
+  ASSERT_EQ(j["layers"].size(), 1u);
+  EXPECT_TRUE(j["layers"][0]["backward_ms"].is_null());
+  EXPECT_TRUE(j["layers"][0]["check"].is_null());
+  EXPECT_EQ(j["backward"], false);
+}
+
+TEST(Cli, BadOptionsExitWithStatus2AndOneLine) {
+  expect_usage_error("run --preset tiny --ratio 7", {"--ratio", "7"});
+  expect_usage_error("run --preset tiny --ratio 0,4,x", {"--ratio", "x"});
+  expect_usage_error("run --preset tiny --dtype fp8", {"--dtype", "fp8"});
+  expect_usage_error("run --preset tiny --seqlens 4,x", {"--seqlens", "x"});
+  expect_usage_error("run --preset tiny --seqlens 4,-3", {"--seqlens", "-3"});
+  expect_usage_error("run --preset tiny --seqlens 9,9 --padded-seqlens 9,7",
+                     {"--padded-seqlens", "7"});
+  expect_usage_error("run --preset tiny --seqlens 9,9 --padded-seqlens 12", {"--padded-seqlens"});
+  expect_usage_error("run --preset huge", {"--preset", "huge"});
+  expect_usage_error("run --preset tiny --topk 0", {"--topk"});
+  expect_usage_error("run --preset tiny --window -1", {"--window"});
+  expect_usage_error("run --preset tiny --check-rows -2", {"--check-rows"});
+  expect_usage_error("run --preset tiny --topk abc", {"abc"});
+  expect_usage_error("run --preset tiny --frobnicate", {"--frobnicate"});
+  expect_usage_error("run --preset tiny --layer 9", {"--layer", "9"});
+  expect_usage_error("run --preset tiny --config /nonexistent/csattn/config.json",
+                     {"/nonexistent/csattn/config.json"});
+  expect_usage_error("run --preset tiny --weights /nonexistent/csattn/w.safetensors",
+                     {"--weights"});
+  expect_usage_error("", {});
+  expect_usage_error("config --preset nope", {"nope"});
+  expect_usage_error("bench --preset tiny --repeat 0", {"--repeat"});
+}
+
+TEST(Cli, HelpExitsZero) {
+  for (const char* args : {"--help", "run --help", "bench --help", "config --help"}) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.status, 0) << args << "\n" << r.err;
+    EXPECT_FALSE(r.out.empty()) << args;
+  }
+  // --help of run documents the --save naming.
+  EXPECT_NE(run_cli("run --help").out.find("layers.<i>."), std::string::npos);
+}
+
+TEST(Cli, ConfigPrintsThePresetAsJson) {
+  const CliResult r = run_cli("config --preset flash");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = parse_json(r);
+  EXPECT_EQ(j["hidden_size"], 4096);
+  EXPECT_EQ(j["num_attention_heads"], 64);
+  EXPECT_EQ(j["compress_ratios"].size(), 44u);
+  // The library reads it back as the same preset.
+  const ModelConfig m = ModelConfig::from_hf_json_text(r.out, ModelConfig::preset("tiny"));
+  EXPECT_EQ(m.base.d_model, 4096);
+  EXPECT_EQ(m.compress_ratios, ModelConfig::preset("flash").compress_ratios);
+}
+
+TEST(Cli, ConfigFileRoundTripAndFlagsOverride) {
+  const CliResult cfg = run_cli("config --preset small");
+  ASSERT_EQ(cfg.status, 0) << cfg.err;
+  const std::string path = temp_path("config.json");
+  write_file(path, cfg.out);
+
+  // --preset tiny only fills keys the file lacks: the dims come from the file (small);
+  // --topk and --window override the file.
+  const CliResult r = run_cli("run --config '" + path +
+                              "' --preset tiny --topk 8 --window 32 --seqlens 5,9,17 "
+                              "--check-rows 2 --no-backward --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = parse_json(r);
+  EXPECT_EQ(j["config"]["hidden_size"], 256);
+  EXPECT_EQ(j["config"]["index_topk"], 8);
+  EXPECT_EQ(j["config"]["sliding_window"], 32);
+  EXPECT_EQ(j["config_file"], path);
+  // Without --ratio, every layer of the config's compress_ratios runs.
+  ASSERT_EQ(j["layers"].size(), 3u);
+  EXPECT_EQ(j["layers"][1]["type"], "CSA");
+
+  // A partial config: missing keys come from --preset.
+  write_file(path, R"({"hidden_size": 96, "compress_ratios": [4, 1], "unknown": true})");
+  const CliResult p =
+      run_cli("run --config '" + path + "' --preset tiny --seqlens 12 --check-rows 2 --json");
+  ASSERT_EQ(p.status, 0) << p.err;
+  const nlohmann::json pj = parse_json(p);
+  EXPECT_EQ(pj["config"]["hidden_size"], 96);
+  EXPECT_EQ(pj["config"]["num_attention_heads"], 4);
+  ASSERT_EQ(pj["layers"].size(), 2u);
+  EXPECT_EQ(pj["layers"][0]["type"], "CSA");
+  EXPECT_EQ(pj["layers"][1]["type"], "SWA");
+
+  // A config with a wrong type: one line naming the key.
+  write_file(path, R"({"hidden_size": "wide"})");
+  expect_usage_error("run --config '" + path + "' --preset tiny", {"hidden_size"});
+  std::filesystem::remove(path);
+}
+
+TEST(Cli, SaveWritesEveryTensorWithLayerPrefixes) {
+  const std::string out = temp_path("out.safetensors");
+  const CliResult r =
+      run_cli("run --preset tiny --seqlens 7,13 --check-rows 0 --save '" + out + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const TensorMap m = load_safetensors(out);
+  const ModelConfig model = ModelConfig::preset("tiny");
+  const int ratios[] = {0, 4, 128};
+  for (int i = 0; i < 3; ++i) {
+    const std::string pre = "layers." + std::to_string(i) + ".";
+    SCOPED_TRACE(pre);
+    ASSERT_TRUE(m.count(pre + "output"));
+    EXPECT_EQ(m.at(pre + "output").shape(), (Shape{20, 64}));
+    ASSERT_TRUE(m.count(pre + "indexer_loss"));
+    EXPECT_EQ(m.at(pre + "indexer_loss").numel(), 1);
+    EXPECT_EQ(m.count(pre + "topk_indices"), i == 1 ? 1u : 0u);
+    ASSERT_TRUE(m.count(pre + "grad.hidden_states"));
+    EXPECT_EQ(m.at(pre + "grad.hidden_states").shape(), (Shape{20, 64}));
+    AttentionConfig cfg = model.base;
+    cfg.compress_ratio = ratios[i];
+    for (const ParamInfo& p : layer_params(cfg)) {
+      ASSERT_TRUE(m.count(pre + "grad." + p.name)) << p.name;
+      EXPECT_EQ(m.at(pre + "grad." + p.name).shape(), p.shape) << p.name;
+    }
+  }
+  EXPECT_EQ(m.at("layers.1.topk_indices").shape(), (Shape{20, model.base.index_topk}));
+  std::filesystem::remove(out);
+}
+
+TEST(Cli, InputsAndWeightsFiles) {
+  const ModelConfig model = ModelConfig::preset("tiny");
+  AttentionConfig cfg = model.base;
+  cfg.compress_ratio = 4;
+  const std::string weights = temp_path("weights.safetensors");
+  LayerWeights::random(cfg, 1234).save(weights);
+
+  const int T = 30;
+  std::vector<float> x(static_cast<std::size_t>(T) * 64);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 37 % 101) - 50) / 25.0f;
+  const std::string inputs = temp_path("inputs.safetensors");
+  save_safetensors(inputs, {{"hidden_states", Tensor::from_f32(x, {T, 64})},
+                            {"cu_seqlens", Tensor::from_i32({0, 11, 30}, {3})}});
+
+  const std::string out = temp_path("out.safetensors");
+  const CliResult r = run_cli("run --preset tiny --ratio 4 --weights '" + weights +
+                              "' --inputs '" + inputs + "' --check-rows 4 --json --save '" +
+                              out + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = parse_json(r);
+  EXPECT_EQ(j["seqlens"], nlohmann::json({11, 19}));
+  ASSERT_EQ(j["layers"].size(), 1u);
+  EXPECT_EQ(j["layers"][0]["type"], "CSA");
+  // One layer: no name prefix.
+  const TensorMap m = load_safetensors(out);
+  EXPECT_TRUE(m.count("output"));
+  EXPECT_TRUE(m.count("topk_indices"));
+  EXPECT_TRUE(m.count("grad.attn.wq_a.weight"));
+
+  // --weights without a ratio, weights of the wrong layer type, inputs with a bad shape.
+  expect_usage_error("run --preset tiny --weights '" + weights + "'", {"--ratio"});
+  expect_usage_error("run --preset tiny --ratio 128 --weights '" + weights + "'", {});
+  save_safetensors(inputs, {{"hidden_states", Tensor::from_f32(x, {T, 64})},
+                            {"cu_seqlens", Tensor::from_i32({0, 11, 29}, {3})}});
+  expect_usage_error("run --preset tiny --ratio 4 --inputs '" + inputs + "'", {"hidden_states"});
+  expect_usage_error("run --preset tiny --inputs '" + inputs + "' --seqlens 4", {"--seqlens"});
+  for (const std::string& p : {weights, inputs, out}) std::filesystem::remove(p);
+}
+
+TEST(Cli, BenchJson) {
+  const CliResult r =
+      run_cli("bench --preset tiny --seqlens 32 --ratio 0,4 --repeat 1 --warmup 0 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = parse_json(r);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["tokens"], 32);
+    EXPECT_GT(row["forward_tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GT(row["forward_backward_tokens_per_s"].get<double>(), 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace csattn

@@ -1,0 +1,97 @@
+// Shared helpers of the layer tests: configs, random inputs, the bridge to the fp64 oracle
+// and comparison metrics.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "csattn/config.hpp"
+#include "csattn/error.hpp"
+#include "csattn/layer.hpp"
+#include "csattn/layout.hpp"
+#include "csattn/tensor.hpp"
+#include "csattn/weights.hpp"
+#include "oracle.hpp"
+
+namespace csattn::testing_util {
+
+// A tiny config with the given ratio; window and top-k small enough that compressed entries
+// and the selection matter at short lengths.
+inline AttentionConfig tiny_config(int ratio, int window = 8, int topk = 3) {
+  AttentionConfig c = ModelConfig::preset("tiny").base;
+  c.compress_ratio = ratio;
+  c.window = window;
+  c.index_topk = topk;
+  c.loss_coeff = 0.5;  // large enough that the loss gradients are well above fp32 noise
+  c.validate();
+  return c;
+}
+
+inline std::vector<float> random_normal(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+inline Tensor random_tensor(std::int64_t rows, std::int64_t cols, std::uint64_t seed,
+                            bool bf16_values = false) {
+  std::vector<float> v = random_normal(static_cast<std::size_t>(rows * cols), seed);
+  if (bf16_values)
+    for (float& x : v) x = round_bf16(x);
+  return Tensor::from_f32(v, {rows, cols});
+}
+
+inline oracle::Weights64 to_weights64(const LayerWeights& w) {
+  oracle::Weights64 out;
+  for (const ParamInfo& p : w.params()) out[p.name] = w.get(p.name).to_f64();
+  return out;
+}
+
+inline std::vector<std::int32_t> topk_vector(const LayerOutputs& o) {
+  if (o.topk_indices.empty()) return {};
+  const std::int32_t* p = o.topk_indices.ptr<std::int32_t>();
+  return std::vector<std::int32_t>(p, p + o.topk_indices.numel());
+}
+
+inline double max_abs(const std::vector<double>& a) {
+  double m = 0.0;
+  for (double v : a) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+// max |a - b| over all elements; NaN anywhere gives +inf.
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
+  double m = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (!(d == d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+// Cosine similarity and the "tensor similarity" 2<a,b>/(|a|^2+|b|^2) of Megatron's parity
+// tests; both 1 for equal tensors.
+struct Similarity {
+  double cosine = 0.0, tensor = 0.0;
+};
+inline Similarity similarity(const std::vector<float>& a, const std::vector<double>& b) {
+  double ab = 0.0, aa = 0.0, bb = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ab += a[i] * b[i];
+    aa += static_cast<double>(a[i]) * a[i];
+    bb += b[i] * b[i];
+  }
+  if (aa == 0.0 && bb == 0.0) return {1.0, 1.0};
+  return {ab / std::sqrt(aa * bb), 2.0 * ab / (aa + bb)};
+}
+
+inline std::vector<double> to_double(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+}  // namespace csattn::testing_util

@@ -1,0 +1,18 @@
+// The csattn subcommands. Each add_* function registers a subcommand and its options on the
+// app and returns the function that runs it (called by main after a successful parse).
+#pragma once
+#include <functional>
+
+namespace CLI {
+class App;
+}
+
+namespace csattn::cli {
+
+using Command = std::function<int()>;
+
+Command add_run_command(CLI::App& app);     // run_cmd.cpp
+Command add_config_command(CLI::App& app);  // config_cmd.cpp
+Command add_bench_command(CLI::App& app);   // bench.cpp
+
+}  // namespace csattn::cli
