@@ -179,13 +179,16 @@ Command add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "bench", "Tokens per second of forward and forward + backward (median of --repeat runs)");
   cmd->add_option("--preset", a->presets, "Presets, comma list [default: small,flash]")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->type_name("LIST");
   cmd->add_option("--seqlens", a->seqlens,
                   "Single-sequence lengths, comma list [default: small 1024,4096; flash "
                   "1024,2048]")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->type_name("LIST");
   cmd->add_option("--ratio", a->ratios, "Compress ratios, comma list [default: 0,4,128]")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->type_name("LIST");
   cmd->add_option("--repeat", a->repeat, "Timed runs per case (the median is reported)")
       ->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "Untimed forward + backward runs first")

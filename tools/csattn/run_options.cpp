@@ -139,38 +139,53 @@ void add_run_options(CLI::App& run, RunArgs& a) {
                                 "the defaults for keys the file lacks)")
                      ->capture_default_str();
   run.add_option("--config", a.config_file,
-                 "DeepSeek-V4 Hugging Face config.json; the flags below override it");
+                 "DeepSeek-V4 Hugging Face config.json; the flags below override it")
+      ->type_name("FILE");
   run.add_option("--ratio", a.ratios,
                  "Compress ratios of the layers to run (0 = SWA, 4 = CSA, 128 = HCA); "
                  "repeatable and/or a comma list [default: 0,4,128]")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->type_name("LIST");
   auto* seq = run.add_option("--seqlens", a.seqlens,
                              "Real sequence lengths of the packed batch, comma list "
                              "[default: 50,301,700]")
-                  ->delimiter(',');
+                  ->delimiter(',')
+                  ->type_name("LIST");
   auto* padded = run.add_option("--padded-seqlens", a.padded_seqlens,
                                 "Physical (padded) lengths, same count as --seqlens, each >= "
                                 "the real length")
-                     ->delimiter(',');
+                     ->delimiter(',')
+                     ->type_name("LIST");
   a.topk_opt = run.add_option("--topk", a.topk, "Indexer top-k K (CSA)");
   a.window_opt = run.add_option("--window", a.window, "Sliding window W");
   a.loss_coeff_opt = run.add_option("--loss-coeff", a.loss_coeff, "Indexer KL loss coefficient");
-  a.sparse_opt = run.add_flag("--sparse-loss,!--dense-loss", a.sparse_loss,
-                              "Indexer KL over the top-k set (sparse, default) or over all "
-                              "visible entries (dense)");
+  a.sparse_opt = run.add_flag_callback(
+      "--sparse-loss", [&a] { a.sparse_loss = true; },
+      "Indexer KL loss over the selected top-k entries (the presets' default)");
+  a.dense_opt = run.add_flag_callback(
+      "--dense-loss", [&a] { a.sparse_loss = false; },
+      "Indexer KL loss over all visible compressed entries");
+  a.sparse_opt->excludes(a.dense_opt);
   a.per_token_opt = run.add_flag("--per-token-loss", a.per_token_loss,
                                  "Sum the indexer loss over rows instead of the mean");
   run.add_option("--seed", a.seed, "Seed of the random weights, inputs and grad_output")
       ->capture_default_str();
-  run.add_flag("--backward,!--no-backward", a.backward, "Run the backward pass (default on)");
+  auto* bwd = run.add_flag_callback("--backward", [&a] { a.backward = true; },
+                                    "Run the backward pass too (the default)");
+  auto* no_bwd = run.add_flag_callback("--no-backward", [&a] { a.backward = false; },
+                                       "Forward only");
+  bwd->excludes(no_bwd);
   run.add_option("--dtype", a.dtype, "Precision: bf16 or fp32")->capture_default_str();
   auto* weights = run.add_option("--weights", a.weights_file,
                                  "safetensors with one layer (attn.*) or a checkpoint "
-                                 "(layers.N.attn.*, pick N with --layer)");
+                                 "(layers.N.attn.*, pick N with --layer)")
+                     ->type_name("FILE");
   a.layer_opt = run.add_option("--layer", a.layer, "Layer N of the config / checkpoint");
   auto* inputs = run.add_option("--inputs", a.inputs_file,
-                                "safetensors with hidden_states, cu_seqlens, ... (see below)");
-  run.add_option("--save", a.save_file, "Write results to a safetensors file (see below)");
+                                "safetensors with hidden_states, cu_seqlens, ... (see below)")
+                    ->type_name("FILE");
+  run.add_option("--save", a.save_file, "Write results to a safetensors file (see below)")
+      ->type_name("FILE");
   run.add_flag("--json", a.json, "Print a machine-readable JSON report instead of the table");
   run.add_option("--threads", a.threads, "OpenMP threads (0 = default)");
   run.add_option("--check-rows", a.check_rows,
@@ -209,7 +224,8 @@ RunPlan resolve_run(const RunArgs& args) {
       bad_option("--loss-coeff", std::to_string(args.loss_coeff) + " must be finite and >= 0");
     base.loss_coeff = args.loss_coeff;
   }
-  if (args.sparse_opt && args.sparse_opt->count()) base.sparse_loss = args.sparse_loss;
+  if ((args.sparse_opt && args.sparse_opt->count()) || (args.dense_opt && args.dense_opt->count()))
+    base.sparse_loss = args.sparse_loss;
   if (args.per_token_opt && args.per_token_opt->count()) base.per_token_loss = args.per_token_loss;
 
   const Precision precision = parse_precision(args.dtype, "--dtype");

@@ -50,6 +50,7 @@ struct RunArgs {
   CLI::Option* window_opt = nullptr;
   CLI::Option* loss_coeff_opt = nullptr;
   CLI::Option* sparse_opt = nullptr;
+  CLI::Option* dense_opt = nullptr;
   CLI::Option* per_token_opt = nullptr;
   CLI::Option* layer_opt = nullptr;
 };
