@@ -2,6 +2,7 @@
 // safetensors load/save under the DeepSeek-V4 release names.
 #include "csattn/weights.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <random>
@@ -81,12 +82,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // Scales that keep activations O(1): projections N(0, 1/fan_in), norm gains near 1, and
-// a clearly non-zero sink and ape so tests exercise them.
-double draw(const ParamInfo& p, Normal& normal) {
-  const double z = normal();
-  if (p.name == "attn.attn_sink" || ends_with(p.name, ".ape")) return 0.5 * z;
-  if (ends_with(p.name, "norm.weight")) return 1.0 + 0.1 * z;
-  return z / std::sqrt(static_cast<double>(p.shape.at(1)));  // weight [out, in]
+// a clearly non-zero sink and ape so tests exercise them. Returns (mean, std).
+std::pair<double, double> init_moments(const ParamInfo& p) {
+  if (p.name == "attn.attn_sink" || ends_with(p.name, ".ape")) return {0.0, 0.5};
+  if (ends_with(p.name, "norm.weight")) return {1.0, 0.1};
+  return {0.0, 1.0 / std::sqrt(static_cast<double>(p.shape.at(1)))};  // weight [out, in]
 }
 
 float round_to(DType dt, float v) { return dt == DType::bf16 ? round_bf16(v) : v; }
@@ -189,13 +189,21 @@ std::vector<ParamInfo> layer_params(const AttentionConfig& cfg) {
 }
 
 LayerWeights LayerWeights::random(const AttentionConfig& cfg, std::uint64_t seed) {
+  // Each parameter is drawn in fixed chunks, each chunk from its own generator seeded by
+  // (seed, name, chunk): the values depend on neither the thread count nor the table order.
+  constexpr std::int64_t kChunk = 1 << 16;
   LayerWeights w = zeros(cfg);
   for (const ParamInfo& p : w.params_) {
-    Normal normal(splitmix64(seed ^ splitmix64(fnv1a64(p.name))));
+    const std::uint64_t param_seed = splitmix64(seed ^ splitmix64(fnv1a64(p.name)));
+    const auto [mean, stddev] = init_moments(p);
     Tensor& t = w.tensors_.at(p.name);
     float* v = t.ptr<float>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      v[i] = round_to(p.file_dtype, static_cast<float>(draw(p, normal)));
+    const std::int64_t n = t.numel(), chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      Normal normal(c == 0 ? param_seed : splitmix64(param_seed + static_cast<std::uint64_t>(c)));
+      for (std::int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i)
+        v[i] = round_to(p.file_dtype, static_cast<float>(mean + stddev * normal()));
     }
   }
   return w;
