@@ -29,4 +29,21 @@ struct BatchGeometry {
   static BatchGeometry build(const SeqLayout& layout, int ratio);
 };
 
+// The query rows an operator computes: a subset of the batch's rows, in the operator's row
+// order, with their facts read from the (global) geometry. The single-rank layer computes
+// every row (rows = nullptr); a context-parallel rank computes its own rows. kv_rows gives the
+// row of each query's own K=V in the raw key buffer the operator reads (nullptr: the same as
+// the global row, i.e. a buffer of all T rows); the window rows of a query sit immediately
+// before it in that buffer.
+struct QueryRows {
+  const BatchGeometry* geo = nullptr;
+  int count = 0;
+  const int* rows = nullptr;     // [count] global row ids, or nullptr for 0..count-1
+  const int* kv_rows = nullptr;  // [count] raw key rows, or nullptr for the global row
+
+  int row(int i) const { return rows ? rows[i] : i; }
+  int kv_row(int i) const { return kv_rows ? kv_rows[i] : row(i); }
+  static QueryRows all(const BatchGeometry& g) { return {&g, g.rows, nullptr, nullptr}; }
+};
+
 }  // namespace csattn

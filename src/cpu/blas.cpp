@@ -7,6 +7,10 @@ namespace csattn::cpu {
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
           int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
+  if (batch_invariant()) {
+    gemm_batch_invariant(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   if (K <= 0) {  // BLAS leaves C untouched for K = 0 only when beta = 1
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) C[static_cast<long>(i) * ldc + j] *= beta;

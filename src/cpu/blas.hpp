@@ -17,4 +17,31 @@ void linear_grad_input(const float* dY, int rows, int out, const float* W, int i
 void linear_grad_weight(const float* dY, int rows, int out, const float* X, int in, float* dW,
                         bool accumulate);
 
+// Batch invariance (docs/numerics.md). OpenBLAS is deterministic for identical calls, but a
+// row's result changes with M and even with the row's position inside the call. While a
+// BatchInvariantScope(true) lives on a thread, gemm() and the linear helpers on that thread
+// use gemm_batch_invariant instead: every element of C is one fp32 sum over k in index order
+// (a separate multiply and add per term, no FMA), so it depends only on its own row of op(A)
+// and column of op(B), never on M, N, its position or the thread count. The forward of the
+// fp32 mode runs this way, which is what lets context-parallel ranks reproduce the
+// single-rank forward bit for bit. Operators that open OpenMP regions pass the setting on to
+// their worker threads (see BatchInvariantScope below).
+bool batch_invariant();
+class BatchInvariantScope {
+ public:
+  explicit BatchInvariantScope(bool on);
+  ~BatchInvariantScope();
+  BatchInvariantScope(const BatchInvariantScope&) = delete;
+  BatchInvariantScope& operator=(const BatchInvariantScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// The batch-invariant product itself: C = alpha * op(A) op(B) + beta * C with the element
+// rule above (beta = 0 ignores C, as BLAS does).
+void gemm_batch_invariant(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                          const float* A, int lda, const float* B, int ldb, float beta,
+                          float* C, int ldc);
+
 }  // namespace csattn::cpu

@@ -13,7 +13,7 @@ namespace csattn::cpu {
 namespace {
 
 // One pooling candidate of a compressed entry, for one channel c of the output: the value
-// and the gate logit live at column `col` of token `token` in the projections; `slot` picks
+// and the gate logit live at column `col` of row `token` of the projections; `slot` picks
 // the ape row.
 struct Candidate {
   int token;
@@ -21,17 +21,16 @@ struct Candidate {
   int slot;
 };
 
-// Enumerates the candidates of entry j of segment b for channel c (at most 2m).
-int candidates(const BatchGeometry& geo, int b, int j, int c, int d, Candidate* out) {
-  const int m = geo.ratio;
-  const int start = geo.seg_start[b];
+// Enumerates the candidates of an entry for channel c (at most 2m): m = 4 takes the previous
+// block's A half (when there is one) and its own block's B half; m = 128 its own block.
+int candidates(const CompressorEntry& e, int m, int c, int d, Candidate* out) {
   int n = 0;
   if (m == 4) {
-    if (j > 0)  // previous block, A half
-      for (int i = 0; i < m; ++i) out[n++] = {start + (j - 1) * m + i, c, i};
-    for (int i = 0; i < m; ++i) out[n++] = {start + j * m + i, d + c, i};  // B half
+    if (e.prev_row >= 0)
+      for (int i = 0; i < m; ++i) out[n++] = {e.prev_row + i, c, i};
+    for (int i = 0; i < m; ++i) out[n++] = {e.first_row + i, d + c, i};
   } else {
-    for (int i = 0; i < m; ++i) out[n++] = {start + j * m + i, c, i};
+    for (int i = 0; i < m; ++i) out[n++] = {e.first_row + i, c, i};
   }
   return n;
 }
@@ -50,24 +49,30 @@ void pool_weights(const Candidate* cand, int n, const float* g, const float* ape
   for (int k = 0; k < n; ++k) p[k] /= z;
 }
 
-int entry_segment(const BatchGeometry& geo, int e) {
-  // comp_start is sorted; upper_bound finds the segment owning compressed row e.
-  return static_cast<int>(std::upper_bound(geo.comp_start.begin(), geo.comp_start.end(), e) -
-                          geo.comp_start.begin()) - 1;
-}
-
 }  // namespace
 
-void compressor_forward(const BatchGeometry& geo, const CompressorSpec& spec,
-                        const RopeTable& rope, const float* x, int d_model,
-                        const CompressorWeights& w, CompressorState& st) {
-  const int T = geo.rows, d = spec.d, m = geo.ratio;
+std::vector<CompressorEntry> compressor_entries(const BatchGeometry& geo) {
+  std::vector<CompressorEntry> entries;
+  entries.reserve(static_cast<std::size_t>(geo.compressed_rows()));
+  const int m = geo.ratio;
+  for (int b = 0; b < geo.segments; ++b)
+    for (int j = 0; j < geo.seg_compressed(b); ++j) {
+      const int first = geo.seg_start[b] + j * m;
+      entries.push_back({first, j > 0 ? first - m : -1, j * m});
+    }
+  return entries;
+}
+
+void compressor_forward(const CompressorEntry* entries, int nc, int m,
+                        const CompressorSpec& spec, const RopeTable& rope, const float* x,
+                        int rows, int d_model, const CompressorWeights& w,
+                        CompressorState& st) {
+  const int d = spec.d;
   const int width = (m == 4 ? 2 : 1) * d;
-  const int nc = geo.compressed_rows();
-  st.a.assign(static_cast<std::size_t>(T) * width, 0.0f);
-  st.g.assign(static_cast<std::size_t>(T) * width, 0.0f);
-  linear(x, T, d_model, w.wkv, width, st.a.data());
-  linear(x, T, d_model, w.wgate, width, st.g.data());
+  st.a.assign(static_cast<std::size_t>(rows) * width, 0.0f);
+  st.g.assign(static_cast<std::size_t>(rows) * width, 0.0f);
+  linear(x, rows, d_model, w.wkv, width, st.a.data());
+  linear(x, rows, d_model, w.wgate, width, st.g.data());
   round_to_storage(st.a.data(), static_cast<long>(st.a.size()), spec.bf16);
   round_to_storage(st.g.data(), static_cast<long>(st.g.size()), spec.bf16);
 
@@ -78,9 +83,8 @@ void compressor_forward(const BatchGeometry& geo, const CompressorSpec& spec,
     std::vector<float> p(2 * static_cast<std::size_t>(m));
 #pragma omp for schedule(static)
     for (int e = 0; e < nc; ++e) {
-      const int b = entry_segment(geo, e), j = e - geo.comp_start[b];
       for (int c = 0; c < d; ++c) {
-        const int n = candidates(geo, b, j, c, d, cand.data());
+        const int n = candidates(entries[e], m, c, d, cand.data());
         pool_weights(cand.data(), n, st.g.data(), w.ape, width, p.data());
         float acc = 0.0f;
         for (int k = 0; k < n; ++k)
@@ -97,9 +101,8 @@ void compressor_forward(const BatchGeometry& geo, const CompressorSpec& spec,
   round_to_storage(st.out.data(), static_cast<long>(st.out.size()), spec.bf16);
 #pragma omp parallel for schedule(static)
   for (int e = 0; e < nc; ++e) {
-    const int b = entry_segment(geo, e), j = e - geo.comp_start[b];
     float* row = st.out.data() + static_cast<long>(e) * d;
-    rope.rotate(row + d - spec.rope_dim, j * m, +1);
+    rope.rotate(row + d - spec.rope_dim, entries[e].position, +1);
     if (spec.rotate) {
       hadamard(row, d);
       round_to_storage(row, d, spec.bf16);
@@ -107,13 +110,13 @@ void compressor_forward(const BatchGeometry& geo, const CompressorSpec& spec,
   }
 }
 
-void compressor_backward(const BatchGeometry& geo, const CompressorSpec& spec,
-                         const RopeTable& rope, const float* x, int d_model,
-                         const CompressorWeights& w, const CompressorState& st,
-                         const float* dout, const CompressorGrads& grads, float* dx) {
-  const int T = geo.rows, d = spec.d, m = geo.ratio;
+void compressor_backward(const CompressorEntry* entries, int nc, int m,
+                         const CompressorSpec& spec, const RopeTable& rope, const float* x,
+                         int rows, int d_model, const CompressorWeights& w,
+                         const CompressorState& st, const float* dout,
+                         const CompressorGrads& grads, float* dx) {
+  const int d = spec.d;
   const int width = (m == 4 ? 2 : 1) * d;
-  const int nc = geo.compressed_rows();
   RopeTable rope_grad = rope;
   rope_grad.bf16 = false;  // gradients stay fp32
 
@@ -121,18 +124,17 @@ void compressor_backward(const BatchGeometry& geo, const CompressorSpec& spec,
   std::vector<float> dnormed(dout, dout + static_cast<std::size_t>(nc) * d);
 #pragma omp parallel for schedule(static)
   for (int e = 0; e < nc; ++e) {
-    const int b = entry_segment(geo, e), j = e - geo.comp_start[b];
     float* row = dnormed.data() + static_cast<long>(e) * d;
     if (spec.rotate) hadamard(row, d);
-    rope_grad.rotate(row + d - spec.rope_dim, j * m, -1);
+    rope_grad.rotate(row + d - spec.rope_dim, entries[e].position, -1);
   }
   std::vector<float> dpooled(dnormed.size());
   rmsnorm_backward(st.pooled.data(), w.norm, st.rstd.data(), dnormed.data(), nc, d,
                    dpooled.data(), grads.norm);
 
-  // Pooling backward. Every (token, column) of the projections feeds exactly one entry, so
+  // Pooling backward. Every (token, column) of the projections feeds at most one entry, so
   // entries write disjoint parts of da / dg; ape is summed per thread, then in thread order.
-  std::vector<float> da(static_cast<std::size_t>(T) * width, 0.0f);
+  std::vector<float> da(static_cast<std::size_t>(rows) * width, 0.0f);
   std::vector<float> dg(da.size(), 0.0f);
   const int nthreads = omp_get_max_threads();
   std::vector<float> dape_parts(static_cast<std::size_t>(nthreads) * m * width, 0.0f);
@@ -143,9 +145,8 @@ void compressor_backward(const BatchGeometry& geo, const CompressorSpec& spec,
     float* dape = dape_parts.data() + static_cast<std::size_t>(omp_get_thread_num()) * m * width;
 #pragma omp for schedule(static)
     for (int e = 0; e < nc; ++e) {
-      const int b = entry_segment(geo, e), j = e - geo.comp_start[b];
       for (int c = 0; c < d; ++c) {
-        const int n = candidates(geo, b, j, c, d, cand.data());
+        const int n = candidates(entries[e], m, c, d, cand.data());
         pool_weights(cand.data(), n, st.g.data(), w.ape, width, p.data());
         const float grad = dpooled[static_cast<long>(e) * d + c];
         // The pooled value as computed (unrounded) for the softmax Jacobian.
@@ -166,12 +167,29 @@ void compressor_backward(const BatchGeometry& geo, const CompressorSpec& spec,
     for (int i = 0; i < m * width; ++i)
       grads.ape[i] += dape_parts[static_cast<std::size_t>(t) * m * width + i];
 
-  linear_grad_weight(da.data(), T, width, x, d_model, grads.wkv, true);
-  linear_grad_weight(dg.data(), T, width, x, d_model, grads.wgate, true);
+  linear_grad_weight(da.data(), rows, width, x, d_model, grads.wkv, true);
+  linear_grad_weight(dg.data(), rows, width, x, d_model, grads.wgate, true);
   if (dx) {
-    linear_grad_input(da.data(), T, width, w.wkv, d_model, dx, true);
-    linear_grad_input(dg.data(), T, width, w.wgate, d_model, dx, true);
+    linear_grad_input(da.data(), rows, width, w.wkv, d_model, dx, true);
+    linear_grad_input(dg.data(), rows, width, w.wgate, d_model, dx, true);
   }
+}
+
+void compressor_forward(const BatchGeometry& geo, const CompressorSpec& spec,
+                        const RopeTable& rope, const float* x, int d_model,
+                        const CompressorWeights& w, CompressorState& st) {
+  const std::vector<CompressorEntry> entries = compressor_entries(geo);
+  compressor_forward(entries.data(), static_cast<int>(entries.size()), geo.ratio, spec, rope, x,
+                     geo.rows, d_model, w, st);
+}
+
+void compressor_backward(const BatchGeometry& geo, const CompressorSpec& spec,
+                         const RopeTable& rope, const float* x, int d_model,
+                         const CompressorWeights& w, const CompressorState& st,
+                         const float* dout, const CompressorGrads& grads, float* dx) {
+  const std::vector<CompressorEntry> entries = compressor_entries(geo);
+  compressor_backward(entries.data(), static_cast<int>(entries.size()), geo.ratio, spec, rope,
+                      x, geo.rows, d_model, w, st, dout, grads, dx);
 }
 
 }  // namespace csattn::cpu

@@ -33,12 +33,41 @@ struct CompressorSpec {
 
 // What the backward needs, kept by the forward.
 struct CompressorState {
-  std::vector<float> a, g;     // [T, coff*d] projections (content, gate logits)
-  std::vector<float> pooled;   // [Nc, d] before the norm
-  std::vector<float> rstd;     // [Nc]
-  std::vector<float> out;      // [Nc, d] final compressed rows
+  std::vector<float> a, g;     // [rows, coff*d] projections (content, gate logits)
+  std::vector<float> pooled;   // [entries, d] before the norm
+  std::vector<float> rstd;     // [entries]
+  std::vector<float> out;      // [entries, d] final compressed rows
 };
 
+// One compressed entry to compute: its own block of m tokens starts at row `first_row` of the
+// input rows, the previous block (m = 4 overlap, A halves) at `prev_row` (-1: the entry is the
+// first of its sequence, no previous candidates), and its RoPE position is j*m. The single
+// rank lists every entry of every segment; a context-parallel rank lists the groups it owns,
+// with rows in its halo + local row buffer (the compressor-input compaction of spec 02 §5.1
+// as an index map instead of a copy).
+struct CompressorEntry {
+  int first_row = 0;
+  int prev_row = -1;
+  int position = 0;
+};
+
+// Entries of every segment of a batch, segment-major (the single-rank layout).
+std::vector<CompressorEntry> compressor_entries(const BatchGeometry& geo);
+
+// x: [x_rows, d_model]; the projections run over all x_rows rows, then entry e's pooled,
+// normed, rotated row is st.out[e].
+void compressor_forward(const CompressorEntry* entries, int n_entries, int ratio,
+                        const CompressorSpec& spec, const RopeTable& rope, const float* x,
+                        int x_rows, int d_model, const CompressorWeights& w,
+                        CompressorState& st);
+// dout: [n_entries, d]. Weight grads accumulate; dx [x_rows, d_model] (nullable) accumulates.
+void compressor_backward(const CompressorEntry* entries, int n_entries, int ratio,
+                         const CompressorSpec& spec, const RopeTable& rope, const float* x,
+                         int x_rows, int d_model, const CompressorWeights& w,
+                         const CompressorState& st, const float* dout,
+                         const CompressorGrads& grads, float* dx);
+
+// The single-rank form: every entry of the batch (compressor_entries) over x = all T rows.
 void compressor_forward(const BatchGeometry& geo, const CompressorSpec& spec,
                         const RopeTable& rope, const float* x, int d_model,
                         const CompressorWeights& w, CompressorState& st);

@@ -18,15 +18,22 @@ namespace {
 constexpr int kRowsPerBlock = 32;
 
 struct RowBlock {
-  int segment, first, last;  // physical rows [first, last)
+  int segment, first, last;  // query indices [first, last), consecutive rows of one segment
 };
 
-std::vector<RowBlock> row_blocks(const BatchGeometry& geo) {
+std::vector<RowBlock> row_blocks(const QueryRows& q) {
   std::vector<RowBlock> blocks;
-  for (int b = 0; b < geo.segments; ++b)
-    for (int r = 0; r < geo.seg_len[b]; r += kRowsPerBlock)
-      blocks.push_back({b, geo.seg_start[b] + r,
-                        geo.seg_start[b] + std::min(geo.seg_len[b], r + kRowsPerBlock)});
+  const BatchGeometry& geo = *q.geo;
+  int i = 0;
+  while (i < q.count) {
+    const int b = geo.row_segment[q.row(i)];
+    int j = i + 1;
+    while (j < q.count && j - i < kRowsPerBlock && geo.row_segment[q.row(j)] == b &&
+           q.row(j) == q.row(j - 1) + 1)
+      ++j;
+    blocks.push_back({b, i, j});
+    i = j;
+  }
   return blocks;
 }
 
@@ -70,18 +77,22 @@ void indexer_row_scores(const IndexerArgs& a, int row, const int* ids, int n, in
   }
 }
 
-void indexer_topk(const BatchGeometry& geo, const IndexerArgs& a, std::int32_t* topk) {
-  const std::vector<RowBlock> blocks = row_blocks(geo);
+void indexer_topk(const QueryRows& q, const IndexerArgs& a, std::int32_t* topk) {
+  const BatchGeometry& geo = *q.geo;
+  const std::vector<RowBlock> blocks = row_blocks(q);
   const int HI = a.heads, DI = a.dim, K = a.topk;
+  const bool invariant = batch_invariant();
 #pragma omp parallel
   {
+    BatchInvariantScope scope(invariant);
     std::vector<float> dots, scores;
     std::vector<int> idx;
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t bi = 0; bi < blocks.size(); ++bi) {
       const RowBlock& blk = blocks[bi];
       int ncols = 0;
-      for (int t = blk.first; t < blk.last; ++t) ncols = std::max(ncols, candidate_count(geo, t));
+      for (int i = blk.first; i < blk.last; ++i)
+        ncols = std::max(ncols, candidate_count(geo, q.row(i)));
       const int nrows = blk.last - blk.first;
       if (ncols > 0) {
         // dots[(r*HI + h), j] = qI[first + r, h] . KI[seg, j] for the block's visible prefix.
@@ -91,19 +102,23 @@ void indexer_topk(const BatchGeometry& geo, const IndexerArgs& a, std::int32_t* 
              a.keys + static_cast<long>(geo.comp_start[blk.segment]) * DI, DI, 0.0f,
              dots.data(), ncols);
       }
-      for (int t = blk.first; t < blk.last; ++t) {
-        const int n = candidate_count(geo, t);
-        const int r = t - blk.first;
+      for (int i = blk.first; i < blk.last; ++i) {
+        const int n = candidate_count(geo, q.row(i));
+        const int r = i - blk.first;
         scores.assign(static_cast<std::size_t>(n), 0.0f);
-        const float* w = a.weights + static_cast<long>(t) * HI;
+        const float* w = a.weights + static_cast<long>(i) * HI;
         for (int h = 0; h < HI; ++h) {
           const float* dh = dots.data() + (static_cast<long>(r) * HI + h) * ncols;
           for (int j = 0; j < n; ++j) scores[j] += w[h] * std::max(dh[j], 0.0f);
         }
-        select_topk(scores.data(), n, K, topk + static_cast<long>(t) * K, idx);
+        select_topk(scores.data(), n, K, topk + static_cast<long>(i) * K, idx);
       }
     }
   }
+}
+
+void indexer_topk(const BatchGeometry& geo, const IndexerArgs& a, std::int32_t* topk) {
+  indexer_topk(QueryRows::all(geo), a, topk);
 }
 
 namespace {
@@ -121,12 +136,16 @@ struct LossScratch {
 
 // KL of one row; with `want_grad`, also its gradient (scaled by `scale`) into qI, w' and
 // the thread's key-gradient buffer.
-double row_loss(const BatchGeometry& geo, const LossArgs& a, int t, LossScratch& s,
+// Query index t of `queries` (its inputs are row t of the per-query tensors; its facts come
+// from its global row g).
+double row_loss(const QueryRows& queries, const LossArgs& a, int t, LossScratch& s,
                 bool want_grad, float scale, float* dq, float* dw, float* dkeys_thread) {
+  const BatchGeometry& geo = *queries.geo;
+  const int g = queries.row(t);
   const IndexerArgs& ix = a.indexer;
   const TeacherArgs& te = a.teacher;
   const int HI = ix.heads, DI = ix.dim, H = te.heads, D = te.dim;
-  const int vis = candidate_count(geo, t);
+  const int vis = candidate_count(geo, g);
   s.cand.clear();
   if (a.sparse) {
     const std::int32_t* sel = a.topk + static_cast<long>(t) * ix.topk;
@@ -137,7 +156,7 @@ double row_loss(const BatchGeometry& geo, const LossArgs& a, int t, LossScratch&
   }
   const int n = static_cast<int>(s.cand.size());
   if (n == 0) return 0.0;
-  const int b = geo.row_segment[t];
+  const int b = geo.row_segment[g];
   const int c0 = geo.comp_start[b];
 
   // Predictor: p = softmax(I) over the candidates.
@@ -162,8 +181,10 @@ double row_loss(const BatchGeometry& geo, const LossArgs& a, int t, LossScratch&
 
   // Teacher: per-head attention mass on the candidates with the full CSA denominator
   // (sink + window + candidates), head-summed, L1-normalised.
-  const int pos = geo.row_position[t], start = geo.seg_start[b];
+  // The window rows sit right before the query's own K=V row in te.kv.
+  const int pos = geo.row_position[g];
   const int w0 = std::max(0, pos - te.window + 1), nw = pos - w0 + 1;
+  const long first_window_row = queries.kv_row(t) - (nw - 1);
   s.ckeys.resize(static_cast<std::size_t>(n) * D);
   for (int k = 0; k < n; ++k)
     std::memcpy(&s.ckeys[static_cast<std::size_t>(k) * D],
@@ -172,7 +193,7 @@ double row_loss(const BatchGeometry& geo, const LossArgs& a, int t, LossScratch&
   s.zw.resize(static_cast<std::size_t>(H) * nw);
   const float* q = te.q + static_cast<long>(t) * H * D;
   gemm(false, true, H, n, D, te.scale, q, D, s.ckeys.data(), D, 0.0f, s.z.data(), n);
-  gemm(false, true, H, nw, D, te.scale, q, D, te.kv + static_cast<long>(start + w0) * D, D,
+  gemm(false, true, H, nw, D, te.scale, q, D, te.kv + first_window_row * D, D,
        0.0f, s.zw.data(), nw);
   s.target.assign(static_cast<std::size_t>(n), 0.0);
   for (int h = 0; h < H; ++h) {
@@ -229,27 +250,29 @@ double reduction_scale(const BatchGeometry& geo, const LossArgs& a) {
 
 }  // namespace
 
-double indexer_loss_forward(const BatchGeometry& geo, const LossArgs& a) {
-  const int T = geo.rows;
+double indexer_loss_forward(const QueryRows& q, const LossArgs& a) {
+  const int T = q.count;
   std::vector<double> row_kl(static_cast<std::size_t>(T), 0.0);
+  const bool invariant = batch_invariant();
 #pragma omp parallel
   {
+    BatchInvariantScope scope(invariant);
     LossScratch s;
 #pragma omp for schedule(dynamic, 16)
-    for (int t = 0; t < T; ++t) row_kl[t] = row_loss(geo, a, t, s, false, 0.0f, nullptr, nullptr, nullptr);
+    for (int t = 0; t < T; ++t) row_kl[t] = row_loss(q, a, t, s, false, 0.0f, nullptr, nullptr, nullptr);
   }
   double sum = 0.0;  // fixed order: independent of the thread count
   for (double v : row_kl) sum += v;
-  return reduction_scale(geo, a) * sum;
+  return reduction_scale(*q.geo, a) * sum;
 }
 
-void indexer_loss_backward(const BatchGeometry& geo, const LossArgs& a, float grad_loss,
-                           float* dq, float* dweights, float* dkeys) {
-  const int T = geo.rows, HI = a.indexer.heads, DI = a.indexer.dim;
-  const int nc = geo.compressed_rows();
+void indexer_loss_backward(const QueryRows& q, const LossArgs& a, float grad_loss, float* dq,
+                           float* dweights, float* dkeys) {
+  const int T = q.count, HI = a.indexer.heads, DI = a.indexer.dim;
+  const int nc = q.geo->compressed_rows();
   std::memset(dq, 0, sizeof(float) * static_cast<std::size_t>(T) * HI * DI);
   std::memset(dweights, 0, sizeof(float) * static_cast<std::size_t>(T) * HI);
-  const float scale = static_cast<float>(reduction_scale(geo, a) * grad_loss);
+  const float scale = static_cast<float>(reduction_scale(*q.geo, a) * grad_loss);
   const int nthreads = omp_get_max_threads();
   std::vector<float> parts(static_cast<std::size_t>(nthreads) * nc * DI, 0.0f);
 #pragma omp parallel
@@ -257,11 +280,20 @@ void indexer_loss_backward(const BatchGeometry& geo, const LossArgs& a, float gr
     LossScratch s;
     float* mine = parts.data() + static_cast<std::size_t>(omp_get_thread_num()) * nc * DI;
 #pragma omp for schedule(static)
-    for (int t = 0; t < T; ++t) row_loss(geo, a, t, s, true, scale, dq, dweights, mine);
+    for (int t = 0; t < T; ++t) row_loss(q, a, t, s, true, scale, dq, dweights, mine);
   }
   for (int th = 0; th < nthreads; ++th)
     for (long i = 0; i < static_cast<long>(nc) * DI; ++i)
       dkeys[i] += parts[static_cast<std::size_t>(th) * nc * DI + i];
+}
+
+double indexer_loss_forward(const BatchGeometry& geo, const LossArgs& a) {
+  return indexer_loss_forward(QueryRows::all(geo), a);
+}
+
+void indexer_loss_backward(const BatchGeometry& geo, const LossArgs& a, float grad_loss,
+                           float* dq, float* dweights, float* dkeys) {
+  indexer_loss_backward(QueryRows::all(geo), a, grad_loss, dq, dweights, dkeys);
 }
 
 }  // namespace csattn::cpu

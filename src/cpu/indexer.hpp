@@ -15,6 +15,14 @@ struct IndexerArgs {
   const float* keys = nullptr;        // [Nc, D_I] indexer compressor output
 };
 
+// The general forms take the query rows explicitly (core/geometry.hpp QueryRows): per-query
+// inputs (q, weights, topk, teacher q, outputs) are indexed by query index, sequence facts
+// come from each query's global row, keys are the sequence-major compressed rows of the
+// whole batch (geo.comp_start), and the teacher's window rows sit right before each query's
+// own K=V row in teacher.kv (QueryRows::kv_row). The loss is reduced over the batch's real
+// rows (geo.real_rows), so the losses of disjoint query sets add up to the whole batch's.
+void indexer_topk(const QueryRows& queries, const IndexerArgs& a, std::int32_t* topk);
+
 // topk: [T, K]. Per row the min(K, visible) best entries (ties to the smaller index),
 // written in ascending index order, then -1. Padding rows get no candidates (all -1). The
 // score matrix is never materialised: rows are scored a block at a time.
@@ -29,7 +37,7 @@ struct TeacherArgs {
   int heads = 0, dim = 0, window = 0;
   float scale = 0.0f;
   const float* q = nullptr;     // [T, H, D]
-  const float* kv = nullptr;    // [T, D]
+  const float* kv = nullptr;    // [T, D] raw K=V rows (QueryRows::kv_row indexes them)
   const float* comp = nullptr;  // [Nc, D] main compressor output
   const float* sink = nullptr;  // [H]
 };
@@ -46,10 +54,13 @@ struct LossArgs {
 // lambda * KL(teacher || predictor), reduced as the config says (mean over real rows or
 // per-token sum). Padding rows and rows without candidates contribute 0.
 double indexer_loss_forward(const BatchGeometry& geo, const LossArgs& a);
+double indexer_loss_forward(const QueryRows& queries, const LossArgs& a);
 
 // Gradients of grad_loss * loss: dq [T, H_I, D_I], dweights [T, H_I] (overwritten), dkeys
 // [Nc, D_I] (accumulated).
 void indexer_loss_backward(const BatchGeometry& geo, const LossArgs& a, float grad_loss,
+                           float* dq, float* dweights, float* dkeys);
+void indexer_loss_backward(const QueryRows& queries, const LossArgs& a, float grad_loss,
                            float* dq, float* dweights, float* dkeys);
 
 }  // namespace csattn::cpu

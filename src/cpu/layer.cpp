@@ -174,6 +174,9 @@ LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& lay
               std::to_string(c.d_model) + "]");
   layout.check_rows(x.dim(0));
   ThreadScope threads(options_.threads);
+  // fp32: batch-invariant products, so every row's forward is the same whatever else is in
+  // the batch (context-parallel ranks reproduce it bit for bit; docs/numerics.md).
+  const cpu::BatchInvariantScope batch_invariant(options_.precision == Precision::fp32);
   const LayerWeights& w = weights_;
   auto s = std::make_shared<SavedActivations>();
   s->cfg = c;
