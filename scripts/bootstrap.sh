@@ -17,6 +17,8 @@ declare -A probe=(
   [libfmt-dev]=/usr/include/fmt/format.h
   [libopenblas-openmp-dev]=/usr/lib/x86_64-linux-gnu/libopenblas.so
   [libomp-dev]=/usr/lib/llvm-14/include/omp.h
+  [openmpi-bin]=/usr/bin/mpirun
+  [libopenmpi-dev]=/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h
 )
 
 missing=()

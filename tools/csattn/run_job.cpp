@@ -65,6 +65,8 @@ std::vector<std::int32_t> topk_vector(const Tensor& topk, std::int64_t rows, int
   return {p, p + topk.numel()};
 }
 
+}  // namespace
+
 OracleCheck check_with_oracle(const AttentionConfig& cfg, const RunPlan& plan,
                               const LayerWeights& weights, const std::vector<double>& x64,
                               const LayerOutputs& fwd) {
@@ -136,8 +138,6 @@ std::map<std::string, std::string> save_metadata(const RunPlan& plan) {
           {"csattn.compress_ratios", join_ints(ratios)},
           {"csattn.seed", std::to_string(plan.seed)}};
 }
-
-}  // namespace
 
 RunReport run_job(RunPlan& plan) {
   RunReport report;

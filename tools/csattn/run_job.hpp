@@ -2,11 +2,14 @@
 // on sampled rows, and the optional --save file.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "csattn/config.hpp"
+#include "csattn/layer.hpp"
 #include "csattn/layout.hpp"
+#include "csattn/weights.hpp"
 #include "run_options.hpp"
 
 namespace csattn::cli {
@@ -47,5 +50,13 @@ struct RunReport {
 std::vector<int> sample_rows(const SeqLayout& layout, int n);
 
 RunReport run_job(RunPlan& plan);
+
+// The fp64-oracle check of one layer's forward on the sampled rows of plan.layout (fwd needs
+// output and, for CSA, topk_indices over every row of the batch).
+OracleCheck check_with_oracle(const AttentionConfig& cfg, const RunPlan& plan,
+                              const LayerWeights& weights, const std::vector<double>& x64,
+                              const LayerOutputs& fwd);
+// The string metadata of a --save file.
+std::map<std::string, std::string> save_metadata(const RunPlan& plan);
 
 }  // namespace csattn::cli
