@@ -35,8 +35,14 @@ struct Case {
 };
 
 std::string case_name(const Case& c) {
-  return "P" + std::to_string(c.ranks) + "_" + cp_mode_name(c.mode) + "_" +
-         layer_kind_name(layer_kind(c.ratio)) + (c.sparse ? "_sparse" : "_dense");
+  std::string name = "P";
+  name += std::to_string(c.ranks);
+  name += "_";
+  name += cp_mode_name(c.mode);
+  name += "_";
+  name += layer_kind_name(layer_kind(c.ratio));
+  name += c.sparse ? "_sparse" : "_dense";
+  return name;
 }
 
 class CpParity : public ::testing::TestWithParam<Case> {};
@@ -63,10 +69,10 @@ TEST_P(CpParity, Fp32ForwardBitwiseGradientsWithin1e6) {
 
   EXPECT_TRUE(bitwise_equal(cp.output, ref.output.to_f32()))
       << "output rel diff " << rel_diff(cp.output, ref.output.to_f32());
-  if (cfg.has_indexer()) EXPECT_EQ(cp.topk, topk_vector(ref));
+  if (cfg.has_indexer()) { EXPECT_EQ(cp.topk, topk_vector(ref)); }
   EXPECT_LE(rel_diff(cp.grad_input, gref.grad_input.to_f32()), 1e-6);
   EXPECT_NEAR(cp.loss, ref.indexer_loss, 1e-6 * std::fabs(ref.indexer_loss));
-  if (cfg.has_indexer()) EXPECT_GT(ref.indexer_loss, 0.0f);
+  if (cfg.has_indexer()) { EXPECT_GT(ref.indexer_loss, 0.0f); }
   for (const auto& [name, g] : gref.grad) {
     const std::vector<float> v = g.to_f32();
     EXPECT_LE(rel_diff(cp.grad.at(name), v), 1e-6) << name;
@@ -168,16 +174,18 @@ TEST(CpParityLoss, PerTokenSumsAndZeroGradients) {
   });
   for (const auto& g : grads)
     for (const ParamInfo& p : w.params())
-      if (p.group == ParamGroup::indexer)
+      if (p.group == ParamGroup::indexer) {
         for (float v : g.at(p.name).to_f32()) ASSERT_EQ(v, 0.0f) << p.name;
+      }
 
   cfg.loss_coeff = 0.0;
   const LayerWeights w0 = LayerWeights::random(cfg, 51);
   const CpRun zero = run_cp(cfg, w0, part, x, dy);
   EXPECT_EQ(zero.loss, 0.0);
   for (const ParamInfo& p : w0.params())
-    if (p.group == ParamGroup::indexer)
+    if (p.group == ParamGroup::indexer) {
       for (double v : zero.grad.at(p.name)) ASSERT_EQ(v, 0.0) << p.name;
+    }
 }
 
 // The work counters add up to the single-rank work, and two_chunk balances the causal

@@ -160,9 +160,10 @@ TEST_P(CpComposed, MapAndIndicesReachTheRightTokens) {
       const cp::CompactSlot& sl = plan.compact[static_cast<std::size_t>(plan.entry_slot[k])];
       EXPECT_EQ(plan.ext_rows[static_cast<std::size_t>(plan.entries[k].first_row)],
                 geo.seg_start[sl.segment] + sl.group * R);
-      if (R == 4 && sl.group > 0)
+      if (R == 4 && sl.group > 0) {
         EXPECT_EQ(plan.ext_rows[static_cast<std::size_t>(plan.entries[k].prev_row)],
                   geo.seg_start[sl.segment] + (sl.group - 1) * R);
+      }
     }
     const QueryRows q{&geo, static_cast<int>(plan.local_rows.size()), plan.local_rows.data(),
                       plan.local_ext.data()};
@@ -196,14 +197,14 @@ TEST_P(CpComposed, MapAndIndicesReachTheRightTokens) {
         if (mode_i == IndexMode::indexer_loss) {
           for (int k = 0; k < K; ++k) {
             const bool valid = sel[k] >= 0 && sel[k] < geo.seg_compressed(s);
-            if (valid) EXPECT_EQ(decode(row[k]), std::make_tuple(1, s, sel[k]));
-            else EXPECT_EQ(row[k], -1);
+            if (valid) { EXPECT_EQ(decode(row[k]), std::make_tuple(1, s, sel[k])); }
+            else { EXPECT_EQ(row[k], -1); }
             EXPECT_EQ(idx.indexer_rank_major[static_cast<std::size_t>(i) * K + k],
                       valid ? row[k] - low.compressed_base : -1);
           }
           for (int w = 0; w < W; ++w) {
-            if (w < static_cast<int>(expect_window.size())) EXPECT_EQ(decode(row[K + w]), expect_window[w]);
-            else EXPECT_EQ(row[K + w], -1);
+            if (w < static_cast<int>(expect_window.size())) { EXPECT_EQ(decode(row[K + w]), expect_window[w]); }
+            else { EXPECT_EQ(row[K + w], -1); }
           }
           continue;
         }
