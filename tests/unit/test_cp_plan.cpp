@@ -272,5 +272,53 @@ TEST(CpHalo, ReceivesMatchSendsAcrossRanks) {
   EXPECT_GT(multi_source, 0) << "the layout should make some halo come from several ranks";
 }
 
+// The worked example of docs/design.md: P = 2, two_chunk, cu = [0, 8, 24], m = 4, W = 4
+// (D_c = 8, D_w = 8).
+TEST(CpDesignDoc, TwoChunkWorkedExample) {
+  const SeqLayout layout = SeqLayout::thd({0, 8, 24});
+  const CpPartition part = CpPartition::build(layout, CpMode::two_chunk, 2);
+  auto pieces = [&](int r) {
+    std::vector<std::pair<int, int>> v;
+    for (const RowPiece& p : part.pieces(r)) v.emplace_back(p.begin, p.end);
+    return v;
+  };
+  EXPECT_EQ(pieces(0), (std::vector<std::pair<int, int>>{{0, 2}, {6, 12}, {20, 24}}));
+  EXPECT_EQ(pieces(1), (std::vector<std::pair<int, int>>{{2, 6}, {12, 20}}));
+  const BatchGeometry geo = BatchGeometry::build(layout, 4);
+  const cp::LayerPlan p0 = cp::build_layer_plan(geo, part, 0, 4);
+  const cp::LayerPlan p1 = cp::build_layer_plan(geo, part, 1, 4);
+  auto halo = [](const cp::LayerPlan& p) {
+    std::vector<int> rows;
+    for (std::size_t e = 0; e < p.ext_rows.size(); ++e)
+      if (p.ext_local[e] < 0) rows.push_back(p.ext_rows[e]);
+    return rows;
+  };
+  EXPECT_EQ(halo(p0), (std::vector<int>{2, 3, 4, 5, 12, 13, 14, 15, 16, 17, 18, 19}));
+  EXPECT_EQ(halo(p1), (std::vector<int>{0, 1, 8, 9, 10, 11}));
+  auto slots = [](const cp::LayerPlan& p) {
+    std::vector<std::tuple<int, int, bool>> v;
+    for (const cp::CompactSlot& s : p.compact) v.emplace_back(s.segment, s.group, s.owned);
+    return v;
+  };
+  EXPECT_EQ(slots(p0), (std::vector<std::tuple<int, int, bool>>{
+                           {0, 0, false}, {0, 1, true}, {1, 0, true}, {1, 1, false}, {1, 2, false}, {1, 3, true}}));
+  EXPECT_EQ(slots(p1), (std::vector<std::tuple<int, int, bool>>{
+                           {0, 0, true}, {1, 0, false}, {1, 1, true}, {1, 2, true}}));
+  EXPECT_EQ(p0.slots, 8);
+  EXPECT_EQ(p0.seq_to_rank_row, (std::vector<std::int32_t>{8, 1, 2, 10, 11, 5}));
+  // Rank 1's query at row 13 (sequence 1, position 5): window rows 10..13 (ext rows: halo
+  // 10, 11 then local 12, 13), visible compressed entry 0 -> rank-major row 2 (rank 0's slot 2).
+  const int i = 5;  // local index of row 13 on rank 1: rows 2,3,4,5,12,13
+  ASSERT_EQ(p1.local_rows[i], 13);
+  const QueryRows q{&geo, 1, &p1.local_rows[i], &p1.local_ext[i]};
+  KvLowering low{static_cast<int>(p1.ext_rows.size()), p1.seq_to_rank_row.data(), p1.seq_major_rows};
+  const AttentionIndex idx = build_attention_index(q, IndexMode::all_visible, 4, 24 / 4, nullptr, low);
+  ASSERT_EQ(idx.length[0], 5);
+  std::vector<int> rows;
+  for (int k = 0; k < 4; ++k) rows.push_back(p1.ext_rows[static_cast<std::size_t>(idx.index[k])]);
+  EXPECT_EQ(rows, (std::vector<int>{10, 11, 12, 13}));
+  EXPECT_EQ(idx.index[4], static_cast<int>(p1.ext_rows.size()) + 2);
+}
+
 }  // namespace
 }  // namespace csattn
