@@ -16,7 +16,6 @@ declare -A probe=(
   [nlohmann-json3-dev]=/usr/include/nlohmann/json.hpp
   [libfmt-dev]=/usr/include/fmt/format.h
   [libopenblas-openmp-dev]=/usr/lib/x86_64-linux-gnu/libopenblas.so
-  [libomp-dev]=/usr/lib/llvm-14/include/omp.h
 )
 
 missing=()

@@ -16,10 +16,22 @@
 #include "cpu/elementwise.hpp"
 #include "cpu/indexer.hpp"
 #include "csattn/error.hpp"
+#ifdef CSATTN_HAVE_CUDA
+#include "cuda/cuda_layer.hpp"
+#endif
 
 namespace csattn {
 
 const char* precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
+
+bool cuda_available(std::string* why) {
+#ifdef CSATTN_HAVE_CUDA
+  return cuda::device_available(why);
+#else
+  if (why) *why = "this build has no CUDA backend (nvcc was not found at configure time)";
+  return false;
+#endif
+}
 
 // Everything the backward needs, kept by the forward. Names follow the spec: *_proj are GEMM
 // outputs before a norm, the plain names the tensors after it.
@@ -143,6 +155,28 @@ void grouped_o_backward(const AttentionConfig& c, int T, const float* o, const f
   }
 }
 
+// A caller-supplied CSA selection must have the right shape and hold only -1 or entries
+// visible to their row (padding rows: none).
+void check_forced_topk(const AttentionConfig& c, const SeqLayout& layout, const Tensor& topk) {
+  const BatchGeometry geo = BatchGeometry::build(layout, c.compress_ratio);
+  const int T = geo.rows, K = c.index_topk;
+  require(topk.ndim() == 2 && topk.dim(0) == T && topk.dim(1) == K && topk.dtype() == DType::i32,
+          ErrorKind::ShapeMismatch,
+          "topk has shape " + shape_str(topk.shape()) + " " + dtype_name(topk.dtype()) +
+              ", expected [" + std::to_string(T) + ", " + std::to_string(K) + "] i32");
+  const std::int32_t* src = topk.ptr<std::int32_t>();
+  for (int t = 0; t < T; ++t) {
+    const int vis = geo.row_is_padding[t] ? 0 : geo.visible_compressed(t);
+    for (int k = 0; k < K; ++k) {
+      const std::int32_t id = src[static_cast<long>(t) * K + k];
+      require(id == -1 || (id >= 0 && id < vis), ErrorKind::InvalidArgument,
+              "topk[" + std::to_string(t) + ", " + std::to_string(k) + "] = " +
+                  std::to_string(id) + " is not -1 or a visible entry (" + std::to_string(vis) +
+                  " visible)");
+    }
+  }
+}
+
 struct ThreadScope {  // applies RunOptions::threads for the duration of a call
   int saved = omp_get_max_threads();
   explicit ThreadScope(int n) { if (n > 0) omp_set_num_threads(n); }
@@ -156,10 +190,18 @@ HybridAttentionLayer::HybridAttentionLayer(AttentionConfig cfg, LayerWeights wei
     : cfg_(cfg), weights_(std::move(weights)), options_(options) {
   cfg_.validate();
   weights_.check(cfg_);
-  require(options_.device == Device::cpu, ErrorKind::Unsupported,
-          "device cuda is not available in this build: the CUDA backend is not built");
   require(options_.threads >= 0, ErrorKind::InvalidArgument,
           "threads = " + std::to_string(options_.threads) + " must be >= 0");
+  if (options_.device == Device::cuda) {
+    std::string why;
+    require(cuda_available(&why), ErrorKind::Unsupported, "device cuda: " + why);
+    require(options_.precision == Precision::bf16, ErrorKind::Unsupported,
+            "device cuda computes in bf16 only (fp32 is a CPU reference mode)");
+#ifdef CSATTN_HAVE_CUDA
+    cuda_ = std::make_shared<cuda::CudaLayer>(cfg_, weights_);
+    cuda_->set_poison(options_.poison_workspace);
+#endif
+  }
 }
 
 LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& layout) const {
@@ -175,6 +217,10 @@ LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& lay
   layout.check_rows(x.dim(0));
   ThreadScope threads(options_.threads);
   const LayerWeights& w = weights_;
+  if (c.has_indexer() && !forced_topk.empty()) check_forced_topk(c, layout, forced_topk);
+#ifdef CSATTN_HAVE_CUDA
+  if (cuda_) return cuda_->forward(x, layout, c.has_indexer() ? forced_topk : Tensor());
+#endif
   auto s = std::make_shared<SavedActivations>();
   s->cfg = c;
   s->bf16 = options_.precision == Precision::bf16;
@@ -248,25 +294,7 @@ LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& lay
                             compressor_weights(w, "attn.indexer.compressor."), s->idx_comp);
     s->topk.assign(static_cast<std::size_t>(T) * K, -1);
     if (!forced_topk.empty()) {
-      require(forced_topk.ndim() == 2 && forced_topk.dim(0) == T && forced_topk.dim(1) == K &&
-                  forced_topk.dtype() == DType::i32,
-              ErrorKind::ShapeMismatch,
-              "topk has shape " + shape_str(forced_topk.shape()) + " " +
-                  dtype_name(forced_topk.dtype()) + ", expected [" + std::to_string(T) + ", " +
-                  std::to_string(K) + "] i32");
-      const std::int32_t* src = forced_topk.ptr<std::int32_t>();
-      for (int t = 0; t < T; ++t) {
-        const int vis = geo.row_is_padding[t] ? 0 : geo.visible_compressed(t);
-        for (int k = 0; k < K; ++k) {
-          const std::int32_t id = src[static_cast<long>(t) * K + k];
-          require(id >= -1 && id < std::max(vis, 0) + (id == -1 ? 1 : 0),
-                  ErrorKind::InvalidArgument,
-                  "topk[" + std::to_string(t) + ", " + std::to_string(k) + "] = " +
-                      std::to_string(id) + " is not -1 or a visible entry (" +
-                      std::to_string(vis) + " visible)");
-          s->topk[static_cast<long>(t) * K + k] = id;
-        }
-      }
+      std::memcpy(s->topk.data(), forced_topk.data(), sizeof(std::int32_t) * s->topk.size());
     } else {
       const cpu::IndexerArgs ia{HI, DI, K, s->qi.data(), s->w_eff.data(), s->idx_comp.out.data()};
       cpu::indexer_topk(geo, ia, s->topk.data());
@@ -296,6 +324,9 @@ LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& lay
 
 LayerGradients HybridAttentionLayer::backward(const LayerOutputs& fwd, const Tensor& grad_output,
                                               float grad_indexer_loss) const {
+  require(!cuda_, ErrorKind::Unsupported,
+          "backward on device cuda is not implemented yet (the CUDA backward is issue 6); "
+          "run the backward on the CPU");
   require(fwd.saved != nullptr, ErrorKind::InvalidArgument,
           "backward needs the outputs of a forward of this layer");
   const SavedActivations& s = *fwd.saved;
