@@ -165,6 +165,14 @@ json layer_case(const std::string& preset, int ratio, int tokens) {
          {"forward_ms", prof.total_ms}, {"tokens_per_s", tokens / (prof.total_ms * 1e-3)},
          {"workspace_bytes", prof.workspace_bytes}};
   for (const StageTime& s : prof.stages) j["stages_ms"][s.name] = s.ms;
+  if (ratio == 4) {
+    // Indexer FLOPs = 2 * H_I * D_I per causally valid (query, compressed key) pair.
+    double pairs = 0.0;
+    for (int t = 0; t < tokens; ++t) pairs += std::min((t + 1) / 4, tokens / 4);
+    const double ms = j["stages_ms"]["indexer top-k"].get<double>();
+    j["indexer_pairs"] = pairs;
+    j["indexer_tflops"] = 2.0 * cfg.index_n_heads * cfg.index_head_dim * pairs / (ms * 1e-3) / 1e12;
+  }
   return j;
 }
 
@@ -210,6 +218,15 @@ int main(int argc, char** argv) {
                     j["forward_ms"].get<double>(), j["tokens_per_s"].get<double>(), stages.c_str());
         report["layer_forward"].push_back(j);
       }
+    std::printf("\nindexer + top-k (flash CSA layer, one sequence; FLOPs = 2*64*128 per valid pair)\n");
+    std::printf("%7s %12s %10s %9s\n", "tokens", "pairs", "ms", "TFLOPS");
+    for (int tokens : {32768, 65536, 131072}) {
+      std::fprintf(stderr, "cuda_bench: indexer at %d tokens\n", tokens);
+      json j = layer_case("flash", 4, tokens);
+      std::printf("%7d %12.0f %10.3f %9.1f\n", tokens, j["indexer_pairs"].get<double>(),
+                  j["stages_ms"]["indexer top-k"].get<double>(), j["indexer_tflops"].get<double>());
+      report["indexer"].push_back(j);
+    }
     std::ofstream(out_path) << report.dump(2) << "\n";
     return 0;
   } catch (const std::exception& e) {

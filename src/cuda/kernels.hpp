@@ -55,4 +55,11 @@ void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, con
                              const std::int32_t* topk, bf16* out, float* lse,
                              cudaStream_t stream);
 
+// The tensor-core version for head_dim 512 (sparse_attention_mma.cu); same contract.
+bool sparse_attention_mma_supported(const LayerDims& d);
+void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
+                                 const bf16* kv, const bf16* comp, const float* sink,
+                                 const std::int32_t* topk, bf16* out, float* lse,
+                                 cudaStream_t stream);
+
 }  // namespace csattn::cuda

@@ -5,6 +5,8 @@
 // dot products, keys read from L2. It is far from the Hopper target (wgmma, shared K tiles
 // across heads); docs/perf.md measures it.
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
@@ -115,6 +117,16 @@ void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, con
                              const std::int32_t* topk, bf16* out, float* lse,
                              cudaStream_t stream) {
   if (d.rows <= 0) return;
+  // head_dim 512 (every DeepSeek-V4 preset) takes the tensor-core kernel, unless
+  // CSATTN_ATTENTION=baseline asks for this one (benchmarks, bisecting).
+  static const bool force_baseline = [] {
+    const char* v = std::getenv("CSATTN_ATTENTION");
+    return v != nullptr && std::string(v) == "baseline";
+  }();
+  if (!force_baseline && sparse_attention_mma_supported(d)) {
+    launch_sparse_attention_mma(d, meta, q, kv, comp, sink, topk, out, lse, stream);
+    return;
+  }
   require(d.head_dim <= kThreads * kMaxDimPerThread, ErrorKind::Unsupported,
           "the CUDA attention kernel supports head_dim up to 1024, got " +
               std::to_string(d.head_dim));
