@@ -11,7 +11,9 @@ mkdir -p "$OUT"
 TP=${CSATTN_THIRD_PARTY_DIR:-$PWD/.device/third_party}
 export PATH=/usr/local/cuda/bin:$PATH
 start=$(date +%s)
-{ nvidia-smi; nvcc --version; cmake --version; g++ --version; } > "$OUT/machine.txt" 2>&1
+# At most 8 files come back: summary.txt collects the short outputs.
+SUMMARY="$OUT/summary.txt"
+{ nvidia-smi; nvcc --version; cmake --version; g++ --version; } > "$SUMMARY" 2>&1
 
 echo "== configure + build"
 if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -32,13 +34,26 @@ if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
   grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest.log" | grep -v "^ *[0-9]*/[0-9]* Test .* Passed" | tail -30
 fi
 
+echo "== csattn run on the GPU (main job, forward, oracle check on sampled rows)"
+{ echo "== csattn run --device cuda --no-backward"
+  build-gpu/csattn run --device cuda --no-backward -q
+  echo "== csattn run --device cuda --no-backward --preset flash --seqlens 1000,3000 --check-rows 4"
+  build-gpu/csattn run --device cuda --no-backward --preset flash --seqlens 1000,3000 --check-rows 4 -q
+} >> "$SUMMARY" 2>&1
+tail -14 "$SUMMARY"
+
 bench_rc=skipped
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
   echo "== benchmarks"
-  build-gpu/csattn_cuda_bench "$OUT/cuda_bench.json" 2> "$OUT/bench.err"
-  bench_rc=$?
+  build-gpu/csattn_cuda_bench "$OUT/cuda_bench.json" 2> "$OUT/bench.err" | tee -a "$SUMMARY"
+  bench_rc=${PIPESTATUS[0]}
   [ "$bench_rc" = 0 ] || tail -5 "$OUT/bench.err"
   [ -f "$OUT/cuda_bench.json" ] && python3 bench/plot_svg.py "$OUT/cuda_bench.json" "$OUT/cuda_bench.svg"
+  if [ -f bench/torch_layer.py ]; then
+    echo "== PyTorch eager layer (same GPU, same run)"
+    PYTHONUNBUFFERED=1 python3 bench/torch_layer.py time --json-out "$OUT/torch_eager.json" \
+      2>> "$OUT/bench.err" | tee -a "$SUMMARY"
+  fi
 fi
 
 cat > "$OUT/report.json" <<JSON
