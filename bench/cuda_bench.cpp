@@ -150,7 +150,7 @@ json sparse_attention_case(int heads, int topk, int keys, int queries, double ge
   return j;
 }
 
-json layer_case(const std::string& preset, int ratio, int tokens) {
+json layer_case(const std::string& preset, int ratio, int tokens, bool backward = false) {
   AttentionConfig cfg = ModelConfig::preset(preset).base;
   cfg.compress_ratio = ratio;
   const LayerWeights w = LayerWeights::random(cfg, 11);
@@ -161,9 +161,20 @@ json layer_case(const std::string& preset, int ratio, int tokens) {
   for (float& v : xv) v = dist(rng);
   layer.forward(Tensor::from_f32(xv, {tokens, cfg.d_model}), SeqLayout::from_lengths({tokens}), Tensor());
   const ForwardProfile prof = layer.profile(2, 5);
+  double backward_ms = -1.0;
+  if (backward) {
+    std::vector<float> gv(xv.size());
+    for (float& v : gv) v = dist(rng);
+    layer.backward(Tensor::from_f32(gv, {tokens, cfg.d_model}), 1.0f);
+    backward_ms = layer.profile_backward(1, 3);
+  }
   json j{{"preset", preset}, {"type", layer_kind_name(layer_kind(ratio))}, {"tokens", tokens},
          {"forward_ms", prof.total_ms}, {"tokens_per_s", tokens / (prof.total_ms * 1e-3)},
          {"workspace_bytes", prof.workspace_bytes}};
+  if (backward) {
+    j["backward_ms"] = backward_ms;
+    j["train_step_tokens_per_s"] = tokens / ((prof.total_ms + backward_ms) * 1e-3);
+  }
   for (const StageTime& s : prof.stages) j["stages_ms"][s.name] = s.ms;
   if (ratio == 4) {
     // Indexer FLOPs = 2 * H_I * D_I per causally valid (query, compressed key) pair.
@@ -206,16 +217,17 @@ int main(int argc, char** argv) {
                     j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>());
         report["sparse_attention"].push_back(j);
       }
-    std::printf("\nlayer forward (flash shape, one sequence)\n");
-    std::printf("%5s %7s %10s %12s  stages (ms)\n", "type", "tokens", "fwd ms", "tokens/s");
+    std::printf("\nlayer forward + backward (flash shape, one sequence)\n");
+    std::printf("%5s %7s %10s %10s %12s  forward stages (ms)\n", "type", "tokens", "fwd ms", "bwd ms", "tokens/s");
     for (int tokens : {4096, 16384})
       for (int ratio : {0, 4, 128}) {
         std::fprintf(stderr, "cuda_bench: layer ratio %d tokens %d\n", ratio, tokens);
-        json j = layer_case("flash", ratio, tokens);
+        json j = layer_case("flash", ratio, tokens, true);
         std::string stages;
         for (auto& [k, v] : j["stages_ms"].items()) stages += k + " " + std::to_string(v.get<double>()).substr(0, 6) + "; ";
-        std::printf("%5s %7d %10.2f %12.0f  %s\n", j["type"].get<std::string>().c_str(), tokens,
-                    j["forward_ms"].get<double>(), j["tokens_per_s"].get<double>(), stages.c_str());
+        std::printf("%5s %7d %10.2f %10.2f %12.0f  %s\n", j["type"].get<std::string>().c_str(), tokens,
+                    j["forward_ms"].get<double>(), j["backward_ms"].get<double>(),
+                    j["train_step_tokens_per_s"].get<double>(), stages.c_str());
         report["layer_forward"].push_back(j);
       }
     std::printf("\nindexer + top-k (flash CSA layer, one sequence; FLOPs = 2*64*128 per valid pair)\n");

@@ -4,7 +4,8 @@
 #   the GPU benchmarks, and writes logs and a JSON report under $OUT.
 # Here, first: scripts/prepare-device-deps.sh, then call the device tool with
 #   carry: [".device"], command: "bash scripts/gpu-check.sh"
-# Options (environment): GPU_CHECK_TESTS=0 skips the tests, GPU_CHECK_BENCH=0 the benchmarks.
+# Options (environment): GPU_CHECK_TESTS=0 skips the tests, GPU_CHECK_BENCH=0 the benchmarks,
+# GPU_CHECK_TORCH=0 the PyTorch eager comparison.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -49,7 +50,7 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
   bench_rc=${PIPESTATUS[0]}
   [ "$bench_rc" = 0 ] || tail -5 "$OUT/bench.err"
   [ -f "$OUT/cuda_bench.json" ] && python3 bench/plot_svg.py "$OUT/cuda_bench.json" "$OUT/cuda_bench.svg"
-  if [ -f bench/torch_layer.py ]; then
+  if [ -f bench/torch_layer.py ] && [ "${GPU_CHECK_TORCH:-1}" != 0 ]; then
     echo "== PyTorch eager layer (same GPU, same run)"
     PYTHONUNBUFFERED=1 python3 bench/torch_layer.py time --json-out "$OUT/torch_eager.json" \
       2>> "$OUT/bench.err" | tee -a "$SUMMARY"

@@ -51,6 +51,7 @@ struct SavedActivations {
   std::vector<float> attn, lse;              // [T, H, D] core output, [T, H]
   std::vector<float> attn_rot;               // [T, H*D] after inverse RoPE
   std::vector<float> u;                      // [T, G*r_o]
+  std::uint64_t cuda_generation = 0;         // device cuda: which forward's activations
 };
 
 namespace {
@@ -219,7 +220,14 @@ LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& lay
   const LayerWeights& w = weights_;
   if (c.has_indexer() && !forced_topk.empty()) check_forced_topk(c, layout, forced_topk);
 #ifdef CSATTN_HAVE_CUDA
-  if (cuda_) return cuda_->forward(x, layout, c.has_indexer() ? forced_topk : Tensor());
+  if (cuda_) {
+    LayerOutputs out = cuda_->forward(x, layout, c.has_indexer() ? forced_topk : Tensor());
+    auto saved = std::make_shared<SavedActivations>();
+    saved->cfg = c;
+    saved->cuda_generation = cuda_->generation();
+    out.saved = std::move(saved);
+    return out;
+  }
 #endif
   auto s = std::make_shared<SavedActivations>();
   s->cfg = c;
@@ -324,11 +332,23 @@ LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& lay
 
 LayerGradients HybridAttentionLayer::backward(const LayerOutputs& fwd, const Tensor& grad_output,
                                               float grad_indexer_loss) const {
-  require(!cuda_, ErrorKind::Unsupported,
-          "backward on device cuda is not implemented yet (the CUDA backward is issue 6); "
-          "run the backward on the CPU");
   require(fwd.saved != nullptr, ErrorKind::InvalidArgument,
           "backward needs the outputs of a forward of this layer");
+#ifdef CSATTN_HAVE_CUDA
+  if (cuda_) {
+    require(fwd.saved->cuda_generation == cuda_->generation(), ErrorKind::InvalidArgument,
+            "backward on device cuda must follow the forward it differentiates: the GPU keeps "
+            "only the last forward's activations");
+    require(grad_output.ndim() == 2 && grad_output.dim(0) == fwd.output.dim(0) &&
+                grad_output.dim(1) == cfg_.d_model,
+            ErrorKind::ShapeMismatch,
+            "grad_output has shape " + shape_str(grad_output.shape()) + ", expected [" +
+                std::to_string(fwd.output.dim(0)) + ", " + std::to_string(cfg_.d_model) + "]");
+    require(std::isfinite(grad_indexer_loss), ErrorKind::InvalidArgument,
+            "grad_indexer_loss must be finite");
+    return cuda_->backward(grad_output, grad_indexer_loss);
+  }
+#endif
   const SavedActivations& s = *fwd.saved;
   const AttentionConfig& c = s.cfg;
   const BatchGeometry& geo = s.geo;

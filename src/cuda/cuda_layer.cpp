@@ -8,6 +8,7 @@
 #include "core/geometry.hpp"
 #include "core/rope_table.hpp"
 #include "cuda/check.hpp"
+#include "cuda/backward.hpp"
 #include "cuda/forward.hpp"
 #include "cuda/workspace.hpp"
 
@@ -35,10 +36,18 @@ struct CudaLayerImpl {
   void* workspace = nullptr;
   std::size_t workspace_capacity = 0;
   bool poison = false;
-  ForwardParams last;  // the last run's parameters (for profile)
+  ForwardParams last;  // the last run's parameters (for profile and backward)
   bool has_last = false;
+  std::uint64_t generation = 0;
+  float loss_scale = 0.0f;  // lambda / N_real of the last forward
+  void* grad_workspace = nullptr;  // backward buffers + weight gradients (grow-only)
+  std::size_t grad_capacity = 0;
+  BackwardPlan grad_plan;
+  BackwardParams last_backward;
+  bool has_backward = false;
 
   ~CudaLayerImpl() {
+    if (grad_workspace) cudaFree(grad_workspace);
     if (workspace) cudaFree(workspace);
     if (weights_mem) cudaFree(weights_mem);
     if (blas) cublasDestroy(blas);
@@ -173,6 +182,26 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   run_forward(p, s.blas, s.stream);
   s.last = p;
   s.has_last = true;
+  ++s.generation;
+  const std::int64_t real_rows = layout.real_rows();
+  s.loss_scale = c.per_token_loss ? static_cast<float>(c.loss_coeff)
+                 : real_rows > 0   ? static_cast<float>(c.loss_coeff / static_cast<double>(real_rows))
+                                   : 0.0f;
+  // The backward's allocation also holds the per-row loss, so size it now (outside the run).
+  s.grad_plan = plan_backward(c, p.dims);
+  if (s.grad_plan.bytes > s.grad_capacity) {
+    if (s.grad_workspace) CSATTN_CUDA_CHECK(cudaFree(s.grad_workspace));
+    s.grad_workspace = nullptr;
+    CSATTN_CUDA_CHECK(cudaMalloc(&s.grad_workspace, s.grad_plan.bytes));
+    s.grad_capacity = s.grad_plan.bytes;
+  }
+  const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
+  BackwardParams bp;
+  bp.buf = s.grad_plan.buffers(s.grad_workspace);
+  bp.loss_scale = s.loss_scale;
+  bp.sparse_loss = c.sparse_loss;
+  if (with_loss) run_indexer_loss(p, bp, s.stream);
+  float loss_value = 0.0f;
 
   LayerOutputs out;
   std::vector<std::uint16_t> yb(static_cast<std::size_t>(T) * c.d_model);
@@ -182,12 +211,57 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
     CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.topk_indices.data(), p.act.topk,
                                       out.topk_indices.nbytes(), cudaMemcpyDeviceToHost, s.stream));
   }
+  if (with_loss)
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(&loss_value, bp.buf.loss, sizeof(float), cudaMemcpyDeviceToHost, s.stream));
   CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   out.output = Tensor(DType::f32, {T, c.d_model});
   float* y = out.output.ptr<float>();
   for (std::size_t i = 0; i < yb.size(); ++i) y[i] = bf16_bits_to_float(yb[i]);
-  // The indexer loss on the GPU comes with the backward (issue 6).
-  out.indexer_loss = c.has_indexer() ? std::nanf("") : 0.0f;
+  out.indexer_loss = loss_value;
+  return out;
+}
+
+std::uint64_t CudaLayer::generation() const { return impl_->generation; }
+
+LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer_loss) {
+  CudaLayerImpl& s = *impl_;
+  require(s.has_last, ErrorKind::InvalidArgument, "backward needs a forward first");
+  const AttentionConfig& c = s.cfg;
+  const ForwardParams& f = s.last;
+  const int T = f.dims.rows;
+  auto* gbase = static_cast<unsigned char*>(s.grad_workspace);
+  BackwardParams bp;
+  bp.buf = s.grad_plan.buffers(s.grad_workspace);
+  bp.grad = s.grad_plan.gradients(s.grad_workspace);
+  bp.grad_loss = grad_indexer_loss;
+  bp.loss_scale = s.loss_scale;
+  bp.sparse_loss = c.sparse_loss;
+  const std::vector<std::uint16_t> dy =
+      to_bf16_bits(grad_output.to_f32().data(), static_cast<std::size_t>(grad_output.numel()));
+  if (s.poison)  // every activation-gradient buffer NaN: a value no kernel wrote shows up
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(gbase, 0xFF, s.grad_plan.grads_offset, s.stream));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(bp.buf.dy, dy.data(), dy.size() * 2, cudaMemcpyHostToDevice, s.stream));
+  CSATTN_CUDA_CHECK(cudaMemsetAsync(gbase + s.grad_plan.grads_offset, 0, s.grad_plan.grads_bytes, s.stream));
+  run_backward(f, bp, s.blas, s.stream);
+  s.last_backward = bp;
+  s.has_backward = true;
+
+  LayerGradients out;
+  out.grad_input = Tensor(DType::f32, {T, c.d_model});
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.grad_input.data(), bp.buf.dx, out.grad_input.nbytes(),
+                                    cudaMemcpyDeviceToHost, s.stream));
+  std::vector<float> grads(s.grad_plan.grads_bytes / sizeof(float));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(grads.data(), gbase + s.grad_plan.grads_offset,
+                                    s.grad_plan.grads_bytes, cudaMemcpyDeviceToHost, s.stream));
+  CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  // The gradients sit in layer_params order, each 256-byte aligned (plan_backward).
+  std::size_t at = 0;
+  for (const ParamInfo& p : layer_params(c)) {
+    Tensor t(DType::f32, p.shape);
+    std::memcpy(t.data(), grads.data() + at / sizeof(float), t.nbytes());
+    at += (t.nbytes() + 255) / 256 * 256;
+    out.grad[p.name] = std::move(t);
+  }
   return out;
 }
 
@@ -225,6 +299,29 @@ ForwardProfile CudaLayer::profile(int warmup, int iters) {
   for (std::size_t k = 0; k < names.size(); ++k) prof.stages.push_back({names[k], median(per_stage[k])});
   prof.workspace_bytes = s.workspace_capacity;
   return prof;
+}
+
+double CudaLayer::profile_backward(int warmup, int iters) {
+  CudaLayerImpl& s = *impl_;
+  require(s.has_backward, ErrorKind::InvalidArgument, "profile_backward() needs a backward() first");
+  for (int i = 0; i < warmup; ++i) run_backward(s.last, s.last_backward, s.blas, s.stream);
+  cudaEvent_t a, b;
+  CSATTN_CUDA_CHECK(cudaEventCreate(&a));
+  CSATTN_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> v;
+  for (int i = 0; i < iters; ++i) {
+    CSATTN_CUDA_CHECK(cudaEventRecord(a, s.stream));
+    run_backward(s.last, s.last_backward, s.blas, s.stream);
+    CSATTN_CUDA_CHECK(cudaEventRecord(b, s.stream));
+    CSATTN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0.0f;
+    CSATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    v.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 }  // namespace csattn::cuda

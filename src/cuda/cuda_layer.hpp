@@ -3,6 +3,7 @@
 // the batch, runs the launch sequence (no allocation, no sync inside) and downloads the
 // results. This header has no CUDA types so host-only code can hold a CudaLayer.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -35,14 +36,22 @@ class CudaLayer {
   CudaLayer(const CudaLayer&) = delete;
   CudaLayer& operator=(const CudaLayer&) = delete;
 
-  // forced_topk: empty, or [T, K] i32 already validated by the caller.
+  // forced_topk: empty, or [T, K] i32 already validated by the caller. The activations of
+  // the last forward stay on the device for backward(); `generation` numbers forwards.
   LayerOutputs forward(const Tensor& x, const SeqLayout& layout, const Tensor& forced_topk);
+  std::uint64_t generation() const;
+
+  // Gradients of the last forward: grad_output [T, d_model] for the output and
+  // grad_indexer_loss for the indexer loss. Weight gradients by release name, fp32.
+  LayerGradients backward(const Tensor& grad_output, float grad_indexer_loss);
 
   // Tests: fill the workspace with 0xFF bytes (bf16/fp32 NaN) before every run, so a value
   // no kernel wrote shows up as NaN.
   void set_poison(bool on);
   // Re-runs the last forward `iters` times (after `warmup`) and reports median timings.
   ForwardProfile profile(int warmup, int iters);
+  // Re-runs the last backward (after backward()) and returns the median device time (ms).
+  double profile_backward(int warmup, int iters);
 
  private:
   std::unique_ptr<CudaLayerImpl> impl_;

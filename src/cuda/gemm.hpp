@@ -14,4 +14,19 @@ void linear(cublasHandle_t h, const bf16* X, int rows, int in, const bf16* W, in
 void grouped_linear(cublasHandle_t h, const bf16* O, int rows, int groups, int group_dim,
                     const bf16* W, int rank, bf16* U);
 
+// Backward. dX[rows, in] (+)= dY[rows, out] W[out, in]; dX is bf16 (beta 0 only) or fp32.
+void linear_grad_input(cublasHandle_t h, const bf16* dY, int rows, int out, const bf16* W, int in,
+                       bf16* dX);
+void linear_grad_input_f32(cublasHandle_t h, const bf16* dY, int rows, int out, const bf16* W,
+                           int in, float* dX, bool accumulate);
+// dW[out, in] += dY[rows, out]^T X[rows, in] (fp32 accumulation buffer).
+void linear_grad_weight(cublasHandle_t h, const bf16* dY, int rows, int out, const bf16* X, int in,
+                        float* dW);
+// Grouped O: dO[t, g*gd + d] = sum_r dU[t, g*r_o + r] W[g*r_o + r, d];
+// dW[g*r_o + r, d] += sum_t dU[t, g*r_o + r] O[t, g*gd + d].
+void grouped_linear_grad_input(cublasHandle_t h, const bf16* dU, int rows, int groups,
+                               int group_dim, const bf16* W, int rank, bf16* dO);
+void grouped_linear_grad_weight(cublasHandle_t h, const bf16* dU, int rows, int groups,
+                                int group_dim, const bf16* O, int rank, float* dW);
+
 }  // namespace csattn::cuda

@@ -10,6 +10,7 @@
 
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
+#include "cuda/attention_keys.cuh"
 #include "cuda/kernels.hpp"
 
 namespace csattn::cuda {
@@ -20,10 +21,6 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxDimPerThread = 8;  // head_dim <= 1024
 
-// Key rows are encoded as raw row r >= 0 or compressed row c as -(c + 1).
-__device__ __forceinline__ const bf16* key_row(int id, const bf16* kv, const bf16* comp, int D) {
-  return id >= 0 ? kv + static_cast<long>(id) * D : comp + static_cast<long>(-id - 1) * D;
-}
 
 __global__ void __launch_bounds__(kThreads)
     sparse_attention_kernel(LayerDims d, DeviceMetadata meta, const bf16* q, const bf16* kv,
@@ -32,43 +29,22 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ unsigned char smem[];
   const int D = d.head_dim, H = d.heads;
   const int t = blockIdx.x / H, h = blockIdx.x % H;
-  const int max_keys = d.window + (d.ratio == 4 ? d.topk : (d.ratio > 1 ? d.max_seg_len / d.ratio : 0));
+  const int max_keys = max_keys_per_query(d);
   float* qs = reinterpret_cast<float*>(smem);  // [D]
   float* p = qs + D;                           // [max_keys]
   int* ids = reinterpret_cast<int*>(p + max_keys);  // [max_keys]
   __shared__ float scratch[32];
   __shared__ int n_comp_shared;
 
-  const int b = meta.row_segment[t], pos = meta.row_position[t];
-  const int seg_start = meta.cu_padded[b];
-  const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
-  int n_comp = 0;
-  if (d.ratio == 128 || (d.ratio > 1 && d.ratio != 4)) {
-    n_comp = min((pos + 1) / d.ratio, meta.comp_start[b + 1] - meta.comp_start[b]);
-    for (int j = threadIdx.x; j < n_comp; j += kThreads)
-      ids[n_win + j] = -(meta.comp_start[b] + j + 1);
-  } else if (d.ratio == 4) {
-    // The selection holds valid ids first (ascending) then -1: compact defensively anyway.
-    if (threadIdx.x == 0) {
-      int c = 0;
-      const std::int32_t* sel = topk + static_cast<long>(t) * d.topk;
-      for (int k = 0; k < d.topk; ++k)
-        if (sel[k] >= 0) ids[n_win + c++] = -(meta.comp_start[b] + sel[k] + 1);
-      n_comp_shared = c;
-    }
-    __syncthreads();
-    n_comp = n_comp_shared;
-  }
-  for (int i = threadIdx.x; i < n_win; i += kThreads) ids[i] = seg_start + w0 + i;
+  const int n = build_key_list(d, meta, topk, t, ids, &n_comp_shared);
   const bf16* qrow = q + (static_cast<long>(t) * H + h) * D;
   for (int i = threadIdx.x; i < D; i += kThreads) qs[i] = __bfloat162float(qrow[i]);
   __syncthreads();
-  const int n = n_win + n_comp;
 
   // Logits: one warp per key.
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int k = warp; k < n; k += kWarps) {
-    const bf16* key = key_row(ids[k], kv, comp, D);
+    const bf16* key = key_row_ptr(ids[k], kv, comp, D);
     float part = 0.0f;
     for (int i = lane; i < D; i += 32) part += qs[i] * __bfloat162float(key[i]);
     part = warp_sum(part);
@@ -93,7 +69,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < kMaxDimPerThread; ++r) acc[r] = 0.0f;
   for (int k = 0; k < n; ++k) {
-    const bf16* v = key_row(ids[k], kv, comp, D);
+    const bf16* v = key_row_ptr(ids[k], kv, comp, D);
     const float pk = p[k];
 #pragma unroll
     for (int r = 0; r < kMaxDimPerThread; ++r) {
@@ -130,8 +106,7 @@ void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, con
   require(d.head_dim <= kThreads * kMaxDimPerThread, ErrorKind::Unsupported,
           "the CUDA attention kernel supports head_dim up to 1024, got " +
               std::to_string(d.head_dim));
-  const int max_keys =
-      d.window + (d.ratio == 4 ? d.topk : (d.ratio > 1 ? d.max_seg_len / d.ratio : 0));
+  const int max_keys = max_keys_per_query(d);
   const std::size_t smem = sizeof(float) * (d.head_dim + max_keys) + sizeof(int) * max_keys;
   require(smem <= 220 * 1024, ErrorKind::Unsupported,
           "the CUDA attention kernel needs " + std::to_string(smem) +

@@ -12,6 +12,7 @@
 
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
+#include "cuda/attention_keys.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/mma_util.cuh"
 
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* k_s = q_s + kRows * kRowBytes;
   float* s_x = reinterpret_cast<float*>(k_s + 2 * kKeys * kRowBytes);
   int* ids = reinterpret_cast<int*>(s_x + 8 * 16 * kKeys);
-  __shared__ int n_comp_shared;
+  __shared__ int n_comp_shared;  // the key count
 
   const int H = d.heads;
   const int t = blockIdx.x / head_blocks, h0 = (blockIdx.x % head_blocks) * kRows;
@@ -56,27 +57,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int grp = warp >> 2, wr = warp & 3;
   const int g = lane >> 2, qd = lane & 3;
 
-  // The key list: window rows first, then compressed rows (encoded as -(row + 1)).
-  const int b = meta.row_segment[t], pos = meta.row_position[t];
-  const int seg_start = meta.cu_padded[b];
-  const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
-  int n_comp = 0;
-  if (d.ratio == 4) {
-    if (tid == 0) {
-      int c = 0;
-      const std::int32_t* sel = topk + static_cast<long>(t) * d.topk;
-      for (int k = 0; k < d.topk; ++k)
-        if (sel[k] >= 0) ids[n_win + c++] = -(meta.comp_start[b] + sel[k] + 1);
-      n_comp_shared = c;
-    }
-  } else if (d.ratio > 1) {
-    n_comp = min((pos + 1) / d.ratio, meta.comp_start[b + 1] - meta.comp_start[b]);
-    for (int j = tid; j < n_comp; j += kThreads) ids[n_win + j] = -(meta.comp_start[b] + j + 1);
-  }
-  for (int i = tid; i < n_win; i += kThreads) ids[i] = seg_start + w0 + i;
-  __syncthreads();
-  if (d.ratio == 4) n_comp = n_comp_shared;
-  const int n = n_win + n_comp;
+  const int n = build_key_list(d, meta, topk, t, ids, &n_comp_shared);
   const int tiles = (n + kKeys - 1) / kKeys;
 
   // Q rows h0..h0+63 (rows past H are zero and never written back).
@@ -93,8 +74,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r = i / kChunks, c = i % kChunks;
       const int slot = tile * kKeys + r;
       const int id = ids[slot < n ? slot : 0];  // past the end: a real row, masked below
-      const bf16* row = id >= 0 ? kv + static_cast<long>(id) * kDim
-                                : comp + static_cast<long>(-id - 1) * kDim;
+      const bf16* row = key_row_ptr(id, kv, comp, kDim);
       cp_async_16(smem_addr(base + swz(r, c)), row + c * 8);
     }
   };
@@ -241,8 +221,7 @@ void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta,
                                  const std::int32_t* topk, bf16* out, float* lse,
                                  cudaStream_t stream) {
   if (d.rows <= 0) return;
-  const int max_keys =
-      d.window + (d.ratio == 4 ? d.topk : (d.ratio > 1 ? d.max_seg_len / d.ratio : 0));
+  const int max_keys = max_keys_per_query(d);
   const std::size_t smem = mma_smem_bytes(max_keys);
   require(smem <= 227 * 1024, ErrorKind::Unsupported,
           "the tensor-core attention kernel needs " + std::to_string(smem) +

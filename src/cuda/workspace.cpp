@@ -1,7 +1,11 @@
 #include "cuda/workspace.hpp"
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <string>
+
+#include "csattn/weights.hpp"
 
 namespace csattn::cuda {
 
@@ -83,6 +87,72 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
   return p;
 }
 
+BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d) {
+  BackwardPlan p;
+  const std::size_t T = static_cast<std::size_t>(d.rows), Nc = static_cast<std::size_t>(d.comp_capacity);
+  const std::size_t bf = sizeof(bf16), f32 = sizeof(float);
+  const std::size_t HD = static_cast<std::size_t>(d.heads) * d.head_dim;
+  const std::size_t HI = static_cast<std::size_t>(d.index_heads), DI = static_cast<std::size_t>(d.index_dim);
+  std::size_t at = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t off = at;
+    at += (bytes + 255) / 256 * 256;
+    return off;
+  };
+  p.dy = take(T * d.d_model * bf);
+  p.du = take(T * d.o_groups * d.o_lora_rank * bf);
+  p.dattn = take(T * HD * bf);
+  p.dq_acc = take(T * HD * f32);
+  p.dq = take(T * HD * bf);
+  p.dkv_acc = take(T * d.head_dim * f32);
+  p.dcomp_acc = take(Nc * d.head_dim * f32);
+  p.dsink_part = take(T * d.heads * f32);
+  p.dkv = take(T * d.head_dim * bf);
+  p.dnormed = take(T * std::max(d.head_dim, d.q_lora_rank) * bf);
+  p.dqb = take(T * HD * bf);
+  p.dcq = take(T * d.q_lora_rank * bf);
+  p.rstd = take(T * std::max<std::size_t>(std::max(d.heads, d.index_heads), 1) * f32);
+  p.dx = take(T * d.d_model * f32);
+  const std::size_t cw = std::max<std::size_t>(d.head_dim, DI);
+  p.dcomp = take(Nc * cw * bf);
+  p.dpooled = take(Nc * cw * bf);
+  const std::size_t pw = std::max<std::size_t>(static_cast<std::size_t>(d.coff) * d.head_dim, 2 * DI);
+  p.da = take(T * pw * bf);
+  p.dg = take(T * pw * bf);
+  p.dqi = take(T * HI * DI * bf);
+  p.dweff = take(T * HI * f32);
+  p.dwraw = take(T * HI * bf);
+  p.dkeys_acc = take(Nc * DI * f32);
+  p.loss_rows = take(T * f32);
+  p.loss = take(f32);
+  p.grads_offset = at;
+  for (const ParamInfo& prm : layer_params(cfg)) {
+    const std::size_t off = take(static_cast<std::size_t>(shape_numel(prm.shape)) * f32);
+    const std::string& n = prm.name;
+    if (n == "attn.wq_a.weight") p.g_wq_a = off;
+    else if (n == "attn.q_norm.weight") p.g_q_norm = off;
+    else if (n == "attn.wq_b.weight") p.g_wq_b = off;
+    else if (n == "attn.wkv.weight") p.g_wkv = off;
+    else if (n == "attn.kv_norm.weight") p.g_kv_norm = off;
+    else if (n == "attn.wo_a.weight") p.g_wo_a = off;
+    else if (n == "attn.wo_b.weight") p.g_wo_b = off;
+    else if (n == "attn.attn_sink") p.g_sink = off;
+    else if (n == "attn.compressor.wkv.weight") p.g_c_wkv = off;
+    else if (n == "attn.compressor.wgate.weight") p.g_c_wgate = off;
+    else if (n == "attn.compressor.norm.weight") p.g_c_norm = off;
+    else if (n == "attn.compressor.ape") p.g_c_ape = off;
+    else if (n == "attn.indexer.wq_b.weight") p.g_i_wq_b = off;
+    else if (n == "attn.indexer.weights_proj.weight") p.g_i_wproj = off;
+    else if (n == "attn.indexer.compressor.wkv.weight") p.g_ic_wkv = off;
+    else if (n == "attn.indexer.compressor.wgate.weight") p.g_ic_wgate = off;
+    else if (n == "attn.indexer.compressor.norm.weight") p.g_ic_norm = off;
+    else if (n == "attn.indexer.compressor.ape") p.g_ic_ape = off;
+  }
+  p.grads_bytes = at - p.grads_offset;
+  p.bytes = at;
+  return p;
+}
+
 namespace {
 template <class T>
 T* at(void* base, std::size_t off) {
@@ -134,6 +204,46 @@ DeviceActivations WorkspacePlan::activations(void* base) const {
   a.u = at<bf16>(base, u);
   a.y = at<bf16>(base, y);
   return a;
+}
+
+BackwardBuffers BackwardPlan::buffers(void* base) const {
+  BackwardBuffers b;
+  b.dy = at<bf16>(base, dy);
+  b.du = at<bf16>(base, du);
+  b.dattn = at<bf16>(base, dattn);
+  b.dq_acc = at<float>(base, dq_acc);
+  b.dq = at<bf16>(base, dq);
+  b.dkv_acc = at<float>(base, dkv_acc);
+  b.dcomp_acc = at<float>(base, dcomp_acc);
+  b.dsink_part = at<float>(base, dsink_part);
+  b.dkv = at<bf16>(base, dkv);
+  b.dnormed = at<bf16>(base, dnormed);
+  b.dqb = at<bf16>(base, dqb);
+  b.dcq = at<bf16>(base, dcq);
+  b.rstd = at<float>(base, rstd);
+  b.dx = at<float>(base, dx);
+  b.dcomp = at<bf16>(base, dcomp);
+  b.dpooled = at<bf16>(base, dpooled);
+  b.da = at<bf16>(base, da);
+  b.dg = at<bf16>(base, dg);
+  b.dqi = at<bf16>(base, dqi);
+  b.dweff = at<float>(base, dweff);
+  b.dwraw = at<bf16>(base, dwraw);
+  b.dkeys_acc = at<float>(base, dkeys_acc);
+  b.loss_rows = at<float>(base, loss_rows);
+  b.loss = at<float>(base, loss);
+  return b;
+}
+
+DeviceGradients BackwardPlan::gradients(void* base) const {
+  DeviceGradients g;
+  auto f = [&](std::size_t off) { return off ? at<float>(base, off) : nullptr; };
+  g.wq_a = f(g_wq_a); g.q_norm = f(g_q_norm); g.wq_b = f(g_wq_b); g.wkv = f(g_wkv);
+  g.kv_norm = f(g_kv_norm); g.wo_a = f(g_wo_a); g.wo_b = f(g_wo_b); g.sink = f(g_sink);
+  g.c_wkv = f(g_c_wkv); g.c_wgate = f(g_c_wgate); g.c_norm = f(g_c_norm); g.c_ape = f(g_c_ape);
+  g.i_wq_b = f(g_i_wq_b); g.i_wproj = f(g_i_wproj); g.ic_wkv = f(g_ic_wkv);
+  g.ic_wgate = f(g_ic_wgate); g.ic_norm = f(g_ic_norm); g.ic_ape = f(g_ic_ape);
+  return g;
 }
 
 }  // namespace csattn::cuda

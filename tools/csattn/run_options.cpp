@@ -175,11 +175,8 @@ void add_run_options(CLI::App& run, RunArgs& a) {
   auto* no_bwd = run.add_flag_callback("--no-backward", [&a] { a.backward = false; },
                                        "Forward only");
   bwd->excludes(no_bwd);
-  a.backward_opt = bwd;
   run.add_option("--dtype", a.dtype, "Precision: bf16 or fp32")->capture_default_str();
-  run.add_option("--device", a.device,
-                 "cpu, cuda, or auto: cuda when a GPU is present and the run is forward-only "
-                 "(--no-backward; the GPU backward is not built yet), else cpu")
+  run.add_option("--device", a.device, "cpu, cuda, or auto (cuda when a GPU is present)")
       ->capture_default_str();
   auto* weights = run.add_option("--weights", a.weights_file,
                                  "safetensors with one layer (attn.*) or a checkpoint "
@@ -252,17 +249,11 @@ RunPlan resolve_run(const RunArgs& args) {
     bad_option("--device", "'" + args.device + "' is not one of auto, cpu, cuda");
   std::string why;
   const bool gpu = cuda_available(&why);
-  if (args.device == "cuda") {
-    if (!gpu) bad_option("--device", "cuda: " + why);
-    if (args.backward_opt && args.backward_opt->count())
-      bad_option("--device", "cuda runs the forward only for now (the GPU backward is not "
-                             "built yet); use --no-backward or --device cpu");
-  }
-  if (args.device == "cuda" || (args.device == "auto" && gpu && !args.backward)) {
+  if (args.device == "cuda" && !gpu) bad_option("--device", "cuda: " + why);
+  if (args.device == "cuda" || (args.device == "auto" && gpu && bf16))
     p.run_options.device = Device::cuda;
-    p.backward = false;
-    if (!bf16) bad_option("--dtype", "fp32 runs on the CPU only; the GPU computes in bf16");
-  }
+  if (p.run_options.device == Device::cuda && !bf16)
+    bad_option("--dtype", "fp32 runs on the CPU only; the GPU computes in bf16");
 
   const int d_model = base.d_model;
   if (!args.inputs_file.empty()) {

@@ -54,7 +54,6 @@ struct RunArgs {
   CLI::Option* dense_opt = nullptr;
   CLI::Option* per_token_opt = nullptr;
   CLI::Option* layer_opt = nullptr;
-  CLI::Option* backward_opt = nullptr;
 };
 
 void add_run_options(CLI::App& run, RunArgs& args);
