@@ -104,10 +104,8 @@ float f16_bits_to_float(std::uint16_t h) {
   return std::bit_cast<float>(sign | ((exp + 127 - 15) << 23) | (mant << 13));
 }
 
-namespace {
-
 // OCP FP8 E4M3 ("fn"): bias 7, no infinities, S.1111.111 is NaN.
-float e4m3_to_float(std::uint8_t v) {
+float e4m3_bits_to_float(std::uint8_t v) {
   const bool neg = v & 0x80u;
   const int exp = (v >> 3) & 0xF;
   const int mant = v & 0x7;
@@ -122,11 +120,49 @@ float e4m3_to_float(std::uint8_t v) {
   return neg ? -r : r;
 }
 
+namespace {
+
+// Round half to even of a non-negative double (independent of the FPU rounding mode).
+double round_half_even(double v) {
+  const double fl = std::floor(v);
+  const double frac = v - fl;
+  if (frac > 0.5) return fl + 1.0;
+  if (frac < 0.5) return fl;
+  return std::fmod(fl, 2.0) == 0.0 ? fl : fl + 1.0;
+}
+
+}  // namespace
+
+// Every step is exact in double: |x| is a float, and the scalings are powers of two, so the
+// only rounding is the explicit round-half-even to the E4M3 grid.
+std::uint8_t float_to_e4m3_bits(float x) {
+  if (std::isnan(x)) return 0x7F;
+  const std::uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const double a = std::fabs(static_cast<double>(x));
+  // 448 is the largest finite value; anything at or above it (Inf included) saturates.
+  // (Values in (448, 464) would round to 448 anyway; from 464 up they would round to the
+  // missing 480.)
+  if (a >= 448.0) return sign | 0x7E;
+  if (a < 0x1p-6) {
+    // Subnormals: multiples of 2^-9. A result of 8 is the smallest normal, 0x08.
+    return sign | static_cast<std::uint8_t>(round_half_even(a * 512.0));
+  }
+  int e2 = 0;
+  std::frexp(a, &e2);  // a = f * 2^e2, f in [0.5, 1)
+  const int e = e2 - 1;  // a in [2^e, 2^(e+1)), e in [-6, 8]
+  // q in [8, 16]: 16 carries into the next binade through the code arithmetic below.
+  const double q = round_half_even(std::ldexp(a, 3 - e));
+  const int code = (e + 7) * 8 + static_cast<int>(q) - 8;
+  return sign | static_cast<std::uint8_t>(code);
+}
+
 // E8M0 (an MX scale): 2^(e - 127), 0xFF is NaN.
-float e8m0_to_float(std::uint8_t v) {
+float e8m0_bits_to_float(std::uint8_t v) {
   if (v == 0xFF) return std::numeric_limits<float>::quiet_NaN();
   return std::ldexp(1.0f, static_cast<int>(v) - 127);
 }
+
+namespace {
 
 template <class Src>
 Src load_at(const unsigned char* bytes, std::size_t i) {
@@ -151,8 +187,8 @@ std::vector<Out> convert_all(DType dt, const unsigned char* bytes, std::size_t n
     case DType::f16:
       each([&](std::size_t i) { return f16_bits_to_float(load_at<std::uint16_t>(bytes, i)); });
       break;
-    case DType::e4m3: each([&](std::size_t i) { return e4m3_to_float(bytes[i]); }); break;
-    case DType::e8m0: each([&](std::size_t i) { return e8m0_to_float(bytes[i]); }); break;
+    case DType::e4m3: each([&](std::size_t i) { return e4m3_bits_to_float(bytes[i]); }); break;
+    case DType::e8m0: each([&](std::size_t i) { return e8m0_bits_to_float(bytes[i]); }); break;
     case DType::i32:
       each([&](std::size_t i) { return load_at<std::int32_t>(bytes, i); });
       break;
