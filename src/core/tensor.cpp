@@ -133,27 +133,23 @@ double round_half_even(double v) {
 
 }  // namespace
 
-// Every step is exact in double: |x| is a float, and the scalings are powers of two, so the
-// only rounding is the explicit round-half-even to the E4M3 grid.
+// Normals round on the fp32 bits (keep 3 of 23 mantissa bits, round half to even: the bf16
+// trick with a 20-bit shift; a carry moves into the exponent correctly); subnormals (below
+// 2^-6, multiples of 2^-9) round an exactly scaled value. No FPU rounding mode is involved.
 std::uint8_t float_to_e4m3_bits(float x) {
   if (std::isnan(x)) return 0x7F;
-  const std::uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  const double a = std::fabs(static_cast<double>(x));
+  const auto bits = std::bit_cast<std::uint32_t>(x);
+  const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
+  const std::uint32_t a = bits & 0x7FFFFFFFu;
   // 448 is the largest finite value; anything at or above it (Inf included) saturates.
-  // (Values in (448, 464) would round to 448 anyway; from 464 up they would round to the
-  // missing 480.)
-  if (a >= 448.0) return sign | 0x7E;
-  if (a < 0x1p-6) {
-    // Subnormals: multiples of 2^-9. A result of 8 is the smallest normal, 0x08.
-    return sign | static_cast<std::uint8_t>(round_half_even(a * 512.0));
+  // (Values in (448, 464) would round to 448 anyway; from 464 up to the missing 480.)
+  if (a >= 0x43E00000u) return sign | 0x7E;
+  if (a < 0x3C800000u) {  // below 2^-6
+    const double v = static_cast<double>(std::bit_cast<float>(a)) * 512.0;  // exact
+    return sign | static_cast<std::uint8_t>(round_half_even(v));  // 8 is the smallest normal
   }
-  int e2 = 0;
-  std::frexp(a, &e2);  // a = f * 2^e2, f in [0.5, 1)
-  const int e = e2 - 1;  // a in [2^e, 2^(e+1)), e in [-6, 8]
-  // q in [8, 16]: 16 carries into the next binade through the code arithmetic below.
-  const double q = round_half_even(std::ldexp(a, 3 - e));
-  const int code = (e + 7) * 8 + static_cast<int>(q) - 8;
-  return sign | static_cast<std::uint8_t>(code);
+  const std::uint32_t rounded = (a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;  // (E << 3) | m
+  return sign | static_cast<std::uint8_t>(rounded - (120u << 3));          // E - 127 + 7
 }
 
 // E8M0 (an MX scale): 2^(e - 127), 0xFF is NaN.
