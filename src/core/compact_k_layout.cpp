@@ -24,12 +24,30 @@ void check_prefixes(std::span<const std::int32_t> cu, const char* name) {
 
 }  // namespace
 
+namespace {
+
+// prefixes[segment] + local, for a segment of the layout and a local id inside it.
+std::int64_t row_of(const std::vector<std::int32_t>& prefixes, int segment, std::int32_t local,
+                    const char* what) {
+  require(segment >= 0 && segment + 1 < static_cast<int>(prefixes.size()),
+          ErrorKind::InvalidArgument,
+          std::string(what) + ": segment " + std::to_string(segment) + " is not in [0, " +
+              std::to_string(static_cast<int>(prefixes.size()) - 1) + ")");
+  const std::int32_t len = prefixes[segment + 1] - prefixes[segment];
+  require(local >= 0 && local < len, ErrorKind::InvalidArgument,
+          std::string(what) + ": local id " + std::to_string(local) + " is not in [0, " +
+              std::to_string(len) + ") for segment " + std::to_string(segment));
+  return std::int64_t{prefixes[segment]} + local;
+}
+
+}  // namespace
+
 std::int64_t ThdCompactKLayout::logical_row(int segment, std::int32_t local) const {
-  return std::int64_t{logical_cu_seqlens_k.at(static_cast<std::size_t>(segment))} + local;
+  return row_of(logical_cu_seqlens_k, segment, local, "logical_row");
 }
 
 std::int64_t ThdCompactKLayout::physical_row(int segment, std::int32_t local) const {
-  return std::int64_t{cu_seqlens_k.at(static_cast<std::size_t>(segment))} + local;
+  return row_of(cu_seqlens_k, segment, local, "physical_row");
 }
 
 ThdCompactKLayout build_thd_compact_k_layout(std::span<const std::int32_t> cu_seqlens_q,

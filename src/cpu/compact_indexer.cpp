@@ -157,14 +157,6 @@ void process_block(const CompactIndexerCall& c, const RowBlock& blk, std::int64_
 
 }  // namespace
 
-std::int64_t compact_largest_pass(const CompactIndexerCall& c) {
-  const std::int64_t T = c.cu_q.back();
-  std::int64_t largest = 0;
-  for (std::int64_t p0 = 0; p0 < T; p0 += c.pass_rows)
-    largest = std::max(largest, global_start(c, std::min(T, p0 + c.pass_rows)) - global_start(c, p0));
-  return largest;
-}
-
 void compact_indexer_topk(const CompactIndexerCall& c) {
   // Offsets from this call's layout, every call (nothing is carried over between calls).
   compact::cand_batch_offsets(c.cu_q, c.cu_k, c.offsets, c.ratio, c.cand_batch_offsets);

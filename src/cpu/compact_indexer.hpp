@@ -59,8 +59,4 @@ struct CompactIndexerCall {
 // the layout against the plan, so this is a broken invariant).
 void compact_indexer_topk(const CompactIndexerCall& call);
 
-// Candidate floats the largest pass of this call needs (cand_batch_offsets must be filled):
-// for tools and tests.
-std::int64_t compact_largest_pass(const CompactIndexerCall& call);
-
 }  // namespace csattn::cpu
