@@ -91,7 +91,9 @@ TEST(CompactIndexer, RandomBf16MatchesDenseReference) {
       ASSERT_GE(id, 0) << "row " << t;
       EXPECT_NEAR(r.logits[o + s], ref.scores[static_cast<std::size_t>(id)],
                   1e-5f * (1.0f + std::fabs(ref.scores[static_cast<std::size_t>(id)])));
-      if (!near_tie) EXPECT_EQ(id, ref.topk[s]) << "row " << t << " slot " << s;
+      if (!near_tie) {
+        EXPECT_EQ(id, ref.topk[s]) << "row " << t << " slot " << s;
+      }
     }
     for (int s = n; s < p.K; ++s) EXPECT_EQ(r.idx[o + s], -1);
   }
@@ -198,37 +200,60 @@ TEST(CompactIndexer, CausalOffsetsSplitEqualsWhole) {
   }
 }
 
+// BSHD is THD with equal lengths, in both precisions (MXFP8: per-batch scale slices vs THD
+// prefixes must address the same scales) and with causal offsets (per-batch slabs).
 TEST(CompactIndexer, BshdEqualsThd) {
   const int B = 3, S = 53, Sk = 13;
-  const IndexerProblem p = make_problem({S, S, S}, {Sk, Sk, Sk}, 4, 32, 5, 6, bf16_normal);
-  const IndexerResult thd = run_compact(p);
+  for (IndexerPrecision prec : {IndexerPrecision::bf16, IndexerPrecision::mxfp8})
+    for (bool with_offsets : {false, true}) {
+      SCOPED_TRACE(std::string(indexer_precision_name(prec)) + (with_offsets ? " offsets" : ""));
+      IndexerProblem p = make_problem({S, S, S}, {Sk, Sk, Sk}, 4, 64, 5, 6, bf16_normal);
+      if (with_offsets) p.offsets = {0, 9, 30};
+      const IndexerResult thd = run_compact(p, prec);
+      CompactIndexerGeometry g;
+      g.format = QkvFormat::bshd;
+      g.batch = B;
+      g.max_seqlen_q = S;
+      g.max_seqlen_k = Sk;
+      g.heads = p.H;
+      g.head_dim = p.D;
+      g.topk = p.K;
+      g.precision = prec;
+      g.causal_offsets = with_offsets;
+      const CompactIndexerPlan plan = CompactIndexerPlan::make(g);
+      if (!with_offsets) {
+        EXPECT_EQ(plan.cand_capacity, B * compact::prefix_count(S, 4));  // b * PBF
+      }
+      IndexerResult r;
+      r.idx.resize(thd.idx.size());
+      r.logits.resize(thd.logits.size());
+      r.softmax.resize(thd.softmax.size());
+      ops::CompactIndexerInputs in;
+      in.q = {p.q.data(), DType::f32, {B, S, p.H, p.D}};
+      in.k = {p.k.data(), DType::f32, {B, Sk, 1, p.D}};
+      in.weights = {p.w.data(), DType::f32, {B, S, p.H}};
+      if (with_offsets) in.q_causal_offsets = {p.offsets.data(), DType::i32, {B}};
+      ops::CompactIndexerOutputs out;
+      out.indices = {r.idx.data(), DType::i32, {B, S, p.K}};
+      out.logits = {r.logits.data(), DType::f32, {B, S, p.K}};
+      out.softmax = {r.softmax.data(), DType::f32, {B, S, p.K}};
+      HostWorkspace ws(workspace_bytes(plan));
+      ops::compact_indexer_topk(plan, in, out, ws.view());
+      EXPECT_EQ(r.idx, thd.idx);
+      EXPECT_EQ(r.logits, thd.logits);
+      EXPECT_EQ(r.softmax, thd.softmax);
+    }
+  // A BSHD plan refuses THD-shaped inputs.
+  IndexerProblem p = make_problem({S}, {Sk}, 4, 64, 5, 6, bf16_normal);
   CompactIndexerGeometry g;
   g.format = QkvFormat::bshd;
-  g.batch = B;
+  g.batch = 1;
   g.max_seqlen_q = S;
   g.max_seqlen_k = Sk;
   g.heads = p.H;
   g.head_dim = p.D;
   g.topk = p.K;
-  const CompactIndexerPlan plan = CompactIndexerPlan::make(g);
-  EXPECT_EQ(plan.cand_capacity, B * compact::prefix_count(S, 4));  // b * PBF slabs
-  IndexerResult r;
-  r.idx.resize(thd.idx.size());
-  r.logits.resize(thd.logits.size());
-  r.softmax.resize(thd.softmax.size());
-  ops::CompactIndexerInputs in;
-  in.q = {p.q.data(), DType::f32, {B, S, p.H, p.D}};
-  in.k = {p.k.data(), DType::f32, {B, Sk, 1, p.D}};
-  in.weights = {p.w.data(), DType::f32, {B, S, p.H}};
-  ops::CompactIndexerOutputs out;
-  out.indices = {r.idx.data(), DType::i32, {B, S, p.K}};
-  out.logits = {r.logits.data(), DType::f32, {B, S, p.K}};
-  out.softmax = {r.softmax.data(), DType::f32, {B, S, p.K}};
-  HostWorkspace ws(workspace_bytes(plan));
-  ops::compact_indexer_topk(plan, in, out, ws.view());
-  EXPECT_EQ(r.idx, thd.idx);
-  EXPECT_EQ(r.logits, thd.logits);
-  EXPECT_EQ(r.softmax, thd.softmax);
+  EXPECT_THROW(run_compact(p, CompactIndexerPlan::make(g)), Error);
 }
 
 TEST(CompactIndexer, Bf16TensorsEqualF32Values) {

@@ -64,8 +64,9 @@ TEST(CompactLayout, ClosedFormsMatchBruteForce) {
     ASSERT_EQ(rows_candidates_before(o, t, r, len_k), brute_before(o, t, r, len_k))
         << "o " << o << " t " << t << " r " << r << " len_k " << len_k;
     // Without clamping it is the spec's Gfun(o + t) - Gfun(o).
-    if ((o + t) / r <= len_k)
+    if ((o + t) / r <= len_k) {
       ASSERT_EQ(rows_candidates_before(o, t, r, len_k), prefix_count(o + t, r) - prefix_count(o, r));
+    }
   }
 }
 

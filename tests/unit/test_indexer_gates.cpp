@@ -52,21 +52,27 @@ GateStats check_gate(const IndexerProblem& p, const IndexerResult& r, const orac
     std::set<int> got;
     for (int s = 0; s < p.K; ++s)
       if (r.idx[o + s] >= 0) got.insert(r.idx[o + s]);
-    if (enforce) EXPECT_EQ(static_cast<int>(got.size()), n) << "row " << t;
+    if (enforce) {
+      EXPECT_EQ(static_cast<int>(got.size()), n) << "row " << t;
+    }
     if (n == 0) continue;
     int common = 0;
     for (int j : want) common += static_cast<int>(got.count(j));
     ++st.rows;
     st.rows_below_full_overlap += common < n;
     overlap_sum += static_cast<double>(common) / n;
-    if (enforce) EXPECT_GE(common, std::max(1, n - 1)) << "row " << t;
+    if (enforce) {
+      EXPECT_GE(common, std::max(1, n - 1)) << "row " << t;
+    }
     for (int s = 0; s < p.K; ++s) {
       const std::int32_t id = r.idx[o + s];
       if (id < 0) continue;
       const double want_s = ref.scores[static_cast<std::size_t>(t)][static_cast<std::size_t>(id)];
       const double err = std::fabs(r.logits[o + s] - want_s);
       st.max_logit_err = std::max(st.max_logit_err, err / (1.0 + std::fabs(want_s)));
-      if (enforce) EXPECT_LE(err, 2e-2 + 2e-2 * std::fabs(want_s)) << "row " << t << " id " << id;
+      if (enforce) {
+        EXPECT_LE(err, 2e-2 + 2e-2 * std::fabs(want_s)) << "row " << t << " id " << id;
+      }
     }
   }
   st.mean_overlap = st.rows ? overlap_sum / st.rows : 1.0;

@@ -67,11 +67,15 @@ TEST(LayerMxfp8, PaddingRowsChangeNothing) {
   for (int r = 0; r < T; ++r) {
     const bool pad = (r >= 37 && r < 44) || r >= 44 + 50;
     for (int s = 0; s < K; ++s) {
-      if (pad) EXPECT_EQ(tb[r * K + s], -1) << "padding row " << r << " selects";
-      else EXPECT_EQ(ta[r * K + s], tb[r * K + s]) << "row " << r;
+      if (pad) {
+        EXPECT_EQ(tb[r * K + s], -1) << "padding row " << r << " selects";
+      } else {
+        EXPECT_EQ(ta[r * K + s], tb[r * K + s]) << "row " << r;
+      }
     }
-    if (!pad)
+    if (!pad) {
       for (int j = 0; j < cfg.d_model; ++j) ASSERT_EQ(ya[r * cfg.d_model + j], yb[r * cfg.d_model + j]);
+    }
   }
   EXPECT_EQ(a.indexer_loss, b.indexer_loss);
 }

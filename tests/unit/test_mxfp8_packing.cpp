@@ -109,7 +109,9 @@ TEST(Mxfp8Layout, CapacityBoundsEverySplitAndIsTight) {
           best = std::max(best, total);
         }
         // Reached when min(T, N) sequences each waste a - 1 tokens or the total rounds up.
-        if (a > 1 && T >= N) EXPECT_EQ(best, cap) << "rpt " << rpt << " T " << T << " N " << N;
+        if (a > 1 && T >= N) {
+          EXPECT_EQ(best, cap) << "rpt " << rpt << " T " << T << " N " << N;
+        }
       }
     }
   }
