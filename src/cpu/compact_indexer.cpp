@@ -69,12 +69,13 @@ Segment segment(const CompactIndexerCall& c, int b) {
           c.offsets.empty() ? 0 : c.offsets[b], c.cand_batch_offsets[b]};
 }
 
-// Start of global row `row` (segment b) in the one-pass candidate layout.
+// Start of local row `local` of segment `s` in the one-pass candidate layout.
 std::int64_t row_start(const CompactIndexerCall& c, const Segment& s, std::int64_t local) {
   return s.cand_start + compact::rows_candidates_before(s.offset, local, c.ratio, s.len_k);
 }
 
-// Global candidate offset of the first row at or after global row `row`.
+// One-pass candidate offset of global row `row` (row == T: the total). A pass of rows
+// [p0, p1) occupies [global_start(p0), global_start(p1)) of the one-pass layout.
 std::int64_t global_start(const CompactIndexerCall& c, std::int64_t row) {
   const int B = static_cast<int>(c.cu_q.size()) - 1;
   // The last segment whose start is <= row; empty segments before it hold no candidates.
