@@ -14,7 +14,8 @@
 #include "cpu/blas.hpp"
 #include "cpu/compressor.hpp"
 #include "cpu/elementwise.hpp"
-#include "cpu/indexer.hpp"
+#include "cpu/indexer_loss.hpp"
+#include "cpu/layer_topk.hpp"
 #include "csattn/error.hpp"
 #ifdef CSATTN_HAVE_CUDA
 #include "cuda/cuda_layer.hpp"
@@ -48,6 +49,7 @@ struct SavedActivations {
   std::vector<float> qi_proj, qi;            // [T, H_I*D_I] before / after RoPE+Hadamard
   std::vector<float> w_eff;                  // [T, H_I] effective indexer head weights
   std::vector<std::int32_t> topk;            // [T, K]
+  std::vector<float> topk_softmax;           // [T, K] compact softmax (sparse-loss predictor)
   std::vector<float> attn, lse;              // [T, H, D] core output, [T, H]
   std::vector<float> attn_rot;               // [T, H*D] after inverse RoPE
   std::vector<float> u;                      // [T, G*r_o]
@@ -125,6 +127,7 @@ cpu::LossArgs loss_args(const SavedActivations& s, const LayerWeights& w) {
                static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))),
                s.q.data(), s.kv.data(), s.comp.out.data(), w.f32("attn.attn_sink")};
   l.topk = s.topk.data();
+  l.predict = s.topk_softmax.empty() ? nullptr : s.topk_softmax.data();
   l.sparse = c.sparse_loss;
   l.per_token = c.per_token_loss;
   l.coeff = c.loss_coeff;
@@ -198,6 +201,10 @@ HybridAttentionLayer::HybridAttentionLayer(AttentionConfig cfg, LayerWeights wei
     require(cuda_available(&why), ErrorKind::Unsupported, "device cuda: " + why);
     require(options_.precision == Precision::bf16, ErrorKind::Unsupported,
             "device cuda computes in bf16 only (fp32 is a CPU reference mode)");
+    require(cfg_.indexer_precision == IndexerPrecision::bf16 || !cfg_.has_indexer(),
+            ErrorKind::Unsupported,
+            "device cuda: the MXFP8 indexer runs on the CPU only so far; use "
+            "--indexer-precision bf16 on the GPU");
 #ifdef CSATTN_HAVE_CUDA
     cuda_ = std::make_shared<cuda::CudaLayer>(cfg_, weights_);
     cuda_->set_poison(options_.poison_workspace);
@@ -304,8 +311,15 @@ LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& lay
     if (!forced_topk.empty()) {
       std::memcpy(s->topk.data(), forced_topk.data(), sizeof(std::int32_t) * s->topk.size());
     } else {
+      // The compact indexer (bf16 or mxfp8 operands) selects; with a sparse loss its softmax
+      // over the selection is also the loss's predictor. A forced selection has none: the
+      // loss then recomputes the scores.
       const cpu::IndexerArgs ia{HI, DI, K, s->qi.data(), s->w_eff.data(), s->idx_comp.out.data()};
-      cpu::indexer_topk(geo, ia, s->topk.data());
+      const bool want_softmax = c.sparse_loss && c.loss_coeff > 0.0;
+      std::vector<float> logits(static_cast<std::size_t>(T) * K);
+      if (want_softmax) s->topk_softmax.assign(static_cast<std::size_t>(T) * K, 0.0f);
+      cpu::layer_indexer_topk(geo, ia, c.indexer_precision, s->topk.data(), logits.data(),
+                              want_softmax ? s->topk_softmax.data() : nullptr);
     }
     out.topk_indices = Tensor(DType::i32, {T, K});
     std::memcpy(out.topk_indices.data(), s->topk.data(), sizeof(std::int32_t) * s->topk.size());

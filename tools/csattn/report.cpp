@@ -39,9 +39,11 @@ void print_run_table(const RunPlan& plan, const RunReport& report) {
     source = "config " + plan.config_file + " (defaults: preset " + plan.preset + ")";
   fmt::print("csattn run: {}\n", source);
   fmt::print("  {}\n", config_summary(c));
-  fmt::print("  device {}, precision {}, threads {}, seed {}, backward {}, indexer loss coeff {} ({}, {})\n",
+  fmt::print("  device {}, precision {}, indexer {}, threads {}, seed {}, backward {}, "
+             "indexer loss coeff {} ({}, {})\n",
              plan.run_options.device == Device::cuda ? "cuda" : "cpu",
-             precision_name(plan.run_options.precision), plan.threads, plan.seed,
+             precision_name(plan.run_options.precision), indexer_precision_name(c.indexer_precision),
+             plan.threads, plan.seed,
              plan.backward ? "on" : "off", c.loss_coeff, c.sparse_loss ? "sparse" : "dense",
              c.per_token_loss ? "sum over rows" : "mean over rows");
   std::string batch = fmt::format("  batch: {} segment{}, seqlens {}", plan.seqlens.size(),
@@ -103,6 +105,7 @@ nlohmann::ordered_json run_report_json(const RunPlan& plan, const RunReport& rep
                        {"per_token", c.per_token_loss}};
   j["precision"] = precision_name(plan.run_options.precision);
   j["device"] = plan.run_options.device == Device::cuda ? "cuda" : "cpu";
+  j["indexer_precision"] = indexer_precision_name(c.indexer_precision);
   j["threads"] = plan.threads;
   j["seed"] = plan.seed;
   j["backward"] = plan.backward;

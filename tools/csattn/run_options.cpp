@@ -178,6 +178,12 @@ void add_run_options(CLI::App& run, RunArgs& a) {
   run.add_option("--dtype", a.dtype, "Precision: bf16 or fp32")->capture_default_str();
   run.add_option("--device", a.device, "cpu, cuda, or auto (cuda when a GPU is present)")
       ->capture_default_str();
+  a.indexer_precision_opt =
+      run.add_option("--indexer-precision", a.indexer_precision,
+                     "Operands of the CSA indexer's scoring and top-k: bf16 or mxfp8 (E4M3 q and "
+                     "k with an E8M0 scale per 32 elements; index_head_dim % 32 == 0). The "
+                     "indexer loss backward stays bf16 / fp32")
+          ->capture_default_str();
   auto* weights = run.add_option("--weights", a.weights_file,
                                  "safetensors with one layer (attn.*) or a checkpoint "
                                  "(layers.N.attn.*, pick N with --layer)")
@@ -229,6 +235,7 @@ RunPlan resolve_run(const RunArgs& args) {
   if ((args.sparse_opt && args.sparse_opt->count()) || (args.dense_opt && args.dense_opt->count()))
     base.sparse_loss = args.sparse_loss;
   if (args.per_token_opt && args.per_token_opt->count()) base.per_token_loss = args.per_token_loss;
+  base.indexer_precision = parse_indexer_precision(args.indexer_precision, "--indexer-precision");
 
   const Precision precision = parse_precision(args.dtype, "--dtype");
   const bool bf16 = precision == Precision::bf16;

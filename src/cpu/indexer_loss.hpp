@@ -1,6 +1,7 @@
-// The lightning indexer (spec 01 §4): scores I[t,j] = sum_h w'[t,h] ReLU(qI[t,h] . KI[j])
-// over the visible compressed entries of the query's segment, the top-k selection, and the
-// indexer KL loss (§6) with its analytic backward into qI, w' and KI.
+// The indexer KL loss (spec 01 §6) and its analytic backward into qI, w' and KI. The scores
+// I[t,j] = sum_h w'[t,h] ReLU(qI[t,h] . KI[j]) and the top-k come from the compact indexer
+// (compact_indexer.hpp); the loss recomputes the q.k products it needs from the bf16 / fp32
+// operands (never from MXFP8 ones).
 #pragma once
 #include <cstdint>
 
@@ -14,15 +15,6 @@ struct IndexerArgs {
   const float* weights = nullptr;     // [T, H_I] effective weights w' (H_I^-1/2 and D_I^-1/2 in)
   const float* keys = nullptr;        // [Nc, D_I] indexer compressor output
 };
-
-// topk: [T, K]. Per row the min(K, visible) best entries (ties to the smaller index),
-// written in ascending index order, then -1. Padding rows get no candidates (all -1). The
-// score matrix is never materialised: rows are scored a block at a time.
-void indexer_topk(const BatchGeometry& geo, const IndexerArgs& a, std::int32_t* topk);
-
-// Index scores of one row for entries ids[0..n) (fp32 accumulation). For tests and tools.
-void indexer_row_scores(const IndexerArgs& a, int row, const int* seg_local_ids, int n,
-                        int comp_start, float* scores);
 
 // The detached main attention the teacher is built from.
 struct TeacherArgs {
@@ -38,6 +30,10 @@ struct LossArgs {
   IndexerArgs indexer;
   TeacherArgs teacher;
   const std::int32_t* topk = nullptr;  // [T, K] (sparse loss candidates)
+  // [T, K] or null: the compact indexer's softmax over the selected slots, slot-aligned with
+  // topk. When given (sparse loss), it is the predictor p - log max(p, FLT_MIN) in the KL and
+  // p - T in the gradient - instead of a softmax of recomputed scores (spec 03 §8).
+  const float* predict = nullptr;
   bool sparse = true;
   bool per_token = false;
   double coeff = 0.0;                  // lambda
