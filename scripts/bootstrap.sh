@@ -4,7 +4,8 @@
 set -euo pipefail
 
 # Debian package -> a file whose presence proves it is installed (checked before apt runs,
-# so a second call costs nothing and needs no network).
+# so a second call costs nothing and needs no network). Each path is one the package itself
+# ships (dpkg -S), not an update-alternatives link such as /usr/bin/mpirun.
 declare -A probe=(
   [cmake]=/usr/bin/cmake
   [ninja-build]=/usr/bin/ninja
@@ -15,9 +16,8 @@ declare -A probe=(
   [libcli11-dev]=/usr/include/CLI/CLI.hpp
   [nlohmann-json3-dev]=/usr/include/nlohmann/json.hpp
   [libfmt-dev]=/usr/include/fmt/format.h
-  [libopenblas-openmp-dev]=/usr/lib/x86_64-linux-gnu/libopenblas.so
-  [libomp-dev]=/usr/lib/llvm-14/include/omp.h
-  [openmpi-bin]=/usr/bin/mpirun
+  [libopenblas-openmp-dev]=/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so
+  [openmpi-bin]=/usr/bin/mpirun.openmpi
   [libopenmpi-dev]=/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h
 )
 

@@ -12,6 +12,14 @@ enum class LayerKind { swa, csa, hca };
 LayerKind layer_kind(int compress_ratio);  // 0 -> swa, 4 -> csa, 128 -> hca; else Error
 const char* layer_kind_name(LayerKind k);  // "SWA", "CSA", "HCA"
 
+// Operand precision of the CSA indexer's forward scoring and top-k (spec 03 §5). mxfp8
+// quantizes indexer Q and K (E4M3 values, one E8M0 scale per 32 elements); the weights, the
+// logits and the whole indexer-loss backward stay bf16 / fp32.
+enum class IndexerPrecision { bf16, mxfp8 };
+const char* indexer_precision_name(IndexerPrecision p);  // "bf16", "mxfp8"
+// "bf16" / "mxfp8"; anything else throws csattn::Error naming `what` (e.g. an option name).
+IndexerPrecision parse_indexer_precision(const std::string& value, const std::string& what);
+
 struct AttentionConfig {
   int d_model = 256;        // hidden size
   int n_heads = 8;          // H, query heads
@@ -25,6 +33,9 @@ struct AttentionConfig {
   int index_n_heads = 8;    // H_I
   int index_head_dim = 64;  // D_I (a power of two: Hadamard rotation)
   int index_topk = 32;      // K
+  // bf16: scores from the layer's indexer Q/K as they are (bf16-valued in bf16 mode, fp32 in
+  // fp32 mode). mxfp8: needs index_head_dim % 32 == 0.
+  IndexerPrecision indexer_precision = IndexerPrecision::bf16;
 
   double rope_theta = 10000.0;           // plain RoPE base (SWA layers)
   double compress_rope_theta = 40000.0;  // YaRN base (CSA / HCA layers)

@@ -21,9 +21,17 @@ struct RunOptions {
   Precision precision = Precision::bf16;
   Device device = Device::cpu;
   int threads = 0;  // 0 = OpenMP default
+  // Tests: fill device workspaces with NaN bytes before every run, so a value no kernel
+  // wrote shows up.
+  bool poison_workspace = false;
 };
 
 struct SavedActivations;  // backend-private state kept for backward
+namespace cuda { class CudaLayer; }
+
+// True when this build has the CUDA backend and a CUDA device is usable; otherwise `why`
+// (if given) says what is missing.
+bool cuda_available(std::string* why = nullptr);
 
 struct LayerOutputs {
   Tensor output;          // [T, d_model] f32 (bf16-valued in bf16 mode)
@@ -63,6 +71,7 @@ class HybridAttentionLayer {
   AttentionConfig cfg_;
   LayerWeights weights_;
   RunOptions options_;
+  std::shared_ptr<cuda::CudaLayer> cuda_;  // device state when options_.device == cuda
 };
 
 }  // namespace csattn

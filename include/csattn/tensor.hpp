@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace csattn {
@@ -17,6 +18,40 @@ const char* dtype_name(DType dt);  // "f32", "bf16", ...
 using Shape = std::vector<std::int64_t>;
 std::int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[3, 4]"
+
+// Non-owning views: a pointer, a dtype, a shape (row-major, contiguous) and a device. The
+// operators of ops.hpp take views so that the caller owns every buffer (inputs, outputs and
+// workspace), which is what the CUDA kernels need for graph capture. A view with a null
+// pointer is "absent" (an optional argument left out).
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  Shape shape;
+  Device device = Device::cpu;
+
+  bool absent() const { return data == nullptr; }
+  std::int64_t numel() const { return shape_numel(shape); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
+  template <class T> T* ptr() const { return static_cast<T*>(data); }
+};
+
+struct ConstTensorView {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  Shape shape;
+  Device device = Device::cpu;
+
+  ConstTensorView() = default;
+  ConstTensorView(const void* d, DType dt, Shape s, Device dev = Device::cpu)
+      : data(d), dtype(dt), shape(std::move(s)), device(dev) {}
+  ConstTensorView(const TensorView& v)  // NOLINT: a mutable view is also a read-only one
+      : data(v.data), dtype(v.dtype), shape(v.shape), device(v.device) {}
+
+  bool absent() const { return data == nullptr; }
+  std::int64_t numel() const { return shape_numel(shape); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
+  template <class T> const T* ptr() const { return static_cast<const T*>(data); }
+};
 
 class Tensor {
  public:
@@ -42,6 +77,10 @@ class Tensor {
   std::vector<float> to_f32() const;
   std::vector<double> to_f64() const;
 
+  // Views of the whole tensor (absent for a tensor that holds nothing).
+  TensorView view() { return {empty() ? nullptr : data(), dtype_, shape_, Device::cpu}; }
+  ConstTensorView view() const { return {empty() ? nullptr : data(), dtype_, shape_}; }
+
   static Tensor from_f32(const std::vector<float>& values, Shape shape);
   static Tensor from_i32(const std::vector<std::int32_t>& values, Shape shape);
   static Tensor scalar_f32(float v);
@@ -57,5 +96,12 @@ std::uint16_t float_to_bf16_bits(float x);
 float bf16_bits_to_float(std::uint16_t b);
 inline float round_bf16(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
 float f16_bits_to_float(std::uint16_t h);
+
+// OCP FP8 E4M3 ("e4m3fn": bias 7, max 448, no infinities, S.1111.111 is NaN).
+// float -> e4m3: round to nearest even, saturating to +-448 (Inf too); NaN -> 0x7F.
+std::uint8_t float_to_e4m3_bits(float x);
+float e4m3_bits_to_float(std::uint8_t v);
+// E8M0 (an MX block scale): byte e is 2^(e - 127); 0xFF is NaN.
+float e8m0_bits_to_float(std::uint8_t v);
 
 }  // namespace csattn

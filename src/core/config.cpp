@@ -30,6 +30,17 @@ const char* layer_kind_name(LayerKind k) {
   return "?";
 }
 
+const char* indexer_precision_name(IndexerPrecision p) {
+  return p == IndexerPrecision::mxfp8 ? "mxfp8" : "bf16";
+}
+
+IndexerPrecision parse_indexer_precision(const std::string& value, const std::string& what) {
+  if (value == "bf16") return IndexerPrecision::bf16;
+  if (value == "mxfp8") return IndexerPrecision::mxfp8;
+  throw Error(ErrorKind::InvalidArgument,
+              what + " = '" + value + "' is not an indexer precision: expected bf16 or mxfp8");
+}
+
 namespace {
 
 void require_positive(int value, const char* name) {
@@ -68,6 +79,11 @@ void AttentionConfig::validate() const {
     require(rope_dim <= index_head_dim, ErrorKind::InvalidArgument,
             "rope_dim = " + std::to_string(rope_dim) + " must not exceed index_head_dim = " +
                 std::to_string(index_head_dim));
+    // MXFP8 scales cover 32 contiguous elements of a head vector; any head count works.
+    require(indexer_precision != IndexerPrecision::mxfp8 || index_head_dim % 32 == 0,
+            ErrorKind::InvalidArgument,
+            "indexer_precision = mxfp8 needs index_head_dim to be a multiple of 32 (one E8M0 "
+            "scale per 32 elements), got index_head_dim = " + std::to_string(index_head_dim));
   }
   require(rope_theta > 1.0 && std::isfinite(rope_theta), ErrorKind::InvalidArgument,
           "rope_theta = " + std::to_string(rope_theta) + " must be a finite number > 1");

@@ -11,6 +11,10 @@
 //   rope_scaling.{factor -> yarn_factor, original_max_position_embeddings ->
 //                 yarn_original_max_pos, beta_fast, beta_slow}   (other keys, e.g. "type", ignored)
 //
+// indexer_precision has no key: it is how csattn runs the indexer (like Megatron's
+// --dsa-indexer-precision run option), not a property of the model, and DeepSeek-V4's
+// config.json has no such field; it keeps the value of `defaults`.
+//
 // compress_ratios: some DeepSeek-V4 configs in the wild write 1 instead of 0 for the
 // uncompressed (sliding-window only) layers (vLLM's DeepSeek-V4 tests use [1, 4, 128];
 // vllm-ascend's DeepseekV4Config maps both 0 and 1 to an uncompressed layer). A ratio of 1 is

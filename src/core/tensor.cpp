@@ -104,10 +104,8 @@ float f16_bits_to_float(std::uint16_t h) {
   return std::bit_cast<float>(sign | ((exp + 127 - 15) << 23) | (mant << 13));
 }
 
-namespace {
-
 // OCP FP8 E4M3 ("fn"): bias 7, no infinities, S.1111.111 is NaN.
-float e4m3_to_float(std::uint8_t v) {
+float e4m3_bits_to_float(std::uint8_t v) {
   const bool neg = v & 0x80u;
   const int exp = (v >> 3) & 0xF;
   const int mant = v & 0x7;
@@ -122,11 +120,45 @@ float e4m3_to_float(std::uint8_t v) {
   return neg ? -r : r;
 }
 
+namespace {
+
+// Round half to even of a non-negative double (independent of the FPU rounding mode).
+double round_half_even(double v) {
+  const double fl = std::floor(v);
+  const double frac = v - fl;
+  if (frac > 0.5) return fl + 1.0;
+  if (frac < 0.5) return fl;
+  return std::fmod(fl, 2.0) == 0.0 ? fl : fl + 1.0;
+}
+
+}  // namespace
+
+// Normals round on the fp32 bits (keep 3 of 23 mantissa bits, round half to even: the bf16
+// trick with a 20-bit shift; a carry moves into the exponent correctly); subnormals (below
+// 2^-6, multiples of 2^-9) round an exactly scaled value. No FPU rounding mode is involved.
+std::uint8_t float_to_e4m3_bits(float x) {
+  if (std::isnan(x)) return 0x7F;
+  const auto bits = std::bit_cast<std::uint32_t>(x);
+  const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
+  const std::uint32_t a = bits & 0x7FFFFFFFu;
+  // 448 is the largest finite value; anything at or above it (Inf included) saturates.
+  // (Values in (448, 464) would round to 448 anyway; from 464 up to the missing 480.)
+  if (a >= 0x43E00000u) return sign | 0x7E;
+  if (a < 0x3C800000u) {  // below 2^-6
+    const double v = static_cast<double>(std::bit_cast<float>(a)) * 512.0;  // exact
+    return sign | static_cast<std::uint8_t>(round_half_even(v));  // 8 is the smallest normal
+  }
+  const std::uint32_t rounded = (a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;  // (E << 3) | m
+  return sign | static_cast<std::uint8_t>(rounded - (120u << 3));          // E - 127 + 7
+}
+
 // E8M0 (an MX scale): 2^(e - 127), 0xFF is NaN.
-float e8m0_to_float(std::uint8_t v) {
+float e8m0_bits_to_float(std::uint8_t v) {
   if (v == 0xFF) return std::numeric_limits<float>::quiet_NaN();
   return std::ldexp(1.0f, static_cast<int>(v) - 127);
 }
+
+namespace {
 
 template <class Src>
 Src load_at(const unsigned char* bytes, std::size_t i) {
@@ -151,8 +183,8 @@ std::vector<Out> convert_all(DType dt, const unsigned char* bytes, std::size_t n
     case DType::f16:
       each([&](std::size_t i) { return f16_bits_to_float(load_at<std::uint16_t>(bytes, i)); });
       break;
-    case DType::e4m3: each([&](std::size_t i) { return e4m3_to_float(bytes[i]); }); break;
-    case DType::e8m0: each([&](std::size_t i) { return e8m0_to_float(bytes[i]); }); break;
+    case DType::e4m3: each([&](std::size_t i) { return e4m3_bits_to_float(bytes[i]); }); break;
+    case DType::e8m0: each([&](std::size_t i) { return e8m0_bits_to_float(bytes[i]); }); break;
     case DType::i32:
       each([&](std::size_t i) { return load_at<std::int32_t>(bytes, i); });
       break;

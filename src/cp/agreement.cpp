@@ -31,7 +31,7 @@ std::uint64_t checksum(const AttentionConfig& c) {
     << c.index_topk << ' ' << c.rope_theta << ' ' << c.compress_rope_theta << ' '
     << c.yarn_factor << ' ' << c.yarn_original_max_pos << ' ' << c.yarn_beta_fast << ' '
     << c.yarn_beta_slow << ' ' << c.norm_eps << ' ' << c.loss_coeff << ' ' << c.sparse_loss
-    << ' ' << c.per_token_loss;
+    << ' ' << c.per_token_loss << ' ' << indexer_precision_name(c.indexer_precision);
   const std::string text = s.str();
   return fnv1a(text.data(), text.size());
 }

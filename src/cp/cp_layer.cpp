@@ -28,7 +28,8 @@
 #include "cpu/blas.hpp"
 #include "cpu/compressor.hpp"
 #include "cpu/elementwise.hpp"
-#include "cpu/indexer.hpp"
+#include "cpu/indexer_loss.hpp"
+#include "cpu/layer_topk.hpp"
 #include "csattn/cp.hpp"
 #include "csattn/error.hpp"
 
@@ -52,6 +53,7 @@ struct CpSavedActivations {
   std::vector<float> idx_seq;                // [Nc, D_I] sequence-major
   std::vector<float> qi_proj, qi, w_eff;     // local
   std::vector<std::int32_t> topk;            // [local, K]
+  std::vector<float> topk_softmax;           // [local, K] compact softmax (sparse-loss predictor)
   AttentionIndex index;                      // local queries -> kv_full rows
   std::vector<float> attn, lse, attn_rot, u;  // local
 };
@@ -140,6 +142,7 @@ cpu::LossArgs loss_args(const CpSavedActivations& s, const LayerWeights& w) {
   l.teacher = {c.n_heads, c.head_dim, c.window, attention_scale(c), s.q.data(), s.kv.data(),
                s.comp_seq.data(), w.f32("attn.attn_sink")};
   l.topk = s.topk.data();
+  l.predict = s.topk_softmax.empty() ? nullptr : s.topk_softmax.data();
   l.sparse = c.sparse_loss;
   l.per_token = c.per_token_loss;
   l.coeff = c.loss_coeff;
@@ -275,7 +278,8 @@ ContextParallelLayer::ContextParallelLayer(AttentionConfig cfg, LayerWeights wei
   cfg_.validate();
   weights_.check(cfg_);
   require(options_.device == Device::cpu, ErrorKind::Unsupported,
-          "device cuda is not available in this build: the CUDA backend is not built");
+          "context parallelism runs on device cpu only so far (the CUDA backend is "
+          "single-rank): use device cpu");
   require(options_.threads >= 0, ErrorKind::InvalidArgument,
           "threads = " + std::to_string(options_.threads) + " must be >= 0");
   weights_checksum_ = cp::checksum(weights_);
@@ -426,12 +430,18 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
       v = bf16 ? round_bf16(v * head_scale) : v * head_scale;
       v = bf16 ? round_bf16(v * dim_scale) : v * dim_scale;
     }
-    // Top-k: local queries score their sequence's full keys at their global positions.
+    // Top-k: the compact indexer of the single-rank layer (bf16 or mxfp8 operands), the local
+    // queries scoring their sequence's keys at their global positions (causal offsets); with
+    // a sparse loss its softmax over the selection is also the loss's predictor.
     idx_gather.wait();
     s->idx_seq = sequence_major(plan, geo, s->idx_rank_major, DI);
     s->topk.assign(static_cast<std::size_t>(n) * K, -1);
     const cpu::IndexerArgs ia{HI, DI, K, s->qi.data(), s->w_eff.data(), s->idx_seq.data()};
-    cpu::indexer_topk(queries, ia, s->topk.data());
+    const bool want_softmax = c.sparse_loss && c.loss_coeff > 0.0;
+    std::vector<float> logits(static_cast<std::size_t>(n) * K);
+    if (want_softmax) s->topk_softmax.assign(static_cast<std::size_t>(n) * K, 0.0f);
+    cpu::layer_indexer_topk(queries, ia, c.indexer_precision, s->topk.data(), logits.data(),
+                            want_softmax ? s->topk_softmax.data() : nullptr);
     out.topk_indices = Tensor(DType::i32, {n, K});
     std::memcpy(out.topk_indices.data(), s->topk.data(), sizeof(std::int32_t) * s->topk.size());
   }

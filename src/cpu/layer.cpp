@@ -14,12 +14,25 @@
 #include "cpu/blas.hpp"
 #include "cpu/compressor.hpp"
 #include "cpu/elementwise.hpp"
-#include "cpu/indexer.hpp"
+#include "cpu/indexer_loss.hpp"
+#include "cpu/layer_topk.hpp"
 #include "csattn/error.hpp"
+#ifdef CSATTN_HAVE_CUDA
+#include "cuda/cuda_layer.hpp"
+#endif
 
 namespace csattn {
 
 const char* precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
+
+bool cuda_available(std::string* why) {
+#ifdef CSATTN_HAVE_CUDA
+  return cuda::device_available(why);
+#else
+  if (why) *why = "this build has no CUDA backend (nvcc was not found at configure time)";
+  return false;
+#endif
+}
 
 // Everything the backward needs, kept by the forward. Names follow the spec: *_proj are GEMM
 // outputs before a norm, the plain names the tensors after it.
@@ -36,9 +49,11 @@ struct SavedActivations {
   std::vector<float> qi_proj, qi;            // [T, H_I*D_I] before / after RoPE+Hadamard
   std::vector<float> w_eff;                  // [T, H_I] effective indexer head weights
   std::vector<std::int32_t> topk;            // [T, K]
+  std::vector<float> topk_softmax;           // [T, K] compact softmax (sparse-loss predictor)
   std::vector<float> attn, lse;              // [T, H, D] core output, [T, H]
   std::vector<float> attn_rot;               // [T, H*D] after inverse RoPE
   std::vector<float> u;                      // [T, G*r_o]
+  std::uint64_t cuda_generation = 0;         // device cuda: which forward's activations
 };
 
 namespace {
@@ -112,6 +127,7 @@ cpu::LossArgs loss_args(const SavedActivations& s, const LayerWeights& w) {
                static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))),
                s.q.data(), s.kv.data(), s.comp.out.data(), w.f32("attn.attn_sink")};
   l.topk = s.topk.data();
+  l.predict = s.topk_softmax.empty() ? nullptr : s.topk_softmax.data();
   l.sparse = c.sparse_loss;
   l.per_token = c.per_token_loss;
   l.coeff = c.loss_coeff;
@@ -143,6 +159,28 @@ void grouped_o_backward(const AttentionConfig& c, int T, const float* o, const f
   }
 }
 
+// A caller-supplied CSA selection must have the right shape and hold only -1 or entries
+// visible to their row (padding rows: none).
+void check_forced_topk(const AttentionConfig& c, const SeqLayout& layout, const Tensor& topk) {
+  const BatchGeometry geo = BatchGeometry::build(layout, c.compress_ratio);
+  const int T = geo.rows, K = c.index_topk;
+  require(topk.ndim() == 2 && topk.dim(0) == T && topk.dim(1) == K && topk.dtype() == DType::i32,
+          ErrorKind::ShapeMismatch,
+          "topk has shape " + shape_str(topk.shape()) + " " + dtype_name(topk.dtype()) +
+              ", expected [" + std::to_string(T) + ", " + std::to_string(K) + "] i32");
+  const std::int32_t* src = topk.ptr<std::int32_t>();
+  for (int t = 0; t < T; ++t) {
+    const int vis = geo.row_is_padding[t] ? 0 : geo.visible_compressed(t);
+    for (int k = 0; k < K; ++k) {
+      const std::int32_t id = src[static_cast<long>(t) * K + k];
+      require(id == -1 || (id >= 0 && id < vis), ErrorKind::InvalidArgument,
+              "topk[" + std::to_string(t) + ", " + std::to_string(k) + "] = " +
+                  std::to_string(id) + " is not -1 or a visible entry (" + std::to_string(vis) +
+                  " visible)");
+    }
+  }
+}
+
 struct ThreadScope {  // applies RunOptions::threads for the duration of a call
   int saved = omp_get_max_threads();
   explicit ThreadScope(int n) { if (n > 0) omp_set_num_threads(n); }
@@ -156,10 +194,22 @@ HybridAttentionLayer::HybridAttentionLayer(AttentionConfig cfg, LayerWeights wei
     : cfg_(cfg), weights_(std::move(weights)), options_(options) {
   cfg_.validate();
   weights_.check(cfg_);
-  require(options_.device == Device::cpu, ErrorKind::Unsupported,
-          "device cuda is not available in this build: the CUDA backend is not built");
   require(options_.threads >= 0, ErrorKind::InvalidArgument,
           "threads = " + std::to_string(options_.threads) + " must be >= 0");
+  if (options_.device == Device::cuda) {
+    std::string why;
+    require(cuda_available(&why), ErrorKind::Unsupported, "device cuda: " + why);
+    require(options_.precision == Precision::bf16, ErrorKind::Unsupported,
+            "device cuda computes in bf16 only (fp32 is a CPU reference mode)");
+    require(cfg_.indexer_precision == IndexerPrecision::bf16 || !cfg_.has_indexer(),
+            ErrorKind::Unsupported,
+            "device cuda: the MXFP8 indexer runs on the CPU only so far; use "
+            "--indexer-precision bf16 on the GPU");
+#ifdef CSATTN_HAVE_CUDA
+    cuda_ = std::make_shared<cuda::CudaLayer>(cfg_, weights_);
+    cuda_->set_poison(options_.poison_workspace);
+#endif
+  }
 }
 
 LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& layout) const {
@@ -174,10 +224,21 @@ LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& lay
               std::to_string(c.d_model) + "]");
   layout.check_rows(x.dim(0));
   ThreadScope threads(options_.threads);
-  // fp32: batch-invariant products, so every row's forward is the same whatever else is in
-  // the batch (context-parallel ranks reproduce it bit for bit; docs/numerics.md).
-  const cpu::BatchInvariantScope batch_invariant(options_.precision == Precision::fp32);
   const LayerWeights& w = weights_;
+  if (c.has_indexer() && !forced_topk.empty()) check_forced_topk(c, layout, forced_topk);
+#ifdef CSATTN_HAVE_CUDA
+  if (cuda_) {
+    LayerOutputs out = cuda_->forward(x, layout, c.has_indexer() ? forced_topk : Tensor());
+    auto saved = std::make_shared<SavedActivations>();
+    saved->cfg = c;
+    saved->cuda_generation = cuda_->generation();
+    out.saved = std::move(saved);
+    return out;
+  }
+#endif
+  // CPU fp32: batch-invariant products, so every row's forward is the same whatever else is
+  // in the batch (context-parallel ranks reproduce it bit for bit; docs/numerics.md).
+  const cpu::BatchInvariantScope batch_invariant(options_.precision == Precision::fp32);
   auto s = std::make_shared<SavedActivations>();
   s->cfg = c;
   s->bf16 = options_.precision == Precision::bf16;
@@ -251,28 +312,17 @@ LayerOutputs HybridAttentionLayer::forward(const Tensor& x, const SeqLayout& lay
                             compressor_weights(w, "attn.indexer.compressor."), s->idx_comp);
     s->topk.assign(static_cast<std::size_t>(T) * K, -1);
     if (!forced_topk.empty()) {
-      require(forced_topk.ndim() == 2 && forced_topk.dim(0) == T && forced_topk.dim(1) == K &&
-                  forced_topk.dtype() == DType::i32,
-              ErrorKind::ShapeMismatch,
-              "topk has shape " + shape_str(forced_topk.shape()) + " " +
-                  dtype_name(forced_topk.dtype()) + ", expected [" + std::to_string(T) + ", " +
-                  std::to_string(K) + "] i32");
-      const std::int32_t* src = forced_topk.ptr<std::int32_t>();
-      for (int t = 0; t < T; ++t) {
-        const int vis = geo.row_is_padding[t] ? 0 : geo.visible_compressed(t);
-        for (int k = 0; k < K; ++k) {
-          const std::int32_t id = src[static_cast<long>(t) * K + k];
-          require(id >= -1 && id < std::max(vis, 0) + (id == -1 ? 1 : 0),
-                  ErrorKind::InvalidArgument,
-                  "topk[" + std::to_string(t) + ", " + std::to_string(k) + "] = " +
-                      std::to_string(id) + " is not -1 or a visible entry (" +
-                      std::to_string(vis) + " visible)");
-          s->topk[static_cast<long>(t) * K + k] = id;
-        }
-      }
+      std::memcpy(s->topk.data(), forced_topk.data(), sizeof(std::int32_t) * s->topk.size());
     } else {
+      // The compact indexer (bf16 or mxfp8 operands) selects; with a sparse loss its softmax
+      // over the selection is also the loss's predictor. A forced selection has none: the
+      // loss then recomputes the scores.
       const cpu::IndexerArgs ia{HI, DI, K, s->qi.data(), s->w_eff.data(), s->idx_comp.out.data()};
-      cpu::indexer_topk(geo, ia, s->topk.data());
+      const bool want_softmax = c.sparse_loss && c.loss_coeff > 0.0;
+      std::vector<float> logits(static_cast<std::size_t>(T) * K);
+      if (want_softmax) s->topk_softmax.assign(static_cast<std::size_t>(T) * K, 0.0f);
+      cpu::layer_indexer_topk(geo, ia, c.indexer_precision, s->topk.data(), logits.data(),
+                              want_softmax ? s->topk_softmax.data() : nullptr);
     }
     out.topk_indices = Tensor(DType::i32, {T, K});
     std::memcpy(out.topk_indices.data(), s->topk.data(), sizeof(std::int32_t) * s->topk.size());
@@ -301,6 +351,21 @@ LayerGradients HybridAttentionLayer::backward(const LayerOutputs& fwd, const Ten
                                               float grad_indexer_loss) const {
   require(fwd.saved != nullptr, ErrorKind::InvalidArgument,
           "backward needs the outputs of a forward of this layer");
+#ifdef CSATTN_HAVE_CUDA
+  if (cuda_) {
+    require(fwd.saved->cuda_generation == cuda_->generation(), ErrorKind::InvalidArgument,
+            "backward on device cuda must follow the forward it differentiates: the GPU keeps "
+            "only the last forward's activations");
+    require(grad_output.ndim() == 2 && grad_output.dim(0) == fwd.output.dim(0) &&
+                grad_output.dim(1) == cfg_.d_model,
+            ErrorKind::ShapeMismatch,
+            "grad_output has shape " + shape_str(grad_output.shape()) + ", expected [" +
+                std::to_string(fwd.output.dim(0)) + ", " + std::to_string(cfg_.d_model) + "]");
+    require(std::isfinite(grad_indexer_loss), ErrorKind::InvalidArgument,
+            "grad_indexer_loss must be finite");
+    return cuda_->backward(grad_output, grad_indexer_loss);
+  }
+#endif
   const SavedActivations& s = *fwd.saved;
   const AttentionConfig& c = s.cfg;
   const BatchGeometry& geo = s.geo;

@@ -541,4 +541,34 @@ Result forward(const AttentionConfig& cfg, const SeqLayout& layout, const Weight
   return res;
 }
 
+IndexerTopk indexer_topk(const std::vector<double>& q, const std::vector<double>& k,
+                         const std::vector<double>& w, int heads, int dim,
+                         const std::vector<int>& cu_q, const std::vector<int>& cu_k,
+                         const std::vector<int>& offsets, int ratio, int K, double sm_scale) {
+  IndexerTopk r;
+  const int T = cu_q.back();
+  r.scores.resize(static_cast<std::size_t>(T));
+  r.topk.resize(static_cast<std::size_t>(T));
+  for (std::size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    const int o = offsets.empty() ? 0 : offsets[b];
+    const int len_k = cu_k[b + 1] - cu_k[b];
+    for (int t = cu_q[b]; t < cu_q[b + 1]; ++t) {
+      const int n = std::clamp((o + (t - cu_q[b]) + 1) / ratio, 0, len_k);
+      Vec& S = r.scores[static_cast<std::size_t>(t)];
+      S.assign(static_cast<std::size_t>(n), 0.0);
+      for (int j = 0; j < n; ++j) {
+        double acc = 0.0;
+        for (int h = 0; h < heads; ++h) {
+          const double* qh = q.data() + (static_cast<std::size_t>(t) * heads + h) * dim;
+          const double* kj = k.data() + static_cast<std::size_t>(cu_k[b] + j) * dim;
+          acc += w[static_cast<std::size_t>(t) * heads + h] * std::max(dot(qh, kj, dim), 0.0);
+        }
+        S[static_cast<std::size_t>(j)] = sm_scale * acc;
+      }
+      r.topk[static_cast<std::size_t>(t)] = topk(S, K);
+    }
+  }
+  return r;
+}
+
 }  // namespace csattn::oracle

@@ -41,4 +41,22 @@ struct Options {
 Result forward(const AttentionConfig& cfg, const SeqLayout& layout, const Weights64& w,
                const std::vector<double>& x, const Options& options = {});
 
+// The indexer scores and top-k of one packed batch in fp64, from given operands (spec 03 §1):
+// for query row t of segment b (local position p, causal offset o_b) and key j < n(p) =
+// clamp((o_b + p + 1) div r, 0, len_k(b)):
+//   S(t, j) = sm_scale * sum_h w[t, h] * max(q[t, h, :] . k[cu_k[b] + j, :], 0),
+// and the min(K, n) largest, ties toward the smallest index, ascending. The reference the
+// compact indexer is gated against (MXFP8: run on the dequantized q and k).
+struct IndexerTopk {
+  std::vector<std::vector<double>> scores;  // [T][n(t)]
+  std::vector<std::vector<int>> topk;       // [T][min(K, n(t))], ascending
+};
+IndexerTopk indexer_topk(const std::vector<double>& q,  // [T, H, D]
+                         const std::vector<double>& k,  // [T_k, D]
+                         const std::vector<double>& w,  // [T, H]
+                         int heads, int dim, const std::vector<int>& cu_q,
+                         const std::vector<int>& cu_k,
+                         const std::vector<int>& offsets,  // [B] or empty
+                         int ratio, int topk, double sm_scale = 1.0);
+
 }  // namespace csattn::oracle

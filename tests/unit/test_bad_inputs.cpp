@@ -86,9 +86,14 @@ TEST(BadInputs, TensorShapes) {
   // Weights of another config.
   AttentionConfig other = tiny_config(128);
   expect_error([&] { HybridAttentionLayer(other, w, RunOptions{}); }, "attn.");
-  // CUDA is not built into this backend.
-  expect_error([&] { HybridAttentionLayer(cfg, w, RunOptions{Precision::bf16, Device::cuda}); },
-               "cuda");
+  // Without a GPU (or a CUDA build) a cuda layer is refused with the reason.
+  if (!cuda_available())
+    expect_error([&] { HybridAttentionLayer(cfg, w, RunOptions{Precision::bf16, Device::cuda}); },
+                 "cuda");
+  // The GPU computes in bf16 only.
+  if (cuda_available())
+    expect_error([&] { HybridAttentionLayer(cfg, w, RunOptions{Precision::fp32, Device::cuda}); },
+                 "bf16");
 }
 
 }  // namespace

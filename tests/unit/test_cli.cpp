@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -327,6 +328,66 @@ TEST(Cli, BenchJson) {
     EXPECT_GT(row["forward_tokens_per_s"].get<double>(), 0.0);
     EXPECT_GT(row["forward_backward_tokens_per_s"].get<double>(), 0.0);
   }
+}
+
+// --indexer-precision mxfp8: the CSA top-k comes from the MXFP8 compact indexer; the report
+// and the saved metadata say so; attention on that selection still matches the oracle.
+TEST(Cli, RunMxfp8Indexer) {
+  const std::string save = temp_path("mx.safetensors");
+  const CliResult r = run_cli("run --preset tiny --seqlens 60,33 --ratio 4 --indexer-precision "
+                              "mxfp8 --check-rows 6 --json --save '" + save + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = parse_json(r);
+  EXPECT_EQ(j["indexer_precision"], "mxfp8");
+  ASSERT_EQ(j["layers"].size(), 1u);
+  EXPECT_LT(j["layers"][0]["check"]["rel_diff"].get<double>(), 3e-2);
+  const TensorMap m = load_safetensors(save);
+  ASSERT_TRUE(m.count("topk_indices"));
+  const std::string bytes = read_file(save);
+  ASSERT_GT(bytes.size(), 8u);
+  std::uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len));
+  EXPECT_EQ(header["__metadata__"]["csattn.indexer_precision"], "mxfp8");
+  std::filesystem::remove(save);
+  const CliResult table = run_cli("run --preset tiny --seqlens 20 --ratio 4 --indexer-precision "
+                                  "mxfp8 --check-rows 0");
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("indexer mxfp8"), std::string::npos) << table.out;
+}
+
+TEST(Cli, BadIndexerPrecision) {
+  expect_usage_error("run --preset tiny --indexer-precision fp8", {"--indexer-precision", "fp8"});
+  // MXFP8 needs index_head_dim % 32 == 0: a 16-dim indexer is refused with a clear message.
+  const std::string cfg = temp_path("cfg.json");
+  write_file(cfg, "{\"index_head_dim\": 16}");
+  expect_usage_error("run --preset tiny --config '" + cfg + "' --ratio 4 --indexer-precision mxfp8",
+                     {"index_head_dim", "32", "mxfp8"});
+  // The same config runs with the bf16 indexer, and SWA / HCA layers have no indexer.
+  EXPECT_EQ(run_cli("run --preset tiny --config '" + cfg + "' --ratio 4 --seqlens 12 --check-rows 0").status, 0);
+  EXPECT_EQ(run_cli("run --preset tiny --config '" + cfg + "' --ratio 0,128 --seqlens 12 "
+                    "--indexer-precision mxfp8 --check-rows 0").status, 0);
+  std::filesystem::remove(cfg);
+}
+
+TEST(Cli, BenchIndexerJson) {
+  const CliResult r = run_cli("bench-indexer --seqlens 64,100 --heads 4 --head-dim 64 --topk 8 "
+                              "--repeat 1 --warmup 0 --rows-per-pass 16 --json -q");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = parse_json(r);
+  ASSERT_EQ(j["results"].size(), 4u);  // 2 lengths x {bf16, mxfp8}
+  for (const auto& row : j["results"]) {
+    EXPECT_GT(row["pairs_per_s"].get<double>(), 0.0);
+    // Chunked: 16 rows x min(S_k, S_q div 4) floats at most.
+    const int L = row["seqlen"].get<int>();
+    EXPECT_EQ(row["candidate_buffer_bytes"].get<std::int64_t>(), 4 * 16 * (L / 4));
+    std::int64_t pairs = 0;
+    for (int t = 0; t < L; ++t) pairs += (t + 1) / 4;
+    EXPECT_EQ(row["pairs"].get<std::int64_t>(), pairs);
+  }
+  expect_usage_error("bench-indexer --indexer-precision fp16", {"--indexer-precision", "fp16"});
+  expect_usage_error("bench-indexer --head-dim 48 --indexer-precision mxfp8 --seqlens 8",
+                     {"head_dim", "48"});
 }
 
 }  // namespace

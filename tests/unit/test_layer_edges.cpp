@@ -111,9 +111,10 @@ TEST(LayerEdges, ZeroLossCoefficientGivesExactZeroIndexerGradients) {
   EXPECT_EQ(g0.grad_input.to_f32(), g1.grad_input.to_f32());
   // grad_indexer_loss = 0 has the same effect.
   const LayerGradients gz = with_loss.backward(o1, dy, 0.0f);
-  for (const ParamInfo& p : w.params())
-    if (p.group == ParamGroup::indexer)
-      for (float v : gz.grad.at(p.name).to_f32()) ASSERT_EQ(v, 0.0f) << p.name;
+  for (const ParamInfo& p : w.params()) {
+    if (p.group != ParamGroup::indexer) continue;
+    for (float v : gz.grad.at(p.name).to_f32()) ASSERT_EQ(v, 0.0f) << p.name;
+  }
 }
 
 // NaN in the input rows of one segment stays in that segment (nothing reads across

@@ -90,7 +90,9 @@ TEST_P(PackedBatch, EqualsSegmentsRunAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLayerTypes, PackedBatch, ::testing::Values(0, 4, 128),
-                         [](const auto& info) { return std::string(layer_kind_name(layer_kind(info.param))); });
+                         [](const auto& param_info) {
+                           return std::string(layer_kind_name(layer_kind(param_info.param)));
+                         });
 
 TEST(Layouts, BshdIsThdWithEqualLengths) {
   const SeqLayout bshd = SeqLayout::bshd(3, 20);
@@ -177,7 +179,9 @@ TEST_P(Padding, DoesNotChangeRealRowsOrLoss) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLayerTypes, Padding, ::testing::Values(0, 4, 128),
-                         [](const auto& info) { return std::string(layer_kind_name(layer_kind(info.param))); });
+                         [](const auto& param_info) {
+                           return std::string(layer_kind_name(layer_kind(param_info.param)));
+                         });
 
 }  // namespace
 }  // namespace csattn

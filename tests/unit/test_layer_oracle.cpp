@@ -49,9 +49,10 @@ void expect_topk_matches(const std::vector<std::int32_t>& got, const oracle::Res
     std::vector<double> sorted = s;
     std::sort(sorted.rbegin(), sorted.rend());
     const double kth = sorted[b.size() - 1];
-    for (int id : a)
-      if (std::find(b.begin(), b.end(), id) == b.end())
-        EXPECT_NEAR(s[id], kth, tol * (1.0 + std::fabs(kth))) << "row " << t << " id " << id;
+    for (int id : a) {
+      if (std::find(b.begin(), b.end(), id) != b.end()) continue;
+      EXPECT_NEAR(s[id], kth, tol * (1.0 + std::fabs(kth))) << "row " << t << " id " << id;
+    }
   }
 }
 

@@ -14,5 +14,6 @@ using Command = std::function<int()>;
 Command add_run_command(CLI::App& app);     // run_cmd.cpp
 Command add_config_command(CLI::App& app);  // config_cmd.cpp
 Command add_bench_command(CLI::App& app);   // bench.cpp
+Command add_bench_indexer_command(CLI::App& app);  // bench_indexer.cpp
 
 }  // namespace csattn::cli

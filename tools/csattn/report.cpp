@@ -39,8 +39,11 @@ void print_run_table(const RunPlan& plan, const RunReport& report) {
     source = "config " + plan.config_file + " (defaults: preset " + plan.preset + ")";
   fmt::print("csattn run: {}\n", source);
   fmt::print("  {}\n", config_summary(c));
-  fmt::print("  precision {}, threads {}, seed {}, backward {}, indexer loss coeff {} ({}, {})\n",
-             precision_name(plan.run_options.precision), plan.threads, plan.seed,
+  fmt::print("  device {}, precision {}, indexer {}, threads {}, seed {}, backward {}, "
+             "indexer loss coeff {} ({}, {})\n",
+             plan.run_options.device == Device::cuda ? "cuda" : "cpu",
+             precision_name(plan.run_options.precision), indexer_precision_name(c.indexer_precision),
+             plan.threads, plan.seed,
              plan.backward ? "on" : "off", c.loss_coeff, c.sparse_loss ? "sparse" : "dense",
              c.per_token_loss ? "sum over rows" : "mean over rows");
   std::string batch = fmt::format("  batch: {} segment{}, seqlens {}", plan.seqlens.size(),
@@ -69,7 +72,9 @@ void print_run_table(const RunPlan& plan, const RunReport& report) {
         "{:>9}  {:>9}  {:>7}\n",
         r.index, layer_kind_name(r.kind), r.tokens, r.forward_ms,
         num_or_dash(r.backward_ms, "{:.2f}"),
-        r.kind == LayerKind::csa ? fmt::format("{:.4e}", r.indexer_loss) : std::string("-"),
+        r.kind == LayerKind::csa && std::isfinite(r.indexer_loss)
+            ? fmt::format("{:.4e}", r.indexer_loss)
+            : std::string(r.kind == LayerKind::csa ? "n/a" : "-"),
         r.output_norm, num_or_dash(r.grad_input_norm, "{:.4e}"),
         num_or_dash(r.grad_weights_norm, "{:.4e}"), checked ? std::to_string(r.check.rows) : "-",
         checked ? fmt::format("{:.3e}", r.check.max_abs_diff) : "-",
@@ -99,6 +104,8 @@ nlohmann::ordered_json run_report_json(const RunPlan& plan, const RunReport& rep
                        {"sparse", c.sparse_loss},
                        {"per_token", c.per_token_loss}};
   j["precision"] = precision_name(plan.run_options.precision);
+  j["device"] = plan.run_options.device == Device::cuda ? "cuda" : "cpu";
+  j["indexer_precision"] = indexer_precision_name(c.indexer_precision);
   j["threads"] = plan.threads;
   j["seed"] = plan.seed;
   j["backward"] = plan.backward;

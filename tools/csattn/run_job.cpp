@@ -132,6 +132,7 @@ std::map<std::string, std::string> save_metadata(const RunPlan& plan) {
   }
   return {{"csattn.config", plan.model.to_hf_json()},
           {"csattn.precision", precision_name(plan.run_options.precision)},
+          {"csattn.indexer_precision", indexer_precision_name(plan.model.base.indexer_precision)},
           {"csattn.seqlens", join_ints(plan.seqlens)},
           {"csattn.padded_seqlens", join_ints(plan.padded_seqlens)},
           {"csattn.layers", join_ints(indices)},

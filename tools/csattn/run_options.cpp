@@ -176,6 +176,14 @@ void add_run_options(CLI::App& run, RunArgs& a) {
                                        "Forward only");
   bwd->excludes(no_bwd);
   run.add_option("--dtype", a.dtype, "Precision: bf16 or fp32")->capture_default_str();
+  run.add_option("--device", a.device, "cpu, cuda, or auto (cuda when a GPU is present)")
+      ->capture_default_str();
+  a.indexer_precision_opt =
+      run.add_option("--indexer-precision", a.indexer_precision,
+                     "Operands of the CSA indexer's scoring and top-k: bf16 or mxfp8 (E4M3 q and "
+                     "k with an E8M0 scale per 32 elements; index_head_dim % 32 == 0). The "
+                     "indexer loss backward stays bf16 / fp32")
+          ->capture_default_str();
   auto* weights = run.add_option("--weights", a.weights_file,
                                  "safetensors with one layer (attn.*) or a checkpoint "
                                  "(layers.N.attn.*, pick N with --layer)")
@@ -227,6 +235,7 @@ RunPlan resolve_run(const RunArgs& args) {
   if ((args.sparse_opt && args.sparse_opt->count()) || (args.dense_opt && args.dense_opt->count()))
     base.sparse_loss = args.sparse_loss;
   if (args.per_token_opt && args.per_token_opt->count()) base.per_token_loss = args.per_token_loss;
+  base.indexer_precision = parse_indexer_precision(args.indexer_precision, "--indexer-precision");
 
   const Precision precision = parse_precision(args.dtype, "--dtype");
   const bool bf16 = precision == Precision::bf16;
@@ -243,6 +252,15 @@ RunPlan resolve_run(const RunArgs& args) {
   p.threads = apply_threads(args.threads, "--threads");
   p.run_options.precision = precision;
   p.run_options.threads = args.threads;
+  if (args.device != "auto" && args.device != "cpu" && args.device != "cuda")
+    bad_option("--device", "'" + args.device + "' is not one of auto, cpu, cuda");
+  std::string why;
+  const bool gpu = cuda_available(&why);
+  if (args.device == "cuda" && !gpu) bad_option("--device", "cuda: " + why);
+  if (args.device == "cuda" || (args.device == "auto" && gpu && bf16))
+    p.run_options.device = Device::cuda;
+  if (p.run_options.device == Device::cuda && !bf16)
+    bad_option("--dtype", "fp32 runs on the CPU only; the GPU computes in bf16");
 
   const int d_model = base.d_model;
   if (!args.inputs_file.empty()) {

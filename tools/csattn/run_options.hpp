@@ -35,6 +35,8 @@ struct RunArgs {
   std::uint64_t seed = 42;
   bool backward = true;
   std::string dtype = "bf16";
+  std::string device = "auto";
+  std::string indexer_precision = "bf16";
   std::string weights_file;
   int layer = -1;
   std::string inputs_file;
@@ -53,6 +55,7 @@ struct RunArgs {
   CLI::Option* dense_opt = nullptr;
   CLI::Option* per_token_opt = nullptr;
   CLI::Option* layer_opt = nullptr;
+  CLI::Option* indexer_precision_opt = nullptr;
 };
 
 void add_run_options(CLI::App& run, RunArgs& args);

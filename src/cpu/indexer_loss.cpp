@@ -1,4 +1,4 @@
-#include "cpu/indexer.hpp"
+#include "cpu/indexer_loss.hpp"
 
 #include <omp.h>
 
@@ -6,7 +6,6 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <vector>
 
 #include "cpu/blas.hpp"
@@ -15,122 +14,19 @@ namespace csattn::cpu {
 
 namespace {
 
-constexpr int kRowsPerBlock = 32;
-
-struct RowBlock {
-  int segment, first, last;  // query indices [first, last), consecutive rows of one segment
-};
-
-std::vector<RowBlock> row_blocks(const QueryRows& q) {
-  std::vector<RowBlock> blocks;
-  const BatchGeometry& geo = *q.geo;
-  int i = 0;
-  while (i < q.count) {
-    const int b = geo.row_segment[q.row(i)];
-    int j = i + 1;
-    while (j < q.count && j - i < kRowsPerBlock && geo.row_segment[q.row(j)] == b &&
-           q.row(j) == q.row(j - 1) + 1)
-      ++j;
-    blocks.push_back({b, i, j});
-    i = j;
-  }
-  return blocks;
-}
-
 int candidate_count(const BatchGeometry& geo, int row) {
   return geo.row_is_padding[row] ? 0 : geo.visible_compressed(row);
 }
 
-// Keeps the k best of scores[0..n) (score descending, index ascending on ties) and writes
-// them in ascending index order.
-void select_topk(const float* scores, int n, int k, std::int32_t* out, std::vector<int>& idx) {
-  if (n <= k) {
-    for (int j = 0; j < n; ++j) out[j] = j;
-    for (int j = n; j < k; ++j) out[j] = -1;
-    return;
-  }
-  idx.resize(static_cast<std::size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  auto better = [scores](int x, int y) {
-    return scores[x] > scores[y] || (scores[x] == scores[y] && x < y);
-  };
-  std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), better);
-  std::sort(idx.begin(), idx.begin() + k);
-  for (int j = 0; j < k; ++j) out[j] = idx[static_cast<std::size_t>(j)];
-}
-
-}  // namespace
-
-void indexer_row_scores(const IndexerArgs& a, int row, const int* ids, int n, int comp_start,
-                        float* scores) {
-  const float* q = a.q + static_cast<long>(row) * a.heads * a.dim;
-  const float* w = a.weights + static_cast<long>(row) * a.heads;
-  for (int k = 0; k < n; ++k) {
-    const float* key = a.keys + static_cast<long>(comp_start + ids[k]) * a.dim;
-    float s = 0.0f;
-    for (int h = 0; h < a.heads; ++h) {
-      float dot = 0.0f;
-      for (int d = 0; d < a.dim; ++d) dot += q[h * a.dim + d] * key[d];
-      s += w[h] * std::max(dot, 0.0f);
-    }
-    scores[k] = s;
-  }
-}
-
-void indexer_topk(const QueryRows& q, const IndexerArgs& a, std::int32_t* topk) {
-  const BatchGeometry& geo = *q.geo;
-  const std::vector<RowBlock> blocks = row_blocks(q);
-  const int HI = a.heads, DI = a.dim, K = a.topk;
-  const bool invariant = batch_invariant();
-#pragma omp parallel
-  {
-    BatchInvariantScope scope(invariant);
-    std::vector<float> dots, scores;
-    std::vector<int> idx;
-#pragma omp for schedule(dynamic, 1)
-    for (std::size_t bi = 0; bi < blocks.size(); ++bi) {
-      const RowBlock& blk = blocks[bi];
-      int ncols = 0;
-      for (int i = blk.first; i < blk.last; ++i)
-        ncols = std::max(ncols, candidate_count(geo, q.row(i)));
-      const int nrows = blk.last - blk.first;
-      if (ncols > 0) {
-        // dots[(r*HI + h), j] = qI[first + r, h] . KI[seg, j] for the block's visible prefix.
-        dots.resize(static_cast<std::size_t>(nrows) * HI * ncols);
-        gemm(false, true, nrows * HI, ncols, DI, 1.0f,
-             a.q + static_cast<long>(blk.first) * HI * DI, DI,
-             a.keys + static_cast<long>(geo.comp_start[blk.segment]) * DI, DI, 0.0f,
-             dots.data(), ncols);
-      }
-      for (int i = blk.first; i < blk.last; ++i) {
-        const int n = candidate_count(geo, q.row(i));
-        const int r = i - blk.first;
-        scores.assign(static_cast<std::size_t>(n), 0.0f);
-        const float* w = a.weights + static_cast<long>(i) * HI;
-        for (int h = 0; h < HI; ++h) {
-          const float* dh = dots.data() + (static_cast<long>(r) * HI + h) * ncols;
-          for (int j = 0; j < n; ++j) scores[j] += w[h] * std::max(dh[j], 0.0f);
-        }
-        select_topk(scores.data(), n, K, topk + static_cast<long>(i) * K, idx);
-      }
-    }
-  }
-}
-
-void indexer_topk(const BatchGeometry& geo, const IndexerArgs& a, std::int32_t* topk) {
-  indexer_topk(QueryRows::all(geo), a, topk);
-}
-
-namespace {
-
 // Work buffers of one thread for the per-row loss.
 struct LossScratch {
   std::vector<int> cand;            // segment-local candidate ids
+  std::vector<int> slot;            // sparse: the top-k slot of each candidate
   std::vector<float> keys, dots;    // indexer keys [n, DI], qI.K [HI, n]
   std::vector<float> logits;        // I [n]
   std::vector<float> ckeys, z;      // main compressed rows [n, D], logits [H, n]
   std::vector<float> wkeys, zw;     // window rows [nw, D], logits [H, nw]
-  std::vector<double> target, logp;
+  std::vector<double> target, logp, p;
   std::vector<float> g, ddots, dkeys;
 };
 
@@ -147,10 +43,14 @@ double row_loss(const QueryRows& queries, const LossArgs& a, int t, LossScratch&
   const int HI = ix.heads, DI = ix.dim, H = te.heads, D = te.dim;
   const int vis = candidate_count(geo, g);
   s.cand.clear();
+  s.slot.clear();
   if (a.sparse) {
     const std::int32_t* sel = a.topk + static_cast<long>(t) * ix.topk;
     for (int k = 0; k < ix.topk; ++k)
-      if (sel[k] >= 0 && sel[k] < vis) s.cand.push_back(sel[k]);
+      if (sel[k] >= 0 && sel[k] < vis) {
+        s.cand.push_back(sel[k]);
+        s.slot.push_back(k);
+      }
   } else {
     for (int j = 0; j < vis; ++j) s.cand.push_back(j);
   }
@@ -159,25 +59,43 @@ double row_loss(const QueryRows& queries, const LossArgs& a, int t, LossScratch&
   const int b = geo.row_segment[g];
   const int c0 = geo.comp_start[b];
 
-  // Predictor: p = softmax(I) over the candidates.
-  s.keys.resize(static_cast<std::size_t>(n) * DI);
-  for (int k = 0; k < n; ++k)
-    std::memcpy(&s.keys[static_cast<std::size_t>(k) * DI],
-                ix.keys + static_cast<long>(c0 + s.cand[k]) * DI, sizeof(float) * DI);
-  s.dots.resize(static_cast<std::size_t>(HI) * n);
+  // Predictor p over the candidates: the compact indexer's softmax when given (sparse loss),
+  // else softmax(I) of the scores recomputed here. The q.k products are needed either way
+  // for the gradient (ReLU mask and dw), from the bf16 / fp32 operands.
+  const bool given = a.sparse && a.predict != nullptr;
   const float* qi = ix.q + static_cast<long>(t) * HI * DI;
   const float* wi = ix.weights + static_cast<long>(t) * HI;
-  gemm(false, true, HI, n, DI, 1.0f, qi, DI, s.keys.data(), DI, 0.0f, s.dots.data(), n);
-  s.logits.assign(static_cast<std::size_t>(n), 0.0f);
-  for (int h = 0; h < HI; ++h)
-    for (int k = 0; k < n; ++k) s.logits[k] += wi[h] * std::max(s.dots[h * n + k], 0.0f);
-  float imax = -INFINITY;
-  for (int k = 0; k < n; ++k) imax = std::max(imax, s.logits[k]);
-  double isum = 0.0;
-  for (int k = 0; k < n; ++k) isum += std::exp(static_cast<double>(s.logits[k]) - imax);
-  const double ilse = imax + std::log(isum);
+  if (!given || want_grad) {
+    s.keys.resize(static_cast<std::size_t>(n) * DI);
+    for (int k = 0; k < n; ++k)
+      std::memcpy(&s.keys[static_cast<std::size_t>(k) * DI],
+                  ix.keys + static_cast<long>(c0 + s.cand[k]) * DI, sizeof(float) * DI);
+    s.dots.resize(static_cast<std::size_t>(HI) * n);
+    gemm(false, true, HI, n, DI, 1.0f, qi, DI, s.keys.data(), DI, 0.0f, s.dots.data(), n);
+  }
   s.logp.resize(static_cast<std::size_t>(n));
-  for (int k = 0; k < n; ++k) s.logp[k] = s.logits[k] - ilse;
+  s.p.resize(static_cast<std::size_t>(n));
+  if (given) {
+    const float* pr = a.predict + static_cast<long>(t) * ix.topk;
+    for (int k = 0; k < n; ++k) {
+      s.p[k] = pr[s.slot[k]];
+      // The fused kernels clamp the predictor at the fp32 tiny value (spec 01 §6.3).
+      s.logp[k] = std::log(std::max(s.p[k], static_cast<double>(FLT_MIN)));
+    }
+  } else {
+    s.logits.assign(static_cast<std::size_t>(n), 0.0f);
+    for (int h = 0; h < HI; ++h)
+      for (int k = 0; k < n; ++k) s.logits[k] += wi[h] * std::max(s.dots[h * n + k], 0.0f);
+    float imax = -INFINITY;
+    for (int k = 0; k < n; ++k) imax = std::max(imax, s.logits[k]);
+    double isum = 0.0;
+    for (int k = 0; k < n; ++k) isum += std::exp(static_cast<double>(s.logits[k]) - imax);
+    const double ilse = imax + std::log(isum);
+    for (int k = 0; k < n; ++k) {
+      s.logp[k] = s.logits[k] - ilse;
+      s.p[k] = std::exp(s.logp[k]);
+    }
+  }
 
   // Teacher: per-head attention mass on the candidates with the full CSA denominator
   // (sink + window + candidates), head-summed, L1-normalised.
@@ -219,7 +137,7 @@ double row_loss(const QueryRows& queries, const LossArgs& a, int t, LossScratch&
   // dLoss/dI_j = scale * (p_j - T_j), then through the ReLU-weighted head sum.
   s.g.resize(static_cast<std::size_t>(n));
   for (int k = 0; k < n; ++k)
-    s.g[k] = scale * static_cast<float>(std::exp(s.logp[k]) - s.target[k]);
+    s.g[k] = scale * static_cast<float>(s.p[k] - s.target[k]);
   s.ddots.resize(static_cast<std::size_t>(HI) * n);
   float* dwr = dw + static_cast<long>(t) * HI;
   for (int h = 0; h < HI; ++h) {

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (device tool), from the repository root:
+#   builds csattn with the CUDA backend, runs the whole test suite (GPU tests included) and
+#   the GPU benchmarks, and writes logs and a JSON report under $OUT.
+# Here, first: scripts/prepare-device-deps.sh, then call the device tool with
+#   carry: [".device"], command: "bash scripts/gpu-check.sh"
+# Options (environment): GPU_CHECK_TESTS=0 skips the tests, GPU_CHECK_BENCH=0 the benchmarks,
+# GPU_CHECK_TORCH=0 the PyTorch eager comparison.
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+TP=${CSATTN_THIRD_PARTY_DIR:-$PWD/.device/third_party}
+export PATH=/usr/local/cuda/bin:$PATH
+start=$(date +%s)
+# At most 8 files come back: summary.txt collects the short outputs.
+SUMMARY="$OUT/summary.txt"
+{ nvidia-smi; nvcc --version; cmake --version; g++ --version; } > "$SUMMARY" 2>&1
+
+echo "== configure + build"
+if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCSATTN_THIRD_PARTY_DIR="$TP" > "$OUT/build.log" 2>&1 ||
+   ! cmake --build build-gpu -j "$(nproc)" >> "$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"
+  echo "gpu-check: build failed (log: build.log)"
+  exit 1
+fi
+grep -E "ptxas (info|warning)|bytes stack frame" "$OUT/build.log" | sed 's/^ *//' | sort -u | tail -40
+echo "build: $(( $(date +%s) - start )) s"
+
+tests_rc=skipped
+if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
+  echo "== tests"
+  ctest --test-dir build-gpu -j 8 --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
+  tests_rc=$?
+  grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest.log" | grep -v "^ *[0-9]*/[0-9]* Test .* Passed" | tail -30
+fi
+
+echo "== csattn run on the GPU (main job: forward + backward, oracle check on sampled rows)"
+{ echo "== csattn run --device cuda"
+  build-gpu/csattn run --device cuda -q
+  echo "== csattn run --device cuda --preset flash --seqlens 1000,3000 --check-rows 4"
+  build-gpu/csattn run --device cuda --preset flash --seqlens 1000,3000 --check-rows 4 -q
+} >> "$SUMMARY" 2>&1
+tail -14 "$SUMMARY"
+
+bench_rc=skipped
+if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
+  echo "== benchmarks"
+  build-gpu/csattn_cuda_bench "$OUT/cuda_bench.json" 2> "$OUT/bench.err" | tee -a "$SUMMARY"
+  bench_rc=${PIPESTATUS[0]}
+  [ "$bench_rc" = 0 ] || tail -5 "$OUT/bench.err"
+  [ -f "$OUT/cuda_bench.json" ] && python3 bench/plot_svg.py "$OUT/cuda_bench.json" "$OUT/cuda_bench.svg"
+  if [ -f bench/torch_layer.py ] && [ "${GPU_CHECK_TORCH:-1}" != 0 ]; then
+    echo "== PyTorch eager layer (same GPU, same run)"
+    PYTHONUNBUFFERED=1 python3 bench/torch_layer.py time --json-out "$OUT/torch_eager.json" \
+      2>> "$OUT/bench.err" | tee -a "$SUMMARY"
+  fi
+fi
+
+cat > "$OUT/report.json" <<JSON
+{"date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "tests_rc": "$tests_rc", "bench_rc": "$bench_rc",
+ "seconds": $(( $(date +%s) - start ))}
+JSON
+echo "gpu-check: tests $tests_rc, bench $bench_rc, $(( $(date +%s) - start )) s"

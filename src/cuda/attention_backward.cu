@@ -1,0 +1,151 @@
+// Sparse attention backward, baseline (CUDA cores). One block per query row: for each tile
+// of 32 keys, loop over the heads, recompute P from the saved LSE, and accumulate
+//   dz = P (dO.v - D_row),   dq_h += tau dz K,   dK_k += sum_h (P dO_h + tau dz q_h)
+// (K = V, so the key and value terms land on the same row). The head sum of dK happens in
+// registers, so each (row, key, dim) costs one atomic add into the fp32 key gradients.
+// d_sink = -P_sink * D_row per (row, head), summed later in a fixed order.
+#include <cmath>
+
+#include "cuda/attention_keys.cuh"
+#include "cuda/backward_kernels.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device_util.cuh"
+
+namespace csattn::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 32;
+constexpr int kMaxDimPerThread = 4;  // head_dim <= 1024
+
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_kernel(LayerDims d, DeviceMetadata meta, const bf16* q, const bf16* kv,
+                              const bf16* comp, const float* sink, const std::int32_t* topk,
+                              const bf16* out, const float* lse, const bf16* dout, float* dq_acc,
+                              float* dkv_acc, float* dcomp_acc, float* dsink_part) {
+  extern __shared__ float sm[];
+  const int D = d.head_dim, H = d.heads;
+  const int max_keys = max_keys_per_query(d);
+  float* ktile = sm;                      // [kTile, D]
+  float* qh = ktile + kTile * D;          // [D]
+  float* gh = qh + D;                     // [D] dO of the head
+  float* drow = gh + D;                   // [H]
+  float* p = drow + H;                    // [kTile]
+  float* dz = p + kTile;                  // [kTile]
+  int* ids = reinterpret_cast<int*>(dz + kTile);  // [max_keys]
+  __shared__ int count;
+  const int t = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n = build_key_list(d, meta, topk, t, ids, &count);
+  (void)max_keys;
+
+  // D_row = dO . o per head, and the sink gradient.
+  for (int h = warp; h < H; h += kWarps) {
+    const long base = (static_cast<long>(t) * H + h) * D;
+    float acc = 0.0f;
+    for (int i = lane; i < D; i += 32)
+      acc += __bfloat162float(dout[base + i]) * __bfloat162float(out[base + i]);
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      drow[h] = acc;
+      const float l = lse[static_cast<long>(t) * H + h];
+      dsink_part[static_cast<long>(t) * H + h] = -expf(sink[h] - l) * acc;
+    }
+  }
+  for (int i = threadIdx.x; i < H * D; i += kThreads) dq_acc[static_cast<long>(t) * H * D + i] = 0.0f;
+  __syncthreads();
+
+  for (int tile0 = 0; tile0 < n; tile0 += kTile) {
+    const int nk = min(kTile, n - tile0);
+    for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
+      const int k = i / D, c = i % D;
+      ktile[i] = k < nk ? __bfloat162float(key_row_ptr(ids[tile0 + k], kv, comp, D)[c]) : 0.0f;
+    }
+    float acc[kTile][kMaxDimPerThread];
+#pragma unroll
+    for (int k = 0; k < kTile; ++k)
+#pragma unroll
+      for (int r = 0; r < kMaxDimPerThread; ++r) acc[k][r] = 0.0f;
+
+    for (int h = 0; h < H; ++h) {
+      __syncthreads();  // ktile ready / previous head's qh, gh, p, dz consumed
+      const long base = (static_cast<long>(t) * H + h) * D;
+      for (int i = threadIdx.x; i < D; i += kThreads) {
+        qh[i] = __bfloat162float(q[base + i]);
+        gh[i] = __bfloat162float(dout[base + i]);
+      }
+      __syncthreads();
+      const float l = lse[static_cast<long>(t) * H + h];
+      for (int k = warp; k < kTile; k += kWarps) {
+        float s = 0.0f, dp = 0.0f;
+        for (int i = lane; i < D; i += 32) {
+          s += qh[i] * ktile[k * D + i];
+          dp += gh[i] * ktile[k * D + i];
+        }
+        s = warp_sum(s);
+        dp = warp_sum(dp);
+        if (lane == 0) {
+          const float pk = k < nk ? expf(s * d.scale - l) : 0.0f;
+          p[k] = pk;
+          dz[k] = pk * (dp - drow[h]);
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < kMaxDimPerThread; ++r) {
+        const int i = threadIdx.x + r * kThreads;
+        if (i >= D) continue;
+        const float gi = gh[i], qi = qh[i] * d.scale;
+        float dqi = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kTile; ++k) {
+          acc[k][r] += p[k] * gi + dz[k] * qi;
+          dqi += dz[k] * ktile[k * D + i];
+        }
+        dq_acc[base + i] += d.scale * dqi;
+      }
+    }
+    // One atomic per (key, dim): the head sum is done.
+#pragma unroll
+    for (int r = 0; r < kMaxDimPerThread; ++r) {
+      const int i = threadIdx.x + r * kThreads;
+      if (i >= D) continue;
+#pragma unroll
+      for (int k = 0; k < kTile; ++k) {  // constant indices keep acc in registers
+        if (k >= nk) break;
+        const int id = ids[tile0 + k];
+        float* dst = id >= 0 ? dkv_acc + static_cast<long>(id) * D : dcomp_acc + static_cast<long>(-id - 1) * D;
+        atomicAdd(dst + i, acc[k][r]);
+      }
+    }
+    __syncthreads();  // ktile is rewritten next
+  }
+}
+
+}  // namespace
+
+void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
+                               const bf16* kv, const bf16* comp, const float* sink,
+                               const std::int32_t* topk, const bf16* out, const float* lse,
+                               const bf16* dout, float* dq_acc, float* dkv_acc,
+                               float* dcomp_acc, float* dsink_part, cudaStream_t stream) {
+  if (d.rows <= 0) return;
+  require(d.head_dim <= kThreads * kMaxDimPerThread, ErrorKind::Unsupported,
+          "the CUDA attention backward supports head_dim up to 1024");
+  const int max_keys = max_keys_per_query(d);
+  const std::size_t smem = sizeof(float) * (static_cast<std::size_t>(kTile) * d.head_dim +
+                                            2 * d.head_dim + d.heads + 2 * kTile) +
+                           sizeof(int) * max_keys;
+  require(smem <= 220 * 1024, ErrorKind::Unsupported,
+          "the CUDA attention backward needs " + std::to_string(smem) + " bytes of shared memory");
+  CSATTN_CUDA_CHECK(cudaFuncSetAttribute(attention_backward_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+  attention_backward_kernel<<<d.rows, kThreads, smem, stream>>>(
+      d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part);
+  CSATTN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace csattn::cuda

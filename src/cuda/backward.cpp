@@ -1,0 +1,166 @@
+#include "cuda/backward.hpp"
+
+#include "cuda/backward_kernels.hpp"
+#include "cuda/check.hpp"
+#include "cuda/gemm.hpp"
+#include "cuda/kernels.hpp"
+
+namespace csattn::cuda {
+
+namespace {
+
+// RoPE^T (sign -1) or the transpose of the inverse RoPE (sign +1) on token rows, in place.
+void rope_rows(const ForwardParams& f, bf16* v, int rows, int n, int per_token, int sign,
+               cudaStream_t stream) {
+  NormRopeArgs a;
+  a.in = v;
+  a.out = v;
+  a.rows = rows;
+  a.n = n;
+  a.rope_dim = f.dims.rope_dim;
+  a.rope_sign = sign;
+  a.omega = f.w.omega;
+  a.rows_per_token = per_token;
+  a.row_position = f.meta.row_position;
+  launch_norm_rope(a, stream);
+}
+
+// Hadamard (optional) then RoPE^T at position j*m on compressed rows, in place.
+void compressed_rows_grad(const ForwardParams& f, bf16* v, int n, bool hadamard,
+                          cudaStream_t stream) {
+  NormRopeArgs a;
+  a.in = v;
+  a.out = v;
+  a.rows = f.dims.comp_capacity;
+  a.n = n;
+  a.omega = f.w.omega;
+  a.compressed = true;
+  a.comp_start = f.meta.comp_start;
+  a.segments = f.dims.segments;
+  a.ratio = f.dims.ratio;
+  if (hadamard) {  // the forward applied RoPE then Hadamard: undo in reverse order
+    a.hadamard = true;
+    launch_norm_rope(a, stream);
+    a.hadamard = false;
+  }
+  a.rope_dim = f.dims.rope_dim;
+  a.rope_sign = -1;
+  launch_norm_rope(a, stream);
+}
+
+IndexerLossArgs loss_args(const ForwardParams& f, const BackwardParams& b) {
+  IndexerLossArgs l;
+  l.qi = f.act.qi;
+  l.w_eff = f.act.w_eff;
+  l.keys = f.act.i_keys;
+  l.q = f.act.q;
+  l.kv = f.act.kv;
+  l.comp = f.act.comp;
+  l.sink = f.w.sink;
+  l.topk = f.act.topk;
+  l.sparse = b.sparse_loss;
+  l.scale = b.loss_scale;
+  return l;
+}
+
+}  // namespace
+
+void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream) {
+  launch_indexer_loss(f.dims, f.meta, loss_args(f, b), b.buf.loss_rows, b.buf.loss, false, 0.0f,
+                      nullptr, nullptr, nullptr, stream);
+}
+
+void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
+                  cudaStream_t stream) {
+  const LayerDims& d = f.dims;
+  const DeviceWeights& w = f.w;
+  const DeviceActivations& a = f.act;
+  const BackwardBuffers& b = p.buf;
+  const DeviceGradients& g = p.grad;
+  const int T = d.rows, H = d.heads, D = d.head_dim, HD = H * D, dm = d.d_model;
+  const int gro = d.o_groups * d.o_lora_rank, gd = HD / d.o_groups;
+  const int Nc = d.comp_capacity;
+  CSATTN_CUBLAS_CHECK(cublasSetStream(blas, stream));
+
+  // Output projections, then the transpose of the inverse RoPE (a forward rotation).
+  linear_grad_input(blas, b.dy, T, dm, w.wo_b, gro, b.du);
+  linear_grad_weight(blas, b.dy, T, dm, a.u, gro, g.wo_b);
+  grouped_linear_grad_input(blas, b.du, T, d.o_groups, gd, w.wo_a, d.o_lora_rank, b.dattn);
+  grouped_linear_grad_weight(blas, b.du, T, d.o_groups, gd, a.attn_rot, d.o_lora_rank, g.wo_a);
+  rope_rows(f, b.dattn, T * H, D, H, +1, stream);
+
+  // Core attention.
+  CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkv_acc, 0, sizeof(float) * static_cast<std::size_t>(T) * D, stream));
+  if (Nc > 0)
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dcomp_acc, 0, sizeof(float) * static_cast<std::size_t>(Nc) * D, stream));
+  launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, b.dattn,
+                            b.dq_acc, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
+  launch_column_sum(b.dsink_part, T, H, g.sink, stream);
+
+  // Query path back to x.
+  launch_f32_to_bf16(b.dq_acc, b.dq, static_cast<long>(T) * HD, stream);
+  rope_rows(f, b.dq, T * H, D, H, -1, stream);
+  launch_rmsnorm_backward(a.qb_proj, nullptr, b.dq, T * H, D, d.eps, b.dqb, nullptr, b.rstd,
+                          nullptr, 0, stream);
+  linear_grad_input(blas, b.dqb, T, HD, w.wq_b, d.q_lora_rank, b.dcq);
+  linear_grad_weight(blas, b.dqb, T, HD, a.cq, d.q_lora_rank, g.wq_b);
+  launch_rmsnorm_backward(a.q_proj, w.q_norm, b.dcq, T, d.q_lora_rank, d.eps, b.dnormed, g.q_norm,
+                          b.rstd, nullptr, 0, stream);
+  linear_grad_input_f32(blas, b.dnormed, T, d.q_lora_rank, w.wq_a, dm, b.dx, false);
+  linear_grad_weight(blas, b.dnormed, T, d.q_lora_rank, a.x, dm, g.wq_a);
+
+  // K=V path back to x.
+  launch_f32_to_bf16(b.dkv_acc, b.dkv, static_cast<long>(T) * D, stream);
+  rope_rows(f, b.dkv, T, D, 1, -1, stream);
+  launch_rmsnorm_backward(a.kv_proj, w.kv_norm, b.dkv, T, D, d.eps, b.dnormed, g.kv_norm, b.rstd,
+                          nullptr, 0, stream);
+  linear_grad_input_f32(blas, b.dnormed, T, D, w.wkv, dm, b.dx, true);
+  linear_grad_weight(blas, b.dnormed, T, D, a.x, dm, g.wkv);
+
+  // The main compressor (not detached): back to x.
+  if (d.ratio > 1) {
+    const int width = d.coff * D;
+    launch_f32_to_bf16(b.dcomp_acc, b.dcomp, static_cast<long>(Nc) * D, stream);
+    compressed_rows_grad(f, b.dcomp, D, false, stream);
+    launch_rmsnorm_backward(a.c_pooled, w.c_norm, b.dcomp, Nc, D, d.eps, b.dpooled, g.c_norm,
+                            b.rstd, f.meta.comp_start, d.segments, stream);
+    launch_compressor_pool_backward(d, f.meta, D, a.c_a, a.c_g, w.c_ape, b.dpooled, b.da, b.dg,
+                                    g.c_ape, stream);
+    linear_grad_weight(blas, b.da, T, width, a.x, dm, g.c_wkv);
+    linear_grad_weight(blas, b.dg, T, width, a.x, dm, g.c_wgate);
+    linear_grad_input_f32(blas, b.da, T, width, w.c_wkv, dm, b.dx, true);
+    linear_grad_input_f32(blas, b.dg, T, width, w.c_wgate, dm, b.dx, true);
+  }
+
+  // The indexer: trained only by its loss, inputs detached (no dx).
+  const float grad_scale = p.grad_loss * p.loss_scale;
+  if (d.ratio == 4 && grad_scale != 0.0f) {
+    const int HI = d.index_heads, DI = d.index_dim;
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkeys_acc, 0, sizeof(float) * static_cast<std::size_t>(Nc) * DI, stream));
+    launch_indexer_loss(d, f.meta, loss_args(f, p), b.loss_rows, b.loss, true, grad_scale, b.dqi,
+                        b.dweff, b.dkeys_acc, stream);
+    // qI: Hadamard then RoPE^T per head, then the weight gradient of wq_b.
+    NormRopeArgs had;
+    had.in = b.dqi;
+    had.out = b.dqi;
+    had.rows = T * HI;
+    had.n = DI;
+    had.hadamard = true;
+    launch_norm_rope(had, stream);
+    rope_rows(f, b.dqi, T * HI, DI, HI, -1, stream);
+    linear_grad_weight(blas, b.dqi, T, HI * DI, a.cq, d.q_lora_rank, g.i_wq_b);
+    launch_indexer_weights_backward(d, b.dweff, b.dwraw, stream);
+    linear_grad_weight(blas, b.dwraw, T, HI, a.x, dm, g.i_wproj);
+    // Keys: the indexer compressor.
+    launch_f32_to_bf16(b.dkeys_acc, b.dcomp, static_cast<long>(Nc) * DI, stream);
+    compressed_rows_grad(f, b.dcomp, DI, true, stream);
+    launch_rmsnorm_backward(a.i_pooled, w.ic_norm, b.dcomp, Nc, DI, d.eps, b.dpooled, g.ic_norm,
+                            b.rstd, f.meta.comp_start, d.segments, stream);
+    launch_compressor_pool_backward(d, f.meta, DI, a.i_a, a.i_g, w.ic_ape, b.dpooled, b.da, b.dg,
+                                    g.ic_ape, stream);
+    linear_grad_weight(blas, b.da, T, 2 * DI, a.x, dm, g.ic_wkv);
+    linear_grad_weight(blas, b.dg, T, 2 * DI, a.x, dm, g.ic_wgate);
+  }
+}
+
+}  // namespace csattn::cuda

@@ -1,0 +1,26 @@
+// The backward of one layer on the GPU: a fixed sequence of launches on one stream, reading
+// the forward's activations (ForwardParams) and writing gradients (no allocation, no sync).
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "cuda/backward_params.hpp"
+#include "cuda/params.hpp"
+
+namespace csattn::cuda {
+
+struct BackwardParams {
+  BackwardBuffers buf;
+  DeviceGradients grad;  // zeroed by the caller
+  float grad_loss = 1.0f;   // upstream gradient of the indexer loss
+  float loss_scale = 0.0f;  // lambda / N_real_rows, or lambda per token
+  bool sparse_loss = true;
+};
+
+void run_backward(const ForwardParams& f, const BackwardParams& b, cublasHandle_t blas,
+                  cudaStream_t stream);
+
+// The indexer loss value (forward): into b.loss_rows and b.loss[0].
+void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream);
+
+}  // namespace csattn::cuda

@@ -1,0 +1,59 @@
+// Launchers of the backward kernels and of the indexer loss (one .cu per operator).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "cuda/backward_params.hpp"
+#include "cuda/params.hpp"
+
+namespace csattn::cuda {
+
+// RMSNorm backward over rows of width n: dx (bf16) from x (bf16, the norm's input), the
+// weight (null: weightless) and dy (bf16); with dweight, also dweight += sum over rows of
+// dy * x * rstd (a fixed-order column sum). rstd is [rows] scratch. Rows past
+// comp_start[segments] are skipped when comp_start is set (compressed rows).
+void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, int rows, int n,
+                             float eps, bf16* dx, float* dweight, float* rstd,
+                             const std::int32_t* comp_start, int segments, cudaStream_t stream);
+
+// Sparse attention backward (baseline): dq_acc (overwritten), dkv_acc / dcomp_acc (atomic
+// accumulation), dsink_part[t, h] = -P_sink * D_row.
+void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
+                               const bf16* kv, const bf16* comp, const float* sink,
+                               const std::int32_t* topk, const bf16* out, const float* lse,
+                               const bf16* dout, float* dq_acc, float* dkv_acc,
+                               float* dcomp_acc, float* dsink_part, cudaStream_t stream);
+
+// dst[i] (+)= sum over rows of part[row, i] in row order (deterministic).
+void launch_column_sum(const float* part, int rows, int cols, float* dst, cudaStream_t stream);
+void launch_f32_to_bf16(const float* src, bf16* dst, long n, cudaStream_t stream);
+
+// Compressor pooling backward: da, dg (zeroed first) from dpooled; dape += per-slot sums.
+void launch_compressor_pool_backward(const LayerDims& d, const DeviceMetadata& meta, int width_d,
+                                     const bf16* a, const bf16* g, const float* ape,
+                                     const bf16* dpooled, bf16* da, bf16* dg, float* dape,
+                                     cudaStream_t stream);
+
+// The indexer KL loss: per-row KL into loss_rows and its fixed-order sum times `scale` into
+// loss[0]; with grads, also dqi (bf16, per row), dweff and dkeys_acc (atomic) of
+// grad_scale * loss.
+struct IndexerLossArgs {
+  const bf16* qi = nullptr;      // [T, H_I*D_I]
+  const float* w_eff = nullptr;  // [T, H_I]
+  const bf16* keys = nullptr;    // [Nc, D_I]
+  const bf16* q = nullptr;       // [T, H*D]
+  const bf16* kv = nullptr;      // [T, D]
+  const bf16* comp = nullptr;    // [Nc, D]
+  const float* sink = nullptr;   // [H]
+  const std::int32_t* topk = nullptr;
+  bool sparse = true;
+  float scale = 0.0f;            // lambda / N_real_rows (or lambda per token)
+};
+void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
+                         float* loss_rows, float* loss, bool grads, float grad_scale, bf16* dqi,
+                         float* dweff, float* dkeys_acc, cudaStream_t stream);
+
+// dw_raw = bf16(dweff * H_I^-1/2 * D_I^-1/2).
+void launch_indexer_weights_backward(const LayerDims& d, const float* dweff, bf16* dwraw,
+                                     cudaStream_t stream);
+
+}  // namespace csattn::cuda

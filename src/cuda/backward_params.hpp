@@ -1,0 +1,42 @@
+// Buffers of the GPU backward: weight gradients (fp32, one per parameter) and activation
+// gradients (bf16 between operators, fp32 where several contributions are summed).
+#pragma once
+#include "cuda/params.hpp"
+
+namespace csattn::cuda {
+
+struct DeviceGradients {
+  float *wq_a = nullptr, *q_norm = nullptr, *wq_b = nullptr, *wkv = nullptr,
+        *kv_norm = nullptr, *wo_a = nullptr, *wo_b = nullptr, *sink = nullptr;
+  float *c_wkv = nullptr, *c_wgate = nullptr, *c_norm = nullptr, *c_ape = nullptr;
+  float *i_wq_b = nullptr, *i_wproj = nullptr, *ic_wkv = nullptr, *ic_wgate = nullptr,
+        *ic_norm = nullptr, *ic_ape = nullptr;
+};
+
+struct BackwardBuffers {
+  bf16* dy = nullptr;          // [T, d_model] upstream gradient
+  bf16* du = nullptr;          // [T, G*r_o]
+  bf16* dattn = nullptr;       // [T, H*D]
+  float* dq_acc = nullptr;     // [T, H*D]
+  bf16* dq = nullptr;          // [T, H*D]
+  float* dkv_acc = nullptr;    // [T, D]
+  float* dcomp_acc = nullptr;  // [Nc, D]
+  float* dsink_part = nullptr; // [T, H]
+  bf16* dkv = nullptr;         // [T, D]
+  bf16* dnormed = nullptr;     // [T, max(D, r_q)] scratch: gradient after a norm's backward
+  bf16* dqb = nullptr;         // [T, H*D]
+  bf16* dcq = nullptr;         // [T, r_q]
+  float* rstd = nullptr;       // [T*max(H, H_I)] scratch of the norm backward
+  float* dx = nullptr;         // [T, d_model]
+  bf16* dcomp = nullptr;       // [Nc, max(D, D_I)]
+  bf16* dpooled = nullptr;     // [Nc, max(D, D_I)]
+  bf16 *da = nullptr, *dg = nullptr;  // [T, max(coff*D, 2*D_I)]
+  bf16* dqi = nullptr;         // [T, H_I*D_I]
+  float* dweff = nullptr;      // [T, H_I]
+  bf16* dwraw = nullptr;       // [T, H_I]
+  float* dkeys_acc = nullptr;  // [Nc, D_I]
+  float* loss_rows = nullptr;  // [T] per-row KL
+  float* loss = nullptr;       // [1] reduced loss
+};
+
+}  // namespace csattn::cuda

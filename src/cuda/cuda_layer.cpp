@@ -1,0 +1,327 @@
+#include "cuda/cuda_layer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "core/geometry.hpp"
+#include "core/rope_table.hpp"
+#include "cuda/check.hpp"
+#include "cuda/backward.hpp"
+#include "cuda/forward.hpp"
+#include "cuda/workspace.hpp"
+
+namespace csattn::cuda {
+
+bool device_available(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess || n == 0) {
+    if (why)
+      *why = err != cudaSuccess ? std::string("no usable CUDA device (") + cudaGetErrorString(err) + ")"
+                                : std::string("no CUDA device");
+    cudaGetLastError();  // clear the sticky error of a failed query
+    return false;
+  }
+  return true;
+}
+
+struct CudaLayerImpl {
+  AttentionConfig cfg;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* weights_mem = nullptr;
+  DeviceWeights w;
+  void* workspace = nullptr;
+  std::size_t workspace_capacity = 0;
+  bool poison = false;
+  ForwardParams last;  // the last run's parameters (for profile and backward)
+  bool has_last = false;
+  std::uint64_t generation = 0;
+  float loss_scale = 0.0f;  // lambda / N_real of the last forward
+  void* grad_workspace = nullptr;  // backward buffers + weight gradients (grow-only)
+  std::size_t grad_capacity = 0;
+  BackwardPlan grad_plan;
+  BackwardParams last_backward;
+  bool has_backward = false;
+
+  ~CudaLayerImpl() {
+    if (grad_workspace) cudaFree(grad_workspace);
+    if (workspace) cudaFree(workspace);
+    if (weights_mem) cudaFree(weights_mem);
+    if (blas) cublasDestroy(blas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+namespace {
+
+std::vector<std::uint16_t> to_bf16_bits(const float* v, std::size_t n) {
+  std::vector<std::uint16_t> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(v[i]);
+  return out;
+}
+
+}  // namespace
+
+CudaLayer::CudaLayer(const AttentionConfig& cfg, const LayerWeights& weights)
+    : impl_(std::make_unique<CudaLayerImpl>()) {
+  std::string why;
+  require(device_available(&why), ErrorKind::Unsupported, "device cuda: " + why);
+  CudaLayerImpl& s = *impl_;
+  s.cfg = cfg;
+  CSATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  CSATTN_CUBLAS_CHECK(cublasCreate(&s.blas));
+
+  // One allocation for every parameter (bf16, or fp32 for ape / sink) plus the RoPE table.
+  const std::vector<ParamInfo>& params = weights.params();
+  std::vector<std::size_t> offsets;
+  std::size_t total = 0;
+  for (const ParamInfo& p : params) {
+    offsets.push_back(total);
+    const std::size_t bytes = static_cast<std::size_t>(shape_numel(p.shape)) *
+                              (p.file_dtype == DType::f32 ? 4 : 2);
+    total += (bytes + 255) / 256 * 256;
+  }
+  const std::vector<float> omega = rope_frequencies(cfg);
+  const std::size_t omega_off = total;
+  total += (omega.size() * sizeof(float) + 255) / 256 * 256;
+  CSATTN_CUDA_CHECK(cudaMalloc(&s.weights_mem, total));
+  auto* base = static_cast<unsigned char*>(s.weights_mem);
+  std::map<std::string, const void*> ptr;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    const Tensor& t = weights.get(p.name);
+    if (p.file_dtype == DType::f32) {
+      CSATTN_CUDA_CHECK(cudaMemcpy(base + offsets[i], t.data(), t.nbytes(), cudaMemcpyHostToDevice));
+    } else {
+      const auto bits = to_bf16_bits(t.ptr<float>(), static_cast<std::size_t>(t.numel()));
+      CSATTN_CUDA_CHECK(cudaMemcpy(base + offsets[i], bits.data(), bits.size() * 2,
+                                   cudaMemcpyHostToDevice));
+    }
+    ptr[p.name] = base + offsets[i];
+  }
+  CSATTN_CUDA_CHECK(cudaMemcpy(base + omega_off, omega.data(), omega.size() * sizeof(float),
+                               cudaMemcpyHostToDevice));
+  auto b = [&](const char* name) { return static_cast<const bf16*>(ptr.at(name)); };
+  auto f = [&](const char* name) { return static_cast<const float*>(ptr.at(name)); };
+  DeviceWeights& w = s.w;
+  w.wq_a = b("attn.wq_a.weight");
+  w.q_norm = b("attn.q_norm.weight");
+  w.wq_b = b("attn.wq_b.weight");
+  w.wkv = b("attn.wkv.weight");
+  w.kv_norm = b("attn.kv_norm.weight");
+  w.wo_a = b("attn.wo_a.weight");
+  w.wo_b = b("attn.wo_b.weight");
+  w.sink = f("attn.attn_sink");
+  if (cfg.has_compressor()) {
+    w.c_wkv = b("attn.compressor.wkv.weight");
+    w.c_wgate = b("attn.compressor.wgate.weight");
+    w.c_norm = b("attn.compressor.norm.weight");
+    w.c_ape = f("attn.compressor.ape");
+  }
+  if (cfg.has_indexer()) {
+    w.i_wq_b = b("attn.indexer.wq_b.weight");
+    w.i_wproj = b("attn.indexer.weights_proj.weight");
+    w.ic_wkv = b("attn.indexer.compressor.wkv.weight");
+    w.ic_wgate = b("attn.indexer.compressor.wgate.weight");
+    w.ic_norm = b("attn.indexer.compressor.norm.weight");
+    w.ic_ape = f("attn.indexer.compressor.ape");
+  }
+  w.omega = reinterpret_cast<const float*>(base + omega_off);
+}
+
+CudaLayer::~CudaLayer() = default;
+
+void CudaLayer::set_poison(bool on) { impl_->poison = on; }
+
+LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
+                                const Tensor& forced_topk) {
+  CudaLayerImpl& s = *impl_;
+  const AttentionConfig& c = s.cfg;
+  const int T = static_cast<int>(x.dim(0));
+  const WorkspacePlan plan = plan_forward(c, T, layout.num_segments(), layout.max_seg_len());
+  if (plan.bytes > s.workspace_capacity) {  // grow outside the run
+    if (s.workspace) CSATTN_CUDA_CHECK(cudaFree(s.workspace));
+    s.workspace = nullptr;
+    CSATTN_CUDA_CHECK(cudaMalloc(&s.workspace, plan.bytes));
+    s.workspace_capacity = plan.bytes;
+  }
+  auto* base = static_cast<unsigned char*>(s.workspace);
+  if (s.poison) {  // NaN in every float buffer; top-k ids poisoned with a huge positive id
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(s.workspace, 0xFF, plan.bytes, s.stream));
+    if (c.has_indexer())
+      CSATTN_CUDA_CHECK(cudaMemsetAsync(base + plan.topk, 0x7F,
+                                        static_cast<std::size_t>(T) * c.index_topk * 4, s.stream));
+  }
+
+  ForwardParams p;
+  p.dims = plan.dims;
+  p.w = s.w;
+  p.meta = plan.metadata(s.workspace);
+  p.act = plan.activations(s.workspace);
+  const std::vector<std::int32_t>& cu = layout.cu_seqlens();
+  const std::vector<std::int32_t>& cup = layout.cu_seqlens_padded();
+  const std::vector<std::uint16_t> xb = to_bf16_bits(x.to_f32().data(), static_cast<std::size_t>(x.numel()));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(base + plan.cu_real, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice, s.stream));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(base + plan.cu_padded, cup.data(), cup.size() * 4, cudaMemcpyHostToDevice, s.stream));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(p.act.x, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice, s.stream));
+  if (c.has_indexer() && !forced_topk.empty()) {
+    // Valid ids first in ascending order, then -1: the layout every consumer expects.
+    std::vector<std::int32_t> sel(forced_topk.ptr<std::int32_t>(),
+                                  forced_topk.ptr<std::int32_t>() + forced_topk.numel());
+    const int K = c.index_topk;
+    for (int t = 0; t < T; ++t) {
+      auto row = sel.begin() + static_cast<long>(t) * K;
+      std::sort(row, row + K, [](int a, int b) { return (a < 0) != (b < 0) ? a >= 0 : a < b; });
+    }
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(p.act.topk, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice, s.stream));
+    p.forced_topk = true;
+  }
+  run_forward(p, s.blas, s.stream);
+  s.last = p;
+  s.has_last = true;
+  ++s.generation;
+  const std::int64_t real_rows = layout.real_rows();
+  s.loss_scale = c.per_token_loss ? static_cast<float>(c.loss_coeff)
+                 : real_rows > 0   ? static_cast<float>(c.loss_coeff / static_cast<double>(real_rows))
+                                   : 0.0f;
+  // The backward's allocation also holds the per-row loss, so size it now (outside the run).
+  s.grad_plan = plan_backward(c, p.dims);
+  if (s.grad_plan.bytes > s.grad_capacity) {
+    if (s.grad_workspace) CSATTN_CUDA_CHECK(cudaFree(s.grad_workspace));
+    s.grad_workspace = nullptr;
+    CSATTN_CUDA_CHECK(cudaMalloc(&s.grad_workspace, s.grad_plan.bytes));
+    s.grad_capacity = s.grad_plan.bytes;
+  }
+  const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
+  BackwardParams bp;
+  bp.buf = s.grad_plan.buffers(s.grad_workspace);
+  bp.loss_scale = s.loss_scale;
+  bp.sparse_loss = c.sparse_loss;
+  if (with_loss) run_indexer_loss(p, bp, s.stream);
+  float loss_value = 0.0f;
+
+  LayerOutputs out;
+  std::vector<std::uint16_t> yb(static_cast<std::size_t>(T) * c.d_model);
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(yb.data(), p.act.y, yb.size() * 2, cudaMemcpyDeviceToHost, s.stream));
+  if (c.has_indexer()) {
+    out.topk_indices = Tensor(DType::i32, {T, c.index_topk});
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.topk_indices.data(), p.act.topk,
+                                      out.topk_indices.nbytes(), cudaMemcpyDeviceToHost, s.stream));
+  }
+  if (with_loss)
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(&loss_value, bp.buf.loss, sizeof(float), cudaMemcpyDeviceToHost, s.stream));
+  CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  out.output = Tensor(DType::f32, {T, c.d_model});
+  float* y = out.output.ptr<float>();
+  for (std::size_t i = 0; i < yb.size(); ++i) y[i] = bf16_bits_to_float(yb[i]);
+  out.indexer_loss = loss_value;
+  return out;
+}
+
+std::uint64_t CudaLayer::generation() const { return impl_->generation; }
+
+LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer_loss) {
+  CudaLayerImpl& s = *impl_;
+  require(s.has_last, ErrorKind::InvalidArgument, "backward needs a forward first");
+  const AttentionConfig& c = s.cfg;
+  const ForwardParams& f = s.last;
+  const int T = f.dims.rows;
+  auto* gbase = static_cast<unsigned char*>(s.grad_workspace);
+  BackwardParams bp;
+  bp.buf = s.grad_plan.buffers(s.grad_workspace);
+  bp.grad = s.grad_plan.gradients(s.grad_workspace);
+  bp.grad_loss = grad_indexer_loss;
+  bp.loss_scale = s.loss_scale;
+  bp.sparse_loss = c.sparse_loss;
+  const std::vector<std::uint16_t> dy =
+      to_bf16_bits(grad_output.to_f32().data(), static_cast<std::size_t>(grad_output.numel()));
+  if (s.poison)  // every activation-gradient buffer NaN: a value no kernel wrote shows up
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(gbase, 0xFF, s.grad_plan.grads_offset, s.stream));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(bp.buf.dy, dy.data(), dy.size() * 2, cudaMemcpyHostToDevice, s.stream));
+  CSATTN_CUDA_CHECK(cudaMemsetAsync(gbase + s.grad_plan.grads_offset, 0, s.grad_plan.grads_bytes, s.stream));
+  run_backward(f, bp, s.blas, s.stream);
+  s.last_backward = bp;
+  s.has_backward = true;
+
+  LayerGradients out;
+  out.grad_input = Tensor(DType::f32, {T, c.d_model});
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.grad_input.data(), bp.buf.dx, out.grad_input.nbytes(),
+                                    cudaMemcpyDeviceToHost, s.stream));
+  std::vector<float> grads(s.grad_plan.grads_bytes / sizeof(float));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(grads.data(), gbase + s.grad_plan.grads_offset,
+                                    s.grad_plan.grads_bytes, cudaMemcpyDeviceToHost, s.stream));
+  CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  // The gradients sit in layer_params order, each 256-byte aligned (plan_backward).
+  std::size_t at = 0;
+  for (const ParamInfo& p : layer_params(c)) {
+    Tensor t(DType::f32, p.shape);
+    std::memcpy(t.data(), grads.data() + at / sizeof(float), t.nbytes());
+    at += (t.nbytes() + 255) / 256 * 256;
+    out.grad[p.name] = std::move(t);
+  }
+  return out;
+}
+
+ForwardProfile CudaLayer::profile(int warmup, int iters) {
+  CudaLayerImpl& s = *impl_;
+  require(s.has_last, ErrorKind::InvalidArgument, "profile() needs a forward() first");
+  for (int i = 0; i < warmup; ++i) run_forward(s.last, s.blas, s.stream);
+  std::vector<double> totals;
+  std::vector<std::vector<double>> per_stage;
+  std::vector<std::string> names;
+  for (int i = 0; i < iters; ++i) {
+    StageTimer timer;
+    run_forward(s.last, s.blas, s.stream, &timer);
+    CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    if (names.empty()) {
+      for (const char* n : timer.names) names.emplace_back(n);
+      per_stage.resize(names.size());
+    }
+    for (std::size_t k = 0; k + 1 < timer.events.size(); ++k) {
+      float ms = 0.0f;
+      CSATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, timer.events[k], timer.events[k + 1]));
+      per_stage[k].push_back(ms);
+    }
+    float total = 0.0f;
+    CSATTN_CUDA_CHECK(cudaEventElapsedTime(&total, timer.events.front(), timer.events.back()));
+    totals.push_back(total);
+    for (cudaEvent_t e : timer.events) cudaEventDestroy(e);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  ForwardProfile prof;
+  prof.total_ms = median(totals);
+  for (std::size_t k = 0; k < names.size(); ++k) prof.stages.push_back({names[k], median(per_stage[k])});
+  prof.workspace_bytes = s.workspace_capacity;
+  return prof;
+}
+
+double CudaLayer::profile_backward(int warmup, int iters) {
+  CudaLayerImpl& s = *impl_;
+  require(s.has_backward, ErrorKind::InvalidArgument, "profile_backward() needs a backward() first");
+  for (int i = 0; i < warmup; ++i) run_backward(s.last, s.last_backward, s.blas, s.stream);
+  cudaEvent_t a, b;
+  CSATTN_CUDA_CHECK(cudaEventCreate(&a));
+  CSATTN_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> v;
+  for (int i = 0; i < iters; ++i) {
+    CSATTN_CUDA_CHECK(cudaEventRecord(a, s.stream));
+    run_backward(s.last, s.last_backward, s.blas, s.stream);
+    CSATTN_CUDA_CHECK(cudaEventRecord(b, s.stream));
+    CSATTN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0.0f;
+    CSATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    v.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace csattn::cuda

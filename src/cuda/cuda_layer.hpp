@@ -1,0 +1,60 @@
+// CudaLayer: the host side of the CUDA backend for one layer. It owns the device weights, a
+// stream, a cuBLAS handle and a grow-only workspace sized by plan_forward; forward() uploads
+// the batch, runs the launch sequence (no allocation, no sync inside) and downloads the
+// results. This header has no CUDA types so host-only code can hold a CudaLayer.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "csattn/layer.hpp"
+
+namespace csattn::cuda {
+
+// True when a CUDA device is usable; otherwise `why` says what is missing.
+bool device_available(std::string* why = nullptr);
+
+struct StageTime {
+  std::string name;
+  double ms = 0.0;
+};
+
+struct ForwardProfile {
+  double total_ms = 0.0;               // median over the timed runs
+  std::vector<StageTime> stages;       // median per stage
+  std::size_t workspace_bytes = 0;
+};
+
+struct CudaLayerImpl;
+
+class CudaLayer {
+ public:
+  CudaLayer(const AttentionConfig& cfg, const LayerWeights& weights);
+  ~CudaLayer();
+  CudaLayer(const CudaLayer&) = delete;
+  CudaLayer& operator=(const CudaLayer&) = delete;
+
+  // forced_topk: empty, or [T, K] i32 already validated by the caller. The activations of
+  // the last forward stay on the device for backward(); `generation` numbers forwards.
+  LayerOutputs forward(const Tensor& x, const SeqLayout& layout, const Tensor& forced_topk);
+  std::uint64_t generation() const;
+
+  // Gradients of the last forward: grad_output [T, d_model] for the output and
+  // grad_indexer_loss for the indexer loss. Weight gradients by release name, fp32.
+  LayerGradients backward(const Tensor& grad_output, float grad_indexer_loss);
+
+  // Tests: fill the workspace with 0xFF bytes (bf16/fp32 NaN) before every run, so a value
+  // no kernel wrote shows up as NaN.
+  void set_poison(bool on);
+  // Re-runs the last forward `iters` times (after `warmup`) and reports median timings.
+  ForwardProfile profile(int warmup, int iters);
+  // Re-runs the last backward (after backward()) and returns the median device time (ms).
+  double profile_backward(int warmup, int iters);
+
+ private:
+  std::unique_ptr<CudaLayerImpl> impl_;
+};
+
+}  // namespace csattn::cuda

@@ -1,0 +1,65 @@
+// Launchers of the forward kernels (one .cu per operator). Each launcher checks the launch
+// and returns without synchronising.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "cuda/params.hpp"
+
+namespace csattn::cuda {
+
+// row_segment / row_position / row_is_padding and comp_start from cu_seqlens (metadata.cu).
+void launch_metadata(const LayerDims& d, const DeviceMetadata& meta, cudaStream_t stream);
+
+// Row-wise RMSNorm (optional), RoPE on the last rope_dim dims (optional) and Hadamard
+// rotation (optional), with a bf16 rounding after each stage (norm_rope.cu).
+struct NormRopeArgs {
+  const bf16* in = nullptr;
+  bf16* out = nullptr;
+  int rows = 0;              // grid size (host-known maximum)
+  int n = 0;                 // row width
+  bool norm = false;
+  const bf16* weight = nullptr;  // null: weightless norm
+  float eps = 1e-6f;
+  int rope_dim = 0;          // 0: no RoPE
+  int rope_sign = 1;         // +1 forward rotation, -1 inverse
+  const float* omega = nullptr;
+  // Positions: token rows (row / rows_per_token indexes row_position), or compressed rows
+  // (position j*m of entry j of its segment; rows past comp_start[B] are skipped).
+  int rows_per_token = 1;
+  const std::int32_t* row_position = nullptr;
+  bool compressed = false;
+  const std::int32_t* comp_start = nullptr;
+  int segments = 0, ratio = 0;
+  bool hadamard = false;     // n must be a power of two
+};
+void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream);
+
+// Gated pooling of the compressor (compressor.cu): pooled[e, c] for every compressed row.
+void launch_compressor_pool(const LayerDims& d, const DeviceMetadata& meta, int width_d,
+                            const bf16* a, const bf16* g, const float* ape, bf16* pooled,
+                            cudaStream_t stream);
+
+// w_eff = bf16(bf16(w_raw * H_I^-1/2) * D_I^-1/2) (indexer_topk.cu).
+void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
+                            cudaStream_t stream);
+
+// Index scores over the visible entries of each row and the deterministic top-k (ties to
+// the smallest index), written in ascending index order then -1 (indexer_topk.cu).
+void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
+                         const float* w_eff, const bf16* keys, std::int32_t* topk,
+                         cudaStream_t stream);
+
+// Sparse attention with the sink over window + compressed keys (sparse_attention.cu).
+void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
+                             const bf16* kv, const bf16* comp, const float* sink,
+                             const std::int32_t* topk, bf16* out, float* lse,
+                             cudaStream_t stream);
+
+// The tensor-core version for head_dim 512 (sparse_attention_mma.cu); same contract.
+bool sparse_attention_mma_supported(const LayerDims& d);
+void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
+                                 const bf16* kv, const bf16* comp, const float* sink,
+                                 const std::int32_t* topk, bf16* out, float* lse,
+                                 cudaStream_t stream);
+
+}  // namespace csattn::cuda

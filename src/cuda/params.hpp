@@ -1,0 +1,79 @@
+// The one contract between the host side of the CUDA backend and its kernels: plain structs
+// of dimensions and device pointers. Host code validates everything before filling them;
+// kernels trust them. Lengths that vary per batch live in device metadata (read by kernels),
+// grid sizes come from the host-known maxima here, so a run never synchronises with the host.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace csattn::cuda {
+
+using bf16 = __nv_bfloat16;
+
+struct LayerDims {
+  int rows = 0;          // T
+  int segments = 0;      // B
+  int max_seg_len = 0;   // largest padded segment length (host-known maximum)
+  int d_model = 0, heads = 0, head_dim = 0, rope_dim = 0, q_lora_rank = 0;
+  int o_groups = 0, o_lora_rank = 0, window = 0;
+  int ratio = 0;         // m
+  int coff = 1;          // 2 for m = 4
+  int comp_capacity = 0; // compressed-row capacity: T / m (>= the real count)
+  int index_heads = 0, index_dim = 0, topk = 0;
+  float eps = 1e-6f;
+  float scale = 0.0f;    // D^-1/2
+};
+
+struct DeviceWeights {
+  const bf16 *wq_a = nullptr, *q_norm = nullptr, *wq_b = nullptr, *wkv = nullptr,
+             *kv_norm = nullptr, *wo_a = nullptr, *wo_b = nullptr;
+  const float* sink = nullptr;
+  const bf16 *c_wkv = nullptr, *c_wgate = nullptr, *c_norm = nullptr;
+  const float* c_ape = nullptr;
+  const bf16 *i_wq_b = nullptr, *i_wproj = nullptr, *ic_wkv = nullptr, *ic_wgate = nullptr,
+             *ic_norm = nullptr;
+  const float* ic_ape = nullptr;
+  const float* omega = nullptr;  // RoPE frequencies [rope_dim / 2]
+};
+
+// Per-batch metadata on the device, rebuilt from cu_seqlens on every run.
+struct DeviceMetadata {
+  const std::int32_t* cu_real = nullptr;    // [B+1]
+  const std::int32_t* cu_padded = nullptr;  // [B+1]
+  std::int32_t* row_segment = nullptr;      // [T]
+  std::int32_t* row_position = nullptr;     // [T]
+  std::uint8_t* row_is_padding = nullptr;   // [T]
+  std::int32_t* comp_start = nullptr;       // [B+1]
+};
+
+// Activations of the forward (bf16 unless noted); the backward (issue 6) reads them.
+struct DeviceActivations {
+  bf16* x = nullptr;                           // [T, d_model]
+  bf16 *q_proj = nullptr, *cq = nullptr;       // [T, r_q]
+  bf16 *qb_proj = nullptr, *q = nullptr;       // [T, H*D]
+  bf16 *kv_proj = nullptr, *kv = nullptr;      // [T, D]
+  bf16 *c_a = nullptr, *c_g = nullptr;         // [T, coff*D]
+  bf16 *c_pooled = nullptr, *comp = nullptr;   // [Nc_cap, D]
+  bf16 *qi_proj = nullptr, *qi = nullptr;      // [T, H_I*D_I]
+  bf16* w_raw = nullptr;                       // [T, H_I]
+  float* w_eff = nullptr;                      // [T, H_I] (bf16 values)
+  bf16 *i_a = nullptr, *i_g = nullptr;         // [T, 2*D_I]
+  bf16 *i_pooled = nullptr, *i_keys = nullptr; // [Nc_cap, D_I]
+  std::int32_t* topk = nullptr;                // [T, K]
+  bf16* attn = nullptr;                        // [T, H, D]
+  float* lse = nullptr;                        // [T, H]
+  bf16* attn_rot = nullptr;                    // [T, H*D]
+  bf16* u = nullptr;                           // [T, G*r_o]
+  bf16* y = nullptr;                           // [T, d_model]
+};
+
+struct ForwardParams {
+  LayerDims dims;
+  DeviceWeights w;
+  DeviceMetadata meta;
+  DeviceActivations act;
+  bool forced_topk = false;  // act.topk already holds the caller's selection
+};
+
+}  // namespace csattn::cuda

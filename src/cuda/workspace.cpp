@@ -1,0 +1,249 @@
+#include "cuda/workspace.hpp"
+
+#include <cmath>
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "csattn/weights.hpp"
+
+namespace csattn::cuda {
+
+LayerDims make_dims(const AttentionConfig& c, int rows, int segments, int max_seg_len) {
+  LayerDims d;
+  d.rows = rows;
+  d.segments = segments;
+  d.max_seg_len = max_seg_len;
+  d.d_model = c.d_model;
+  d.heads = c.n_heads;
+  d.head_dim = c.head_dim;
+  d.rope_dim = c.rope_dim;
+  d.q_lora_rank = c.q_lora_rank;
+  d.o_groups = c.o_groups;
+  d.o_lora_rank = c.o_lora_rank;
+  d.window = c.window;
+  d.ratio = c.compress_ratio;
+  d.coff = c.coff();
+  d.comp_capacity = c.compress_ratio > 1 ? rows / c.compress_ratio : 0;
+  d.index_heads = c.has_indexer() ? c.index_n_heads : 0;
+  d.index_dim = c.has_indexer() ? c.index_head_dim : 0;
+  d.topk = c.has_indexer() ? c.index_topk : 0;
+  d.eps = static_cast<float>(c.norm_eps);
+  d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  return d;
+}
+
+WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, int max_seg_len) {
+  WorkspacePlan p;
+  p.dims = make_dims(cfg, rows, segments, max_seg_len);
+  const LayerDims& d = p.dims;
+  const std::size_t T = static_cast<std::size_t>(rows), Nc = static_cast<std::size_t>(d.comp_capacity);
+  const std::size_t bf = sizeof(bf16), f32 = sizeof(float), i32 = sizeof(std::int32_t);
+  std::size_t at = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t off = at;
+    at += (bytes + 255) / 256 * 256;
+    return off;
+  };
+  const std::size_t B1 = static_cast<std::size_t>(segments) + 1;
+  p.cu_real = take(B1 * i32);
+  p.cu_padded = take(B1 * i32);
+  p.row_segment = take(T * i32);
+  p.row_position = take(T * i32);
+  p.row_is_padding = take(T);
+  p.comp_start = take(B1 * i32);
+  const std::size_t HD = static_cast<std::size_t>(d.heads) * d.head_dim;
+  p.x = take(T * d.d_model * bf);
+  p.q_proj = take(T * d.q_lora_rank * bf);
+  p.cq = take(T * d.q_lora_rank * bf);
+  p.qb_proj = take(T * HD * bf);
+  p.q = take(T * HD * bf);
+  p.kv_proj = take(T * d.head_dim * bf);
+  p.kv = take(T * d.head_dim * bf);
+  if (d.ratio > 1) {
+    p.c_a = take(T * d.coff * d.head_dim * bf);
+    p.c_g = take(T * d.coff * d.head_dim * bf);
+    p.c_pooled = take(Nc * d.head_dim * bf);
+    p.comp = take(Nc * d.head_dim * bf);
+  }
+  if (d.ratio == 4) {
+    const std::size_t HID = static_cast<std::size_t>(d.index_heads) * d.index_dim;
+    p.qi_proj = take(T * HID * bf);
+    p.qi = take(T * HID * bf);
+    p.w_raw = take(T * d.index_heads * bf);
+    p.w_eff = take(T * d.index_heads * f32);
+    p.i_a = take(T * 2 * d.index_dim * bf);
+    p.i_g = take(T * 2 * d.index_dim * bf);
+    p.i_pooled = take(Nc * d.index_dim * bf);
+    p.i_keys = take(Nc * d.index_dim * bf);
+    p.topk = take(T * d.topk * i32);
+  }
+  p.attn = take(T * HD * bf);
+  p.lse = take(T * d.heads * f32);
+  p.attn_rot = take(T * HD * bf);
+  p.u = take(T * d.o_groups * d.o_lora_rank * bf);
+  p.y = take(T * d.d_model * bf);
+  p.bytes = at;
+  return p;
+}
+
+BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d) {
+  BackwardPlan p;
+  const std::size_t T = static_cast<std::size_t>(d.rows), Nc = static_cast<std::size_t>(d.comp_capacity);
+  const std::size_t bf = sizeof(bf16), f32 = sizeof(float);
+  const std::size_t HD = static_cast<std::size_t>(d.heads) * d.head_dim;
+  const std::size_t HI = static_cast<std::size_t>(d.index_heads), DI = static_cast<std::size_t>(d.index_dim);
+  std::size_t at = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t off = at;
+    at += (bytes + 255) / 256 * 256;
+    return off;
+  };
+  p.dy = take(T * d.d_model * bf);
+  p.du = take(T * d.o_groups * d.o_lora_rank * bf);
+  p.dattn = take(T * HD * bf);
+  p.dq_acc = take(T * HD * f32);
+  p.dq = take(T * HD * bf);
+  p.dkv_acc = take(T * d.head_dim * f32);
+  p.dcomp_acc = take(Nc * d.head_dim * f32);
+  p.dsink_part = take(T * d.heads * f32);
+  p.dkv = take(T * d.head_dim * bf);
+  p.dnormed = take(T * std::max(d.head_dim, d.q_lora_rank) * bf);
+  p.dqb = take(T * HD * bf);
+  p.dcq = take(T * d.q_lora_rank * bf);
+  p.rstd = take(T * std::max<std::size_t>(std::max(d.heads, d.index_heads), 1) * f32);
+  p.dx = take(T * d.d_model * f32);
+  const std::size_t cw = std::max<std::size_t>(d.head_dim, DI);
+  p.dcomp = take(Nc * cw * bf);
+  p.dpooled = take(Nc * cw * bf);
+  const std::size_t pw = std::max<std::size_t>(static_cast<std::size_t>(d.coff) * d.head_dim, 2 * DI);
+  p.da = take(T * pw * bf);
+  p.dg = take(T * pw * bf);
+  p.dqi = take(T * HI * DI * bf);
+  p.dweff = take(T * HI * f32);
+  p.dwraw = take(T * HI * bf);
+  p.dkeys_acc = take(Nc * DI * f32);
+  p.loss_rows = take(T * f32);
+  p.loss = take(f32);
+  p.grads_offset = at;
+  for (const ParamInfo& prm : layer_params(cfg)) {
+    const std::size_t off = take(static_cast<std::size_t>(shape_numel(prm.shape)) * f32);
+    const std::string& n = prm.name;
+    if (n == "attn.wq_a.weight") p.g_wq_a = off;
+    else if (n == "attn.q_norm.weight") p.g_q_norm = off;
+    else if (n == "attn.wq_b.weight") p.g_wq_b = off;
+    else if (n == "attn.wkv.weight") p.g_wkv = off;
+    else if (n == "attn.kv_norm.weight") p.g_kv_norm = off;
+    else if (n == "attn.wo_a.weight") p.g_wo_a = off;
+    else if (n == "attn.wo_b.weight") p.g_wo_b = off;
+    else if (n == "attn.attn_sink") p.g_sink = off;
+    else if (n == "attn.compressor.wkv.weight") p.g_c_wkv = off;
+    else if (n == "attn.compressor.wgate.weight") p.g_c_wgate = off;
+    else if (n == "attn.compressor.norm.weight") p.g_c_norm = off;
+    else if (n == "attn.compressor.ape") p.g_c_ape = off;
+    else if (n == "attn.indexer.wq_b.weight") p.g_i_wq_b = off;
+    else if (n == "attn.indexer.weights_proj.weight") p.g_i_wproj = off;
+    else if (n == "attn.indexer.compressor.wkv.weight") p.g_ic_wkv = off;
+    else if (n == "attn.indexer.compressor.wgate.weight") p.g_ic_wgate = off;
+    else if (n == "attn.indexer.compressor.norm.weight") p.g_ic_norm = off;
+    else if (n == "attn.indexer.compressor.ape") p.g_ic_ape = off;
+  }
+  p.grads_bytes = at - p.grads_offset;
+  p.bytes = at;
+  return p;
+}
+
+namespace {
+template <class T>
+T* at(void* base, std::size_t off) {
+  return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + off);
+}
+}  // namespace
+
+DeviceMetadata WorkspacePlan::metadata(void* base) const {
+  DeviceMetadata m;
+  m.cu_real = at<std::int32_t>(base, cu_real);
+  m.cu_padded = at<std::int32_t>(base, cu_padded);
+  m.row_segment = at<std::int32_t>(base, row_segment);
+  m.row_position = at<std::int32_t>(base, row_position);
+  m.row_is_padding = at<std::uint8_t>(base, row_is_padding);
+  m.comp_start = at<std::int32_t>(base, comp_start);
+  return m;
+}
+
+DeviceActivations WorkspacePlan::activations(void* base) const {
+  DeviceActivations a;
+  const bool comp = dims.ratio > 1, idx = dims.ratio == 4;
+  a.x = at<bf16>(base, x);
+  a.q_proj = at<bf16>(base, q_proj);
+  a.cq = at<bf16>(base, cq);
+  a.qb_proj = at<bf16>(base, qb_proj);
+  a.q = at<bf16>(base, q);
+  a.kv_proj = at<bf16>(base, kv_proj);
+  a.kv = at<bf16>(base, kv);
+  if (comp) {
+    a.c_a = at<bf16>(base, c_a);
+    a.c_g = at<bf16>(base, c_g);
+    a.c_pooled = at<bf16>(base, c_pooled);
+    a.comp = at<bf16>(base, this->comp);
+  }
+  if (idx) {
+    a.qi_proj = at<bf16>(base, qi_proj);
+    a.qi = at<bf16>(base, qi);
+    a.w_raw = at<bf16>(base, w_raw);
+    a.w_eff = at<float>(base, w_eff);
+    a.i_a = at<bf16>(base, i_a);
+    a.i_g = at<bf16>(base, i_g);
+    a.i_pooled = at<bf16>(base, i_pooled);
+    a.i_keys = at<bf16>(base, i_keys);
+    a.topk = at<std::int32_t>(base, topk);
+  }
+  a.attn = at<bf16>(base, attn);
+  a.lse = at<float>(base, lse);
+  a.attn_rot = at<bf16>(base, attn_rot);
+  a.u = at<bf16>(base, u);
+  a.y = at<bf16>(base, y);
+  return a;
+}
+
+BackwardBuffers BackwardPlan::buffers(void* base) const {
+  BackwardBuffers b;
+  b.dy = at<bf16>(base, dy);
+  b.du = at<bf16>(base, du);
+  b.dattn = at<bf16>(base, dattn);
+  b.dq_acc = at<float>(base, dq_acc);
+  b.dq = at<bf16>(base, dq);
+  b.dkv_acc = at<float>(base, dkv_acc);
+  b.dcomp_acc = at<float>(base, dcomp_acc);
+  b.dsink_part = at<float>(base, dsink_part);
+  b.dkv = at<bf16>(base, dkv);
+  b.dnormed = at<bf16>(base, dnormed);
+  b.dqb = at<bf16>(base, dqb);
+  b.dcq = at<bf16>(base, dcq);
+  b.rstd = at<float>(base, rstd);
+  b.dx = at<float>(base, dx);
+  b.dcomp = at<bf16>(base, dcomp);
+  b.dpooled = at<bf16>(base, dpooled);
+  b.da = at<bf16>(base, da);
+  b.dg = at<bf16>(base, dg);
+  b.dqi = at<bf16>(base, dqi);
+  b.dweff = at<float>(base, dweff);
+  b.dwraw = at<bf16>(base, dwraw);
+  b.dkeys_acc = at<float>(base, dkeys_acc);
+  b.loss_rows = at<float>(base, loss_rows);
+  b.loss = at<float>(base, loss);
+  return b;
+}
+
+DeviceGradients BackwardPlan::gradients(void* base) const {
+  DeviceGradients g;
+  auto f = [&](std::size_t off) { return off ? at<float>(base, off) : nullptr; };
+  g.wq_a = f(g_wq_a); g.q_norm = f(g_q_norm); g.wq_b = f(g_wq_b); g.wkv = f(g_wkv);
+  g.kv_norm = f(g_kv_norm); g.wo_a = f(g_wo_a); g.wo_b = f(g_wo_b); g.sink = f(g_sink);
+  g.c_wkv = f(g_c_wkv); g.c_wgate = f(g_c_wgate); g.c_norm = f(g_c_norm); g.c_ape = f(g_c_ape);
+  g.i_wq_b = f(g_i_wq_b); g.i_wproj = f(g_i_wproj); g.ic_wkv = f(g_ic_wkv);
+  g.ic_wgate = f(g_ic_wgate); g.ic_norm = f(g_ic_norm); g.ic_ape = f(g_ic_ape);
+  return g;
+}
+
+}  // namespace csattn::cuda

@@ -1,0 +1,52 @@
+// The forward's workspace plan: every activation and metadata buffer as an offset into one
+// caller-owned allocation, sized from host-known maxima (rows, segments, longest segment).
+#pragma once
+#include <cstddef>
+
+#include "cuda/backward_params.hpp"
+#include "cuda/params.hpp"
+#include "csattn/config.hpp"
+
+namespace csattn::cuda {
+
+struct WorkspacePlan {
+  LayerDims dims;
+  std::size_t bytes = 0;  // total, 256-byte aligned pieces
+  // Offsets of the buffers (bytes from the base).
+  std::size_t cu_real = 0, cu_padded = 0, row_segment = 0, row_position = 0,
+              row_is_padding = 0, comp_start = 0;
+  std::size_t x = 0, q_proj = 0, cq = 0, qb_proj = 0, q = 0, kv_proj = 0, kv = 0;
+  std::size_t c_a = 0, c_g = 0, c_pooled = 0, comp = 0;
+  std::size_t qi_proj = 0, qi = 0, w_raw = 0, w_eff = 0, i_a = 0, i_g = 0, i_pooled = 0,
+              i_keys = 0, topk = 0;
+  std::size_t attn = 0, lse = 0, attn_rot = 0, u = 0, y = 0;
+
+  // Pointers into a workspace of at least `bytes` bytes.
+  DeviceMetadata metadata(void* base) const;
+  DeviceActivations activations(void* base) const;
+};
+
+// The backward's buffers and fp32 weight gradients, in a second caller-owned allocation
+// (the forward's workspace keeps the activations the backward reads). The per-row loss and
+// the reduced loss live here too, so the forward can compute the loss value.
+struct BackwardPlan {
+  std::size_t bytes = 0;
+  std::size_t grads_offset = 0, grads_bytes = 0;  // the weight gradients, zeroed per backward
+  BackwardBuffers buffers(void* base) const;
+  DeviceGradients gradients(void* base) const;
+  // Offsets (bytes) of the buffers.
+  std::size_t dy = 0, du = 0, dattn = 0, dq_acc = 0, dq = 0, dkv_acc = 0, dcomp_acc = 0,
+              dsink_part = 0, dkv = 0, dnormed = 0, dqb = 0, dcq = 0, rstd = 0, dx = 0,
+              dcomp = 0, dpooled = 0, da = 0, dg = 0, dqi = 0, dweff = 0, dwraw = 0,
+              dkeys_acc = 0, loss_rows = 0, loss = 0;
+  std::size_t g_wq_a = 0, g_q_norm = 0, g_wq_b = 0, g_wkv = 0, g_kv_norm = 0, g_wo_a = 0,
+              g_wo_b = 0, g_sink = 0, g_c_wkv = 0, g_c_wgate = 0, g_c_norm = 0, g_c_ape = 0,
+              g_i_wq_b = 0, g_i_wproj = 0, g_ic_wkv = 0, g_ic_wgate = 0, g_ic_norm = 0,
+              g_ic_ape = 0;
+};
+BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d);
+
+LayerDims make_dims(const AttentionConfig& cfg, int rows, int segments, int max_seg_len);
+WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, int max_seg_len);
+
+}  // namespace csattn::cuda

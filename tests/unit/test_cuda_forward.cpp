@@ -1,0 +1,272 @@
+// The CUDA forward against the CPU backend's bf16 emulation (tight) and the fp64 oracle
+// (loose), on ragged padded THD batches; the workspace is poisoned with NaN before every
+// run. Skips (with the reason) where no GPU is present; the lent H200 runs them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "test_util.hpp"
+
+namespace csattn {
+namespace {
+
+using namespace testing_util;
+
+#define SKIP_WITHOUT_GPU()                                  \
+  do {                                                      \
+    std::string why;                                        \
+    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
+  } while (0)
+
+struct CudaCase {
+  std::string preset;
+  int ratio;
+  int heads;  // 0: the preset's
+};
+void PrintTo(const CudaCase& c, std::ostream* os) {
+  *os << c.preset << " ratio " << c.ratio << " heads " << c.heads;
+}
+
+std::string cuda_case_name(const ::testing::TestParamInfo<CudaCase>& info) {
+  return info.param.preset + "_" + layer_kind_name(layer_kind(info.param.ratio)) + "_H" +
+         std::to_string(info.param.heads);
+}
+
+AttentionConfig config_for(const CudaCase& c) {
+  AttentionConfig cfg = ModelConfig::preset(c.preset).base;
+  cfg.compress_ratio = c.ratio;
+  if (c.heads > 0) {
+    cfg.n_heads = c.heads;
+    cfg.o_groups = c.heads % 8 == 0 ? 8 : 1;
+  }
+  cfg.validate();
+  return cfg;
+}
+
+SeqLayout batch_for(const AttentionConfig& cfg) {
+  // Shorter than the window, an L mod m tail, several compressed entries, padding rows.
+  if (cfg.compress_ratio == 128) return SeqLayout::from_lengths({70, 300, 521}, {72, 300, 530});
+  return SeqLayout::from_lengths({5, 1, 77, 203, 130}, {8, 1, 77, 210, 130});
+}
+
+// Per row: the GPU's selection shares at least max(1, n-1) ids with the CPU's (rounding may
+// flip one boundary element), and rows with n valid entries have n on both sides.
+void expect_topk_close(const std::vector<std::int32_t>& gpu, const std::vector<std::int32_t>& cpu,
+                       int K) {
+  const int T = static_cast<int>(cpu.size()) / K;
+  int rows_differing = 0;
+  for (int t = 0; t < T; ++t) {
+    std::set<int> a, b;
+    for (int k = 0; k < K; ++k) {
+      if (gpu[t * K + k] >= 0) a.insert(gpu[t * K + k]);
+      if (cpu[t * K + k] >= 0) b.insert(cpu[t * K + k]);
+    }
+    ASSERT_EQ(a.size(), b.size()) << "row " << t;
+    int common = 0;
+    for (int id : a) common += b.count(id) ? 1 : 0;
+    const int n = static_cast<int>(b.size());
+    EXPECT_GE(common, std::max(n == 0 ? 0 : 1, n - 1)) << "row " << t;
+    rows_differing += common != n;
+    // Ascending ids, then -1.
+    for (int k = 1; k < K; ++k) {
+      if (gpu[t * K + k] < 0) continue;
+      EXPECT_GT(gpu[t * K + k], gpu[t * K + k - 1]) << "row " << t;
+    }
+  }
+  EXPECT_LE(rows_differing, std::max(1, T / 20)) << "too many rows with a different selection";
+}
+
+class CudaForward : public ::testing::TestWithParam<CudaCase> {};
+
+TEST_P(CudaForward, MatchesCpuBackendAndOracle) {
+  SKIP_WITHOUT_GPU();
+  const AttentionConfig cfg = config_for(GetParam());
+  const SeqLayout layout = batch_for(cfg);
+  const int T = static_cast<int>(layout.total_rows());
+  const LayerWeights w = LayerWeights::random(cfg, 77);
+  const Tensor x = random_tensor(T, cfg.d_model, 78, true);
+  HybridAttentionLayer cpu(cfg, w, RunOptions{Precision::bf16, Device::cpu});
+  HybridAttentionLayer gpu(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+  const LayerOutputs c = cpu.forward(x, layout);
+  const LayerOutputs g = gpu.forward(x, layout);
+  const std::vector<float> yg = g.output.to_f32();
+  for (float v : yg) ASSERT_TRUE(std::isfinite(v)) << "unwritten or NaN output";
+  if (cfg.has_indexer())
+    expect_topk_close(topk_vector(g), topk_vector(c), cfg.index_topk);
+
+  // Tight: the same selection on both backends (the CPU's), compared with the CPU's bf16
+  // emulation.
+  const LayerOutputs gf = cfg.has_indexer() ? gpu.forward(x, layout, c.topk_indices) : g;
+  const Similarity tight = similarity(gf.output.to_f32(), to_double(c.output.to_f32()));
+  EXPECT_GT(tight.cosine, 1.0 - 2e-4);
+  EXPECT_GT(tight.tensor, 1.0 - 2e-4);
+  // Loose: the fp64 oracle on the same selection.
+  oracle::Options opt;
+  const auto sel = topk_vector(c);
+  opt.forced_topk = cfg.has_indexer() ? &sel : nullptr;
+  const oracle::Result ref = oracle::forward(cfg, layout, to_weights64(w), x.to_f64(), opt);
+  const Similarity loose = similarity(gf.output.to_f32(), ref.output);
+  EXPECT_GT(loose.cosine, 1.0 - 1.5e-3);
+  EXPECT_GT(loose.tensor, 1.0 - 1.5e-3);
+}
+
+TEST_P(CudaForward, RepeatedRunsAreBitwiseEqual) {
+  SKIP_WITHOUT_GPU();
+  const AttentionConfig cfg = config_for(GetParam());
+  const SeqLayout layout = batch_for(cfg);
+  const int T = static_cast<int>(layout.total_rows());
+  HybridAttentionLayer gpu(cfg, LayerWeights::random(cfg, 5), RunOptions{Precision::bf16, Device::cuda, 0, true});
+  const Tensor x = random_tensor(T, cfg.d_model, 6, true);
+  const LayerOutputs a = gpu.forward(x, layout);
+  for (int i = 0; i < 3; ++i) {
+    const LayerOutputs b = gpu.forward(x, layout);
+    EXPECT_EQ(a.output.to_f32(), b.output.to_f32());
+    EXPECT_EQ(topk_vector(a), topk_vector(b));
+  }
+}
+
+std::vector<CudaCase> cuda_cases() {
+  std::vector<CudaCase> v;
+  for (int r : {0, 4, 128}) v.push_back({"small", r, 0});
+  for (int h : {8, 24, 64, 128}) v.push_back({"small", 4, h});  // head counts 8..128
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, CudaForward, ::testing::ValuesIn(cuda_cases()), cuda_case_name);
+
+// The real Flash dimensions once per layer type, a few hundred tokens.
+class CudaForwardFlash : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaForwardFlash, MatchesCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  cfg.compress_ratio = GetParam();
+  const SeqLayout layout = SeqLayout::from_lengths({300, 700});
+  const int T = 1000;
+  const LayerWeights w = LayerWeights::random(cfg, 9);
+  const Tensor x = random_tensor(T, cfg.d_model, 10, true);
+  HybridAttentionLayer cpu(cfg, w, RunOptions{Precision::bf16, Device::cpu});
+  HybridAttentionLayer gpu(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+  const LayerOutputs c = cpu.forward(x, layout);
+  const LayerOutputs g = cfg.has_indexer() ? gpu.forward(x, layout, c.topk_indices)
+                                           : gpu.forward(x, layout);
+  const Similarity sim = similarity(g.output.to_f32(), to_double(c.output.to_f32()));
+  EXPECT_GT(sim.cosine, 1.0 - 2e-4);
+  EXPECT_GT(sim.tensor, 1.0 - 2e-4);
+  if (cfg.has_indexer())
+    expect_topk_close(topk_vector(gpu.forward(x, layout)), topk_vector(c), cfg.index_topk);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, CudaForwardFlash, ::testing::Values(0, 4, 128),
+                         [](const auto& param_info) {
+                           return std::string(layer_kind_name(layer_kind(param_info.param)));
+                         });
+
+// The GPU backward against the CPU backend (bf16 emulation) on the same selection: every
+// gradient and the loss. GPU activation gradients are bf16 between operators, so the gate
+// is the oracle-level similarity, not bitwise.
+struct CudaGradCase {
+  int ratio;
+  bool sparse;
+  double coeff;
+};
+void PrintTo(const CudaGradCase& c, std::ostream* os) {
+  *os << "ratio " << c.ratio << (c.sparse ? " sparse" : " dense") << " coeff " << c.coeff;
+}
+
+class CudaBackward : public ::testing::TestWithParam<CudaGradCase> {};
+
+TEST_P(CudaBackward, MatchesCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("small").base;
+  cfg.compress_ratio = GetParam().ratio;
+  cfg.sparse_loss = GetParam().sparse;
+  cfg.loss_coeff = GetParam().coeff;
+  const SeqLayout layout = batch_for(cfg);
+  const int T = static_cast<int>(layout.total_rows());
+  const LayerWeights w = LayerWeights::random(cfg, 31);
+  const Tensor x = random_tensor(T, cfg.d_model, 32, true);
+  const Tensor dy = random_tensor(T, cfg.d_model, 33, true);
+  HybridAttentionLayer cpu(cfg, w, RunOptions{Precision::bf16, Device::cpu});
+  HybridAttentionLayer gpu(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+  const LayerOutputs c = cpu.forward(x, layout);
+  const LayerOutputs g = cfg.has_indexer() ? gpu.forward(x, layout, c.topk_indices)
+                                           : gpu.forward(x, layout);
+  EXPECT_NEAR(g.indexer_loss, c.indexer_loss, 2e-2 * std::fabs(c.indexer_loss) + 1e-7);
+  const LayerGradients gc = cpu.backward(c, dy), gg = gpu.backward(g, dy);
+  auto check = [](const Tensor& got, const Tensor& ref, const std::string& name) {
+    const std::vector<float> a = got.to_f32(), b = ref.to_f32();
+    for (float v : a) ASSERT_TRUE(std::isfinite(v)) << name << " has NaN / inf";
+    double bmax = 0.0;
+    for (float v : b) bmax = std::max(bmax, static_cast<double>(std::fabs(v)));
+    if (bmax == 0.0) {  // exact zeros expected (lambda = 0, unused parameters)
+      for (float v : a) ASSERT_EQ(v, 0.0f) << name;
+      return;
+    }
+    const Similarity sim = similarity(a, to_double(b));
+    EXPECT_GT(sim.cosine, 1.0 - 3e-3) << name;
+    EXPECT_GT(sim.tensor, 1.0 - 3e-3) << name;
+  };
+  check(gg.grad_input, gc.grad_input, "grad_input");
+  for (const ParamInfo& p : w.params()) check(gg.grad.at(p.name), gc.grad.at(p.name), p.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, CudaBackward,
+                         ::testing::Values(CudaGradCase{0, true, 0.01}, CudaGradCase{128, true, 0.01},
+                                           CudaGradCase{4, true, 0.5}, CudaGradCase{4, false, 0.5},
+                                           CudaGradCase{4, true, 0.0}),
+                         [](const auto& param_info) {
+                           const CudaGradCase& c = param_info.param;
+                           return std::string(layer_kind_name(layer_kind(c.ratio))) +
+                                  (c.sparse ? "_sparse" : "_dense") + (c.coeff == 0.0 ? "_nolos" : "");
+                         });
+
+TEST(CudaBackward, FlashShapeMatchesCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  cfg.compress_ratio = 4;
+  const SeqLayout layout = SeqLayout::from_lengths({200, 500});
+  const int T = 700;
+  const LayerWeights w = LayerWeights::random(cfg, 41);
+  const Tensor x = random_tensor(T, cfg.d_model, 42, true);
+  const Tensor dy = random_tensor(T, cfg.d_model, 43, true);
+  HybridAttentionLayer cpu(cfg, w, RunOptions{Precision::bf16, Device::cpu});
+  HybridAttentionLayer gpu(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+  const LayerOutputs c = cpu.forward(x, layout);
+  const LayerOutputs g = gpu.forward(x, layout, c.topk_indices);
+  const LayerGradients gc = cpu.backward(c, dy), gg = gpu.backward(g, dy);
+  const Similarity sim = similarity(gg.grad_input.to_f32(), to_double(gc.grad_input.to_f32()));
+  EXPECT_GT(sim.cosine, 1.0 - 3e-3);
+  for (const ParamInfo& p : w.params()) {
+    const Similarity s = similarity(gg.grad.at(p.name).to_f32(), to_double(gc.grad.at(p.name).to_f32()));
+    EXPECT_GT(s.cosine, 1.0 - 3e-3) << p.name;
+  }
+}
+
+TEST(CudaBackward, MustFollowItsForward) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("tiny").layer(0);
+  HybridAttentionLayer gpu(cfg, LayerWeights::random(cfg, 1), RunOptions{Precision::bf16, Device::cuda});
+  const SeqLayout layout = SeqLayout::from_lengths({10});
+  const LayerOutputs first = gpu.forward(random_tensor(10, cfg.d_model, 2), layout);
+  const LayerOutputs second = gpu.forward(random_tensor(10, cfg.d_model, 3), layout);
+  EXPECT_THROW(gpu.backward(first, random_tensor(10, cfg.d_model, 4)), Error);
+  EXPECT_NO_THROW(gpu.backward(second, random_tensor(10, cfg.d_model, 4)));
+}
+
+TEST(CudaForward, WithoutGpuTheErrorSaysWhy) {
+  std::string why;
+  if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present";
+  AttentionConfig cfg = ModelConfig::preset("tiny").layer(0);
+  try {
+    HybridAttentionLayer gpu(cfg, LayerWeights::random(cfg, 1), RunOptions{Precision::bf16, Device::cuda, 0, true});
+    ADD_FAILURE() << "constructing a cuda layer without a GPU must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace csattn
