@@ -257,10 +257,16 @@ RunPlan resolve_run(const RunArgs& args) {
   std::string why;
   const bool gpu = cuda_available(&why);
   if (args.device == "cuda" && !gpu) bad_option("--device", "cuda: " + why);
-  if (args.device == "cuda" || (args.device == "auto" && gpu && bf16))
+  // auto: the GPU when present and when the run is one the GPU backend serves (bf16, the
+  // bf16 indexer); otherwise the CPU, which serves everything.
+  const bool mxfp8 = base.indexer_precision == IndexerPrecision::mxfp8;
+  if (args.device == "cuda" || (args.device == "auto" && gpu && bf16 && !mxfp8))
     p.run_options.device = Device::cuda;
   if (p.run_options.device == Device::cuda && !bf16)
     bad_option("--dtype", "fp32 runs on the CPU only; the GPU computes in bf16");
+  if (p.run_options.device == Device::cuda && mxfp8)
+    bad_option("--indexer-precision", "mxfp8 runs on the CPU only so far; use --device cpu or "
+                                      "auto, or --indexer-precision bf16 on the GPU");
 
   const int d_model = base.d_model;
   if (!args.inputs_file.empty()) {
