@@ -1,6 +1,7 @@
 // ContextParallelLayer: the attention layer of one rank of a context-parallel group (spec 02),
 // composed from the same operators as the single-rank layer (src/cpu/), which take explicit
-// query rows, index lists and compressor entries. Per layer and rank:
+// query rows, index lists and compressor entries, and from the same layer stages
+// (cpu/layer_ops.hpp: Q, K=V, indexer queries, output projections). Per layer and rank:
 //
 //   forward:  agree -> halo exchange of hidden rows -> Q on local rows, K=V on halo + local
 //             rows -> owned compressed groups (indexer compressor first) -> rank-major
@@ -12,8 +13,6 @@
 //
 // Every collective is decided by metadata the ranks agreed on, so all ranks issue the same
 // sequence.
-#include <omp.h>
-
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,7 +20,6 @@
 
 #include "core/attention_index.hpp"
 #include "core/geometry.hpp"
-#include "core/rope_table.hpp"
 #include "cp/agreement.hpp"
 #include "cp/layer_plan.hpp"
 #include "cpu/attention.hpp"
@@ -29,7 +27,7 @@
 #include "cpu/compressor.hpp"
 #include "cpu/elementwise.hpp"
 #include "cpu/indexer_loss.hpp"
-#include "cpu/layer_topk.hpp"
+#include "cpu/layer_ops.hpp"
 #include "csattn/cp.hpp"
 #include "csattn/error.hpp"
 
@@ -43,17 +41,14 @@ struct CpSavedActivations {
   BatchGeometry geo;   // global
   cp::LayerPlan plan;  // this rank's
   std::vector<float> x_local, x_ext;         // [local, dm], [ext, dm]
-  std::vector<float> q_proj, cq, rstd_q;     // local
-  std::vector<float> qb_proj, rstd_qh, q;    // local
-  std::vector<float> kv_proj, rstd_kv, kv;   // ext
+  cpu::QueryPath query;                      // local
+  cpu::KvPath kv;                            // ext
   cpu::CompressorState comp, idx_comp;       // owned entries over ext rows
   std::vector<float> comp_rank_major;        // [P*C, D] gathered compressed rows
   std::vector<float> comp_seq;               // [Nc, D] sequence-major (teacher)
   std::vector<float> idx_rank_major;         // [P*C, D_I] gathered indexer keys
   std::vector<float> idx_seq;                // [Nc, D_I] sequence-major
-  std::vector<float> qi_proj, qi, w_eff;     // local
-  std::vector<std::int32_t> topk;            // [local, K]
-  std::vector<float> topk_softmax;           // [local, K] compact softmax (sparse-loss predictor)
+  cpu::IndexerPath indexer;                  // local queries, head weights, top-k
   AttentionIndex index;                      // local queries -> kv_full rows
   std::vector<float> attn, lse, attn_rot, u;  // local
 };
@@ -61,65 +56,16 @@ struct CpSavedActivations {
 namespace {
 
 using cpu::round_to_storage;
-
-std::vector<float> zeros(std::size_t n) { return std::vector<float>(n, 0.0f); }
-
-struct ThreadScope {  // applies RunOptions::threads for the duration of a call
-  int saved = omp_get_max_threads();
-  explicit ThreadScope(int n) { if (n > 0) omp_set_num_threads(n); }
-  ~ThreadScope() { omp_set_num_threads(saved); }
-};
-
-cpu::RopeTable make_rope(const AttentionConfig& cfg, bool bf16) {
-  return cpu::RopeTable{rope_frequencies(cfg), cfg.rope_dim / 2, bf16};
-}
-
-// RoPE on the last rope_dim dims of every head of the given global rows, at their positions.
-void rope_rows(const cpu::RopeTable& rope, const BatchGeometry& geo, const std::vector<int>& rows,
-               float* v, int heads, int dim, int rope_dim, int sign) {
-  const int n = static_cast<int>(rows.size());
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < n; ++i)
-    for (int h = 0; h < heads; ++h)
-      rope.rotate(v + (static_cast<long>(i) * heads + h) * dim + dim - rope_dim,
-                  geo.row_position[rows[static_cast<std::size_t>(i)]], sign);
-}
-
-void hadamard_heads(float* v, long vectors, int dim, bool bf16) {
-#pragma omp parallel for schedule(static)
-  for (long i = 0; i < vectors; ++i) {
-    cpu::hadamard(v + i * dim, dim);
-    round_to_storage(v + i * dim, dim, bf16);
-  }
-}
-
-cpu::CompressorSpec main_spec(const AttentionConfig& c, bool bf16) {
-  return {c.head_dim, c.rope_dim, false, static_cast<float>(c.norm_eps), bf16};
-}
-cpu::CompressorSpec indexer_spec(const AttentionConfig& c, bool bf16) {
-  return {c.index_head_dim, c.rope_dim, true, static_cast<float>(c.norm_eps), bf16};
-}
-cpu::CompressorWeights compressor_weights(const LayerWeights& w, const std::string& prefix) {
-  return {w.f32(prefix + "wkv.weight"), w.f32(prefix + "wgate.weight"), w.f32(prefix + "ape"),
-          w.f32(prefix + "norm.weight")};
-}
-cpu::CompressorGrads compressor_grads(LayerWeights& g, const std::string& prefix) {
-  return {g.f32(prefix + "wkv.weight"), g.f32(prefix + "wgate.weight"), g.f32(prefix + "ape"),
-          g.f32(prefix + "norm.weight")};
-}
-
-float attention_scale(const AttentionConfig& c) {
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-}
+using cpu::zeros;
 
 cpu::IndexedAttentionArgs attention_args(const CpSavedActivations& s, const LayerWeights& w) {
   const AttentionConfig& c = s.cfg;
   cpu::IndexedAttentionArgs a;
   a.heads = c.n_heads;
   a.dim = c.head_dim;
-  a.scale = attention_scale(c);
-  a.q = s.q.data();
-  a.kv = {s.kv.data(), static_cast<int>(s.plan.ext_rows.size()),
+  a.scale = cpu::attention_scale(c);
+  a.q = s.query.q.data();
+  a.kv = {s.kv.kv.data(), static_cast<int>(s.plan.ext_rows.size()),
           c.has_compressor() ? s.comp_rank_major.data() : nullptr,
           c.has_compressor() ? s.plan.ranks * s.plan.slots : 0};
   a.sink = w.f32("attn.attn_sink");
@@ -129,48 +75,45 @@ cpu::IndexedAttentionArgs attention_args(const CpSavedActivations& s, const Laye
   return a;
 }
 
+// This rank's query rows (its local rows; their K=V rows in the halo + local buffer).
 QueryRows local_queries(const CpSavedActivations& s) {
   return {&s.geo, static_cast<int>(s.plan.local_rows.size()), s.plan.local_rows.data(),
           s.plan.local_ext.data()};
 }
 
+// The halo + local rows in x_ext order (K=V is computed on them).
+QueryRows ext_rows(const CpSavedActivations& s) {
+  return {&s.geo, static_cast<int>(s.plan.ext_rows.size()), s.plan.ext_rows.data(), nullptr};
+}
+
 cpu::LossArgs loss_args(const CpSavedActivations& s, const LayerWeights& w) {
-  const AttentionConfig& c = s.cfg;
-  cpu::LossArgs l;
-  l.indexer = {c.index_n_heads, c.index_head_dim, c.index_topk, s.qi.data(), s.w_eff.data(),
-               s.idx_seq.data()};
-  l.teacher = {c.n_heads, c.head_dim, c.window, attention_scale(c), s.q.data(), s.kv.data(),
-               s.comp_seq.data(), w.f32("attn.attn_sink")};
-  l.topk = s.topk.data();
-  l.predict = s.topk_softmax.empty() ? nullptr : s.topk_softmax.data();
-  l.sparse = c.sparse_loss;
-  l.per_token = c.per_token_loss;
-  l.coeff = c.loss_coeff;
-  return l;
+  return cpu::loss_args(s.cfg, w, s.indexer, s.idx_seq.data(), s.query.q.data(),
+                        s.kv.kv.data(), s.comp_seq.data());
 }
 
-void grouped_o_forward(const AttentionConfig& c, int T, const float* o, const float* woa,
-                       float* u) {
-  const int G = c.o_groups, ro = c.o_lora_rank, gd = c.n_heads * c.head_dim / G;
-  const int hd = c.n_heads * c.head_dim;
-  for (int g = 0; g < G; ++g)
-    cpu::gemm(false, true, T, ro, gd, 1.0f, o + static_cast<long>(g) * gd, hd,
-              woa + static_cast<long>(g) * ro * gd, gd, 0.0f, u + static_cast<long>(g) * ro,
-              G * ro);
-}
-
-void grouped_o_backward(const AttentionConfig& c, int T, const float* o, const float* woa,
-                        const float* du, float* dO, float* dwoa) {
-  const int G = c.o_groups, ro = c.o_lora_rank, gd = c.n_heads * c.head_dim / G;
-  const int hd = c.n_heads * c.head_dim;
-  for (int g = 0; g < G; ++g) {
-    cpu::gemm(false, false, T, gd, ro, 1.0f, du + static_cast<long>(g) * ro, G * ro,
-              woa + static_cast<long>(g) * ro * gd, gd, 0.0f, dO + static_cast<long>(g) * gd,
-              hd);
-    cpu::gemm(true, false, ro, gd, T, 1.0f, du + static_cast<long>(g) * ro, G * ro,
-              o + static_cast<long>(g) * gd, hd, 1.0f, dwoa + static_cast<long>(g) * ro * gd,
-              gd);
+// Sends rows send[k].rows of src [*, cols] to send[k].peer and receives recv[k].rows.size()
+// rows from recv[k].peer, in one exchange; returns the received rows of each transfer.
+std::vector<std::vector<float>> exchange_rows(Communicator& comm,
+                                              const std::vector<cp::HaloTransfer>& send,
+                                              const float* src,
+                                              const std::vector<cp::HaloTransfer>& recv,
+                                              int cols) {
+  std::vector<std::vector<float>> send_buf, recv_buf;
+  std::vector<P2PMessage> sends, recvs;
+  for (const cp::HaloTransfer& t : send) {
+    std::vector<float>& b = send_buf.emplace_back(t.rows.size() * static_cast<std::size_t>(cols));
+    for (std::size_t i = 0; i < t.rows.size(); ++i)
+      std::memcpy(b.data() + i * cols, src + static_cast<std::size_t>(t.rows[i]) * cols,
+                  sizeof(float) * cols);
   }
+  for (std::size_t k = 0; k < send.size(); ++k)
+    sends.push_back({send[k].peer, comm_buffer(send_buf[k].data(), send_buf[k].size())});
+  for (const cp::HaloTransfer& t : recv)
+    recv_buf.emplace_back(t.rows.size() * static_cast<std::size_t>(cols));
+  for (std::size_t k = 0; k < recv.size(); ++k)
+    recvs.push_back({recv[k].peer, comm_buffer(recv_buf[k].data(), recv_buf[k].size())});
+  comm.exchange(sends, recvs).wait();
+  return recv_buf;
 }
 
 // Forward halo exchange: x_ext gets the local rows and the halo rows from their owners.
@@ -181,27 +124,13 @@ void exchange_halo(Communicator& comm, const cp::LayerPlan& plan, const float* x
     if (plan.ext_local[e] >= 0)
       std::memcpy(x_ext + e * cols, x_local + static_cast<std::size_t>(plan.ext_local[e]) * cols,
                   row_bytes);
-  std::vector<std::vector<float>> send_buf, recv_buf;
-  std::vector<P2PMessage> sends, recvs;
-  for (const cp::HaloTransfer& t : plan.halo_send) {
-    std::vector<float>& b = send_buf.emplace_back(t.rows.size() * static_cast<std::size_t>(cols));
-    for (std::size_t i = 0; i < t.rows.size(); ++i)
-      std::memcpy(b.data() + i * cols, x_local + static_cast<std::size_t>(t.rows[i]) * cols,
-                  row_bytes);
-  }
-  for (std::size_t k = 0; k < plan.halo_send.size(); ++k)
-    sends.push_back({plan.halo_send[k].peer, comm_buffer(send_buf[k].data(), send_buf[k].size())});
-  for (const cp::HaloTransfer& t : plan.halo_receive)
-    recv_buf.emplace_back(t.rows.size() * static_cast<std::size_t>(cols));
-  for (std::size_t k = 0; k < plan.halo_receive.size(); ++k)
-    recvs.push_back({plan.halo_receive[k].peer,
-                     comm_buffer(recv_buf[k].data(), recv_buf[k].size())});
-  comm.exchange(sends, recvs).wait();
+  const std::vector<std::vector<float>> recv =
+      exchange_rows(comm, plan.halo_send, x_local, plan.halo_receive, cols);
   for (std::size_t k = 0; k < plan.halo_receive.size(); ++k) {
     const cp::HaloTransfer& t = plan.halo_receive[k];
     for (std::size_t i = 0; i < t.rows.size(); ++i)
-      std::memcpy(x_ext + static_cast<std::size_t>(t.rows[i]) * cols,
-                  recv_buf[k].data() + i * cols, row_bytes);
+      std::memcpy(x_ext + static_cast<std::size_t>(t.rows[i]) * cols, recv[k].data() + i * cols,
+                  row_bytes);
   }
 }
 
@@ -215,27 +144,14 @@ void return_halo_gradients(Communicator& comm, const cp::LayerPlan& plan, const 
     const float* src = dx_ext + e * cols;
     for (int j = 0; j < cols; ++j) dst[j] += src[j];
   }
-  std::vector<std::vector<float>> send_buf, recv_buf;
-  std::vector<P2PMessage> sends, recvs;
-  for (const cp::HaloTransfer& t : plan.halo_receive) {  // my halo rows go back
-    std::vector<float>& b = send_buf.emplace_back(t.rows.size() * static_cast<std::size_t>(cols));
-    for (std::size_t i = 0; i < t.rows.size(); ++i)
-      std::memcpy(b.data() + i * cols, dx_ext + static_cast<std::size_t>(t.rows[i]) * cols,
-                  sizeof(float) * cols);
-  }
-  for (std::size_t k = 0; k < plan.halo_receive.size(); ++k)
-    sends.push_back({plan.halo_receive[k].peer,
-                     comm_buffer(send_buf[k].data(), send_buf[k].size())});
-  for (const cp::HaloTransfer& t : plan.halo_send)
-    recv_buf.emplace_back(t.rows.size() * static_cast<std::size_t>(cols));
-  for (std::size_t k = 0; k < plan.halo_send.size(); ++k)
-    recvs.push_back({plan.halo_send[k].peer, comm_buffer(recv_buf[k].data(), recv_buf[k].size())});
-  comm.exchange(sends, recvs).wait();
+  // My halo rows go back; the rows I sent forward come back.
+  const std::vector<std::vector<float>> recv =
+      exchange_rows(comm, plan.halo_receive, dx_ext, plan.halo_send, cols);
   for (std::size_t k = 0; k < plan.halo_send.size(); ++k) {
     const cp::HaloTransfer& t = plan.halo_send[k];
     for (std::size_t i = 0; i < t.rows.size(); ++i) {
       float* dst = dx_local + static_cast<std::size_t>(t.rows[i]) * cols;
-      const float* src = recv_buf[k].data() + i * cols;
+      const float* src = recv[k].data() + i * cols;
       for (int j = 0; j < cols; ++j) dst[j] += src[j];
     }
   }
@@ -328,7 +244,7 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
                 " rows (cu_seqlens_padded), use fewer ranks, or use two_chunk");
   }
 
-  ThreadScope threads(options_.threads);
+  cpu::ThreadScope threads(options_.threads);
   const cpu::BatchInvariantScope batch_invariant(options_.precision == Precision::fp32);
   const LayerWeights& w = weights_;
   auto s = std::make_shared<CpSavedActivations>();
@@ -344,9 +260,9 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
   const bool bf16 = s->bf16;
   const int n = static_cast<int>(plan.local_rows.size());
   const int ne = static_cast<int>(plan.ext_rows.size());
-  const int H = c.n_heads, D = c.head_dim, dm = c.d_model, rq = c.q_lora_rank;
-  const cpu::RopeTable rope = make_rope(c, bf16);
-  const float eps = static_cast<float>(c.norm_eps);
+  const int H = c.n_heads, D = c.head_dim, dm = c.d_model;
+  const QueryRows queries = local_queries(*s);
+  const cpu::RopeTable rope = cpu::make_rope(c, bf16);
 
   s->x_local = x_local.to_f32();
   round_to_storage(s->x_local.data(), static_cast<long>(s->x_local.size()), bf16);
@@ -354,96 +270,48 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
                   cp_options_.poison_unused ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
   exchange_halo(comm, plan, s->x_local.data(), dm, s->x_ext.data());
 
-  // Query path on the local rows.
-  s->q_proj = zeros(static_cast<std::size_t>(n) * rq);
-  cpu::linear(s->x_local.data(), n, dm, w.f32("attn.wq_a.weight"), rq, s->q_proj.data());
-  round_to_storage(s->q_proj.data(), static_cast<long>(s->q_proj.size()), bf16);
-  s->cq = zeros(s->q_proj.size());
-  s->rstd_q = zeros(static_cast<std::size_t>(n));
-  cpu::rmsnorm_forward(s->q_proj.data(), w.f32("attn.q_norm.weight"), n, rq, eps, s->cq.data(),
-                       s->rstd_q.data());
-  round_to_storage(s->cq.data(), static_cast<long>(s->cq.size()), bf16);
-  s->qb_proj = zeros(static_cast<std::size_t>(n) * H * D);
-  cpu::linear(s->cq.data(), n, rq, w.f32("attn.wq_b.weight"), H * D, s->qb_proj.data());
-  round_to_storage(s->qb_proj.data(), static_cast<long>(s->qb_proj.size()), bf16);
-  s->q = zeros(s->qb_proj.size());
-  s->rstd_qh = zeros(static_cast<std::size_t>(n) * H);
-  cpu::rmsnorm_forward(s->qb_proj.data(), nullptr, n * H, D, eps, s->q.data(), s->rstd_qh.data());
-  round_to_storage(s->q.data(), static_cast<long>(s->q.size()), bf16);
-  rope_rows(rope, geo, plan.local_rows, s->q.data(), H, D, c.rope_dim, +1);
-
-  // K=V on the halo + local rows (boundary K=V recomputed here from the received rows).
-  s->kv_proj = zeros(static_cast<std::size_t>(ne) * D);
-  cpu::linear(s->x_ext.data(), ne, dm, w.f32("attn.wkv.weight"), D, s->kv_proj.data());
-  round_to_storage(s->kv_proj.data(), static_cast<long>(s->kv_proj.size()), bf16);
-  s->kv = zeros(s->kv_proj.size());
-  s->rstd_kv = zeros(static_cast<std::size_t>(ne));
-  cpu::rmsnorm_forward(s->kv_proj.data(), w.f32("attn.kv_norm.weight"), ne, D, eps, s->kv.data(),
-                       s->rstd_kv.data());
-  round_to_storage(s->kv.data(), static_cast<long>(s->kv.size()), bf16);
-  rope_rows(rope, geo, plan.ext_rows, s->kv.data(), 1, D, c.rope_dim, +1);
+  // Query path on the local rows; K=V on the halo + local rows (boundary K=V recomputed here
+  // from the received rows).
+  cpu::query_forward(c, w, rope, queries, s->x_local.data(), bf16, s->query);
+  cpu::kv_forward(c, w, rope, ext_rows(*s), s->x_ext.data(), bf16, s->kv);
 
   // Compressed rows: the owned groups, into this rank's slots, all-gathered rank-major. The
   // indexer keys go first (spec 02 §9), both gathers overlap the work that follows.
   const int ne_own = static_cast<int>(plan.entries.size());
-  const int HI = c.index_n_heads, DI = c.index_head_dim, K = c.index_topk;
+  const int DI = c.index_head_dim, K = c.index_topk;
+  auto compress_and_gather = [&](const cpu::CompressorSpec& spec, const std::string& prefix,
+                                 cpu::CompressorState& st, std::vector<float>& slots,
+                                 std::vector<float>& rank_major) {
+    cpu::compressor_forward(plan.entries.data(), ne_own, c.compress_ratio, spec, rope,
+                            s->x_ext.data(), ne, dm, cpu::compressor_weights(w, prefix), st);
+    slots = fill_slots(plan, st.out, spec.d, cp_options_.poison_unused);
+    rank_major.assign(static_cast<std::size_t>(P) * plan.slots * spec.d, 0.0f);
+    return comm.all_gather(comm_buffer(slots.data(), slots.size()),
+                           comm_buffer(rank_major.data(), rank_major.size()));
+  };
   std::vector<float> comp_slots, idx_slots;
   CommRequest idx_gather, comp_gather;
-  if (c.has_indexer()) {
-    // The indexer compressor sees the hidden rows detached: its backward gives no dx.
-    cpu::compressor_forward(plan.entries.data(), ne_own, c.compress_ratio, indexer_spec(c, bf16),
-                            rope, s->x_ext.data(), ne, dm,
-                            compressor_weights(w, "attn.indexer.compressor."), s->idx_comp);
-    idx_slots = fill_slots(plan, s->idx_comp.out, DI, cp_options_.poison_unused);
-    s->idx_rank_major.assign(static_cast<std::size_t>(P) * plan.slots * DI, 0.0f);
-    idx_gather = comm.all_gather(comm_buffer(idx_slots.data(), idx_slots.size()),
-                                 comm_buffer(s->idx_rank_major.data(), s->idx_rank_major.size()));
-  }
-  if (c.has_compressor()) {
-    cpu::compressor_forward(plan.entries.data(), ne_own, c.compress_ratio, main_spec(c, bf16),
-                            rope, s->x_ext.data(), ne, dm,
-                            compressor_weights(w, "attn.compressor."), s->comp);
-    comp_slots = fill_slots(plan, s->comp.out, D, cp_options_.poison_unused);
-    s->comp_rank_major.assign(static_cast<std::size_t>(P) * plan.slots * D, 0.0f);
-    comp_gather = comm.all_gather(comm_buffer(comp_slots.data(), comp_slots.size()),
-                                  comm_buffer(s->comp_rank_major.data(), s->comp_rank_major.size()));
-  }
+  if (c.has_indexer())  // the indexer compressor sees the hidden rows detached: no dx
+    idx_gather = compress_and_gather(cpu::indexer_compressor_spec(c, bf16),
+                                     "attn.indexer.compressor.", s->idx_comp, idx_slots,
+                                     s->idx_rank_major);
+  if (c.has_compressor())
+    comp_gather = compress_and_gather(cpu::main_compressor_spec(c, bf16), "attn.compressor.",
+                                      s->comp, comp_slots, s->comp_rank_major);
 
   CpLayerOutputs out;
-  const QueryRows queries = local_queries(*s);
   if (c.has_indexer()) {
     // Indexer queries and head weights on the local rows (detached inputs cq and x).
-    s->qi_proj = zeros(static_cast<std::size_t>(n) * HI * DI);
-    cpu::linear(s->cq.data(), n, rq, w.f32("attn.indexer.wq_b.weight"), HI * DI,
-                s->qi_proj.data());
-    round_to_storage(s->qi_proj.data(), static_cast<long>(s->qi_proj.size()), bf16);
-    s->qi = s->qi_proj;
-    rope_rows(rope, geo, plan.local_rows, s->qi.data(), HI, DI, c.rope_dim, +1);
-    hadamard_heads(s->qi.data(), static_cast<long>(n) * HI, DI, bf16);
-    s->w_eff = zeros(static_cast<std::size_t>(n) * HI);
-    cpu::linear(s->x_local.data(), n, dm, w.f32("attn.indexer.weights_proj.weight"), HI,
-                s->w_eff.data());
-    const float head_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HI)));
-    const float dim_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(DI)));
-    round_to_storage(s->w_eff.data(), static_cast<long>(s->w_eff.size()), bf16);
-    for (float& v : s->w_eff) {
-      v = bf16 ? round_bf16(v * head_scale) : v * head_scale;
-      v = bf16 ? round_bf16(v * dim_scale) : v * dim_scale;
-    }
-    // Top-k: the compact indexer of the single-rank layer (bf16 or mxfp8 operands), the local
-    // queries scoring their sequence's keys at their global positions (causal offsets); with
-    // a sparse loss its softmax over the selection is also the loss's predictor.
+    cpu::indexer_query_forward(c, w, rope, queries, s->query.cq.data(), s->x_local.data(), bf16,
+                               s->indexer);
+    // Top-k: the compact indexer of the single-rank layer, the local queries scoring their
+    // sequence's keys at their global positions (causal offsets).
     idx_gather.wait();
     s->idx_seq = sequence_major(plan, geo, s->idx_rank_major, DI);
-    s->topk.assign(static_cast<std::size_t>(n) * K, -1);
-    const cpu::IndexerArgs ia{HI, DI, K, s->qi.data(), s->w_eff.data(), s->idx_seq.data()};
-    const bool want_softmax = c.sparse_loss && c.loss_coeff > 0.0;
-    std::vector<float> logits(static_cast<std::size_t>(n) * K);
-    if (want_softmax) s->topk_softmax.assign(static_cast<std::size_t>(n) * K, 0.0f);
-    cpu::layer_indexer_topk(queries, ia, c.indexer_precision, s->topk.data(), logits.data(),
-                            want_softmax ? s->topk_softmax.data() : nullptr);
+    cpu::indexer_select(c, queries, s->idx_seq.data(), s->indexer);
     out.topk_indices = Tensor(DType::i32, {n, K});
-    std::memcpy(out.topk_indices.data(), s->topk.data(), sizeof(std::int32_t) * s->topk.size());
+    std::memcpy(out.topk_indices.data(), s->indexer.topk.data(),
+                sizeof(std::int32_t) * s->indexer.topk.size());
   }
   if (c.has_compressor()) comp_gather.wait();
   if (c.has_indexer() && c.loss_coeff > 0.0) {
@@ -458,22 +326,14 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
   low.seq_to_rank_row = c.has_compressor() ? plan.seq_to_rank_row.data() : nullptr;
   low.seq_major_rows = plan.seq_major_rows;
   const int cw = compressed_width(c, part.layout().max_seg_len(), c.has_indexer());
-  s->index = build_attention_index(queries,
-                                   c.has_indexer() ? IndexMode::selected : IndexMode::all_visible,
-                                   c.window, cw, c.has_indexer() ? s->topk.data() : nullptr, low);
+  s->index = build_attention_index(
+      queries, c.has_indexer() ? IndexMode::selected : IndexMode::all_visible, c.window, cw,
+      c.has_indexer() ? s->indexer.topk.data() : nullptr, low);
 
   s->attn = zeros(static_cast<std::size_t>(n) * H * D);
   s->lse = zeros(static_cast<std::size_t>(n) * H);
   cpu::attention_forward(n, attention_args(*s, w), s->attn.data(), s->lse.data());
-  s->attn_rot = s->attn;
-  rope_rows(rope, geo, plan.local_rows, s->attn_rot.data(), H, D, c.rope_dim, -1);
-  const int gro = c.o_groups * c.o_lora_rank;
-  s->u = zeros(static_cast<std::size_t>(n) * gro);
-  grouped_o_forward(c, n, s->attn_rot.data(), w.f32("attn.wo_a.weight"), s->u.data());
-  round_to_storage(s->u.data(), static_cast<long>(s->u.size()), bf16);
-  out.output = Tensor(DType::f32, {n, dm});
-  cpu::linear(s->u.data(), n, gro, w.f32("attn.wo_b.weight"), dm, out.output.ptr<float>());
-  round_to_storage(out.output.ptr<float>(), out.output.numel(), bf16);
+  out.output = cpu::output_forward(c, w, rope, queries, s->attn, bf16, s->attn_rot, s->u);
 
   // Work and traffic of this rank.
   CpWork& work = out.work;
@@ -520,30 +380,25 @@ CpLayerGradients ContextParallelLayer::backward(Communicator& comm, const CpLaye
              {"the layer weights", weights_checksum_}},
             local_error);
 
-  ThreadScope threads(options_.threads);
+  cpu::ThreadScope threads(options_.threads);
   const CpSavedActivations& s = *fwd.saved;
   const BatchGeometry& geo = s.geo;
   const cp::LayerPlan& plan = s.plan;
   const int P = s.ranks;
   const int n = static_cast<int>(plan.local_rows.size());
   const int ne = static_cast<int>(plan.ext_rows.size());
-  const int H = c.n_heads, D = c.head_dim, dm = c.d_model, rq = c.q_lora_rank;
+  const int H = c.n_heads, D = c.head_dim, dm = c.d_model;
   const LayerWeights& w = weights_;
   LayerWeights g = LayerWeights::zeros(c);
-  const cpu::RopeTable rope = make_rope(c, false);  // gradients stay fp32
+  const QueryRows queries = local_queries(s);
+  const cpu::RopeTable rope = cpu::make_rope(c, false);  // gradients stay fp32
   const std::vector<float> dy = grad_output.to_f32();
   std::vector<float> dx = zeros(static_cast<std::size_t>(n) * dm);
   std::vector<float> dx_ext = zeros(static_cast<std::size_t>(ne) * dm);
 
   // Output projections.
-  const int gro = c.o_groups * c.o_lora_rank;
-  std::vector<float> du = zeros(static_cast<std::size_t>(n) * gro);
-  cpu::linear_grad_input(dy.data(), n, dm, w.f32("attn.wo_b.weight"), gro, du.data(), false);
-  cpu::linear_grad_weight(dy.data(), n, dm, s.u.data(), gro, g.f32("attn.wo_b.weight"), true);
-  std::vector<float> dattn = zeros(static_cast<std::size_t>(n) * H * D);
-  grouped_o_backward(c, n, s.attn_rot.data(), w.f32("attn.wo_a.weight"), du.data(),
-                     dattn.data(), g.f32("attn.wo_a.weight"));
-  rope_rows(rope, geo, plan.local_rows, dattn.data(), H, D, c.rope_dim, +1);
+  std::vector<float> dattn =
+      cpu::output_backward(c, w, rope, queries, s.attn_rot, s.u, dy.data(), g);
 
   // Attention: gradients of the local queries and of every kv_full row.
   const int comp_rows = c.has_compressor() ? P * plan.slots : 0;
@@ -554,15 +409,19 @@ CpLayerGradients ContextParallelLayer::backward(Communicator& comm, const CpLaye
                           dq.data(), dkv.data(), dcomp_rank_major.data(),
                           g.f32("attn.attn_sink"));
 
+  // The gradients of rank-major compressed rows [P*C, d], summed into their owners' slots
+  // [C, d] (posted; both buffers live until the wait).
+  auto scatter_to_owners = [&](std::vector<float>& rank_major, int d,
+                               std::vector<float>& slots) {
+    slots = zeros(static_cast<std::size_t>(plan.slots) * d);
+    return comm.reduce_scatter_sum(comm_buffer(rank_major.data(), rank_major.size()),
+                                   comm_buffer(slots.data(), slots.size()));
+  };
+
   // Compressed-KV gradients to their owners (posted first, spec 02 §9).
   std::vector<float> dcomp_slots;
   CommRequest comp_scatter;
-  if (c.has_compressor()) {
-    dcomp_slots = zeros(static_cast<std::size_t>(plan.slots) * D);
-    comp_scatter = comm.reduce_scatter_sum(
-        comm_buffer(dcomp_rank_major.data(), dcomp_rank_major.size()),
-        comm_buffer(dcomp_slots.data(), dcomp_slots.size()));
-  }
+  if (c.has_compressor()) comp_scatter = scatter_to_owners(dcomp_rank_major, D, dcomp_slots);
 
   // The indexer loss: local q_idx / w gradients; key gradients through the map to rank-major
   // rows and on to their owners (posted even when grad_indexer_loss is 0: the collectives
@@ -576,78 +435,49 @@ CpLayerGradients ContextParallelLayer::backward(Communicator& comm, const CpLaye
     std::vector<float> dweff = zeros(static_cast<std::size_t>(n) * HI);
     std::vector<float> dkeys = zeros(static_cast<std::size_t>(geo.compressed_rows()) * DI);
     if (grad_indexer_loss != 0.0f)
-      cpu::indexer_loss_backward(local_queries(s), loss_args(s, w), grad_indexer_loss,
-                                 dqi.data(), dweff.data(), dkeys.data());
+      cpu::indexer_loss_backward(queries, loss_args(s, w), grad_indexer_loss, dqi.data(),
+                                 dweff.data(), dkeys.data());
     didx_rank_major = zeros(static_cast<std::size_t>(P) * plan.slots * DI);
     for (int j = 0; j < geo.compressed_rows(); ++j) {
       float* dst = didx_rank_major.data() + static_cast<std::size_t>(plan.seq_to_rank_row[j]) * DI;
       const float* src = dkeys.data() + static_cast<std::size_t>(j) * DI;
       for (int d = 0; d < DI; ++d) dst[d] += src[d];
     }
-    didx_slots = zeros(static_cast<std::size_t>(plan.slots) * DI);
-    idx_scatter = comm.reduce_scatter_sum(
-        comm_buffer(didx_rank_major.data(), didx_rank_major.size()),
-        comm_buffer(didx_slots.data(), didx_slots.size()));
-    hadamard_heads(dqi.data(), static_cast<long>(n) * HI, DI, false);
-    rope_rows(rope, geo, plan.local_rows, dqi.data(), HI, DI, c.rope_dim, -1);
-    cpu::linear_grad_weight(dqi.data(), n, HI * DI, s.cq.data(), rq,
-                            g.f32("attn.indexer.wq_b.weight"), true);
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HI)) /
-                                           std::sqrt(static_cast<double>(DI)));
-    for (float& v : dweff) v *= scale;
-    cpu::linear_grad_weight(dweff.data(), n, HI, s.x_local.data(), dm,
-                            g.f32("attn.indexer.weights_proj.weight"), true);
+    idx_scatter = scatter_to_owners(didx_rank_major, DI, didx_slots);
+    cpu::indexer_query_backward(c, rope, queries, s.query.cq.data(), s.x_local.data(), dqi,
+                                dweff, g);
   }
 
-  // Query path back to the local rows.
-  rope_rows(rope, geo, plan.local_rows, dq.data(), H, D, c.rope_dim, -1);
-  std::vector<float> dqb = zeros(dq.size());
-  cpu::rmsnorm_backward(s.qb_proj.data(), nullptr, s.rstd_qh.data(), dq.data(), n * H, D,
-                        dqb.data(), nullptr);
-  std::vector<float> dcq = zeros(static_cast<std::size_t>(n) * rq);
-  cpu::linear_grad_input(dqb.data(), n, H * D, w.f32("attn.wq_b.weight"), rq, dcq.data(), false);
-  cpu::linear_grad_weight(dqb.data(), n, H * D, s.cq.data(), rq, g.f32("attn.wq_b.weight"), true);
-  std::vector<float> dqa = zeros(dcq.size());
-  cpu::rmsnorm_backward(s.q_proj.data(), w.f32("attn.q_norm.weight"), s.rstd_q.data(),
-                        dcq.data(), n, rq, dqa.data(), g.f32("attn.q_norm.weight"));
-  cpu::linear_grad_input(dqa.data(), n, rq, w.f32("attn.wq_a.weight"), dm, dx.data(), true);
-  cpu::linear_grad_weight(dqa.data(), n, rq, s.x_local.data(), dm, g.f32("attn.wq_a.weight"), true);
+  // Query path back to the local rows; K=V path back to the halo + local rows.
+  cpu::query_backward(c, w, rope, queries, s.query, s.x_local.data(), dq, g, dx.data());
+  cpu::kv_backward(c, w, rope, ext_rows(s), s.kv, s.x_ext.data(), dkv, g, dx_ext.data());
 
-  // K=V path back to the halo + local rows.
-  rope_rows(rope, geo, plan.ext_rows, dkv.data(), 1, D, c.rope_dim, -1);
-  std::vector<float> dkva = zeros(dkv.size());
-  cpu::rmsnorm_backward(s.kv_proj.data(), w.f32("attn.kv_norm.weight"), s.rstd_kv.data(),
-                        dkv.data(), ne, D, dkva.data(), g.f32("attn.kv_norm.weight"));
-  cpu::linear_grad_input(dkva.data(), ne, D, w.f32("attn.wkv.weight"), dm, dx_ext.data(), true);
-  cpu::linear_grad_weight(dkva.data(), ne, D, s.x_ext.data(), dm, g.f32("attn.wkv.weight"), true);
-
-  // The main compressor (not detached) on the owned entries.
+  // A compressor's backward on the owned entries, from the gradients of this rank's slots.
   const int ne_own = static_cast<int>(plan.entries.size());
+  auto owned_compressor_backward = [&](const cpu::CompressorSpec& spec, const std::string& prefix,
+                                       const cpu::CompressorState& st,
+                                       const std::vector<float>& dslots, float* dx_rows) {
+    const int d = spec.d;
+    std::vector<float> dentries(static_cast<std::size_t>(ne_own) * d);
+    for (int k = 0; k < ne_own; ++k)
+      std::memcpy(dentries.data() + static_cast<std::size_t>(k) * d,
+                  dslots.data() + static_cast<std::size_t>(plan.entry_slot[k]) * d,
+                  sizeof(float) * d);
+    cpu::compressor_backward(plan.entries.data(), ne_own, c.compress_ratio, spec, rope,
+                             s.x_ext.data(), ne, dm, cpu::compressor_weights(w, prefix), st,
+                             dentries.data(), cpu::compressor_grads(g, prefix), dx_rows);
+  };
+  // The main compressor (not detached) on the owned entries.
   if (c.has_compressor()) {
     comp_scatter.wait();
-    std::vector<float> dentries(static_cast<std::size_t>(ne_own) * D);
-    for (int k = 0; k < ne_own; ++k)
-      std::memcpy(dentries.data() + static_cast<std::size_t>(k) * D,
-                  dcomp_slots.data() + static_cast<std::size_t>(plan.entry_slot[k]) * D,
-                  sizeof(float) * D);
-    cpu::compressor_backward(plan.entries.data(), ne_own, c.compress_ratio, main_spec(c, false),
-                             rope, s.x_ext.data(), ne, dm,
-                             compressor_weights(w, "attn.compressor."), s.comp, dentries.data(),
-                             compressor_grads(g, "attn.compressor."), dx_ext.data());
+    owned_compressor_backward(cpu::main_compressor_spec(c, false), "attn.compressor.", s.comp,
+                              dcomp_slots, dx_ext.data());
   }
   // The indexer compressor: trained by the loss only, no gradient to the hidden rows.
   if (loss_path) {
     idx_scatter.wait();
-    std::vector<float> dentries(static_cast<std::size_t>(ne_own) * DI);
-    for (int k = 0; k < ne_own; ++k)
-      std::memcpy(dentries.data() + static_cast<std::size_t>(k) * DI,
-                  didx_slots.data() + static_cast<std::size_t>(plan.entry_slot[k]) * DI,
-                  sizeof(float) * DI);
-    cpu::compressor_backward(plan.entries.data(), ne_own, c.compress_ratio,
-                             indexer_spec(c, false), rope, s.x_ext.data(), ne, dm,
-                             compressor_weights(w, "attn.indexer.compressor."), s.idx_comp,
-                             dentries.data(), compressor_grads(g, "attn.indexer.compressor."),
-                             nullptr);
+    owned_compressor_backward(cpu::indexer_compressor_spec(c, false),
+                              "attn.indexer.compressor.", s.idx_comp, didx_slots, nullptr);
   }
 
   // Halo gradients back to the ranks that own the rows.
