@@ -15,7 +15,7 @@ AttentionIndex build_attention_index(const QueryRows& q, IndexMode mode, int win
                                      int cw, const std::int32_t* topk,
                                      const KvLowering& low) {
   const BatchGeometry& geo = *q.geo;
-  require(mode == IndexMode::all_visible || topk != nullptr, ErrorKind::Internal,
+  require(mode == IndexMode::all_visible || topk != nullptr || q.count == 0, ErrorKind::Internal,
           "build_attention_index: modes 0 and 2 need a top-k");
   AttentionIndex out;
   out.window = window;

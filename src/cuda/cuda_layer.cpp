@@ -130,6 +130,9 @@ CudaLayer::CudaLayer(const AttentionConfig& cfg, const LayerWeights& weights)
     w.ic_ape = f("attn.indexer.compressor.ape");
   }
   w.omega = reinterpret_cast<const float*>(base + omega_off);
+  // cudaMemcpy from pageable memory may return before the DMA lands, and s.stream does not
+  // wait for the legacy stream: finish the uploads before any run.
+  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 CudaLayer::~CudaLayer() = default;
@@ -141,6 +144,12 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   CudaLayerImpl& s = *impl_;
   const AttentionConfig& c = s.cfg;
   const int T = static_cast<int>(x.dim(0));
+  // From here on the previous forward's activations may be overwritten: invalidate them
+  // first, so a forward that throws half-way can never be followed by a backward (or a
+  // profile) on clobbered or freed buffers.
+  ++s.generation;
+  s.has_last = false;
+  s.has_backward = false;
   const WorkspacePlan plan = plan_forward(c, T, layout.num_segments(), layout.max_seg_len());
   if (plan.bytes > s.workspace_capacity) {  // grow outside the run
     if (s.workspace) CSATTN_CUDA_CHECK(cudaFree(s.workspace));
@@ -182,7 +191,6 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   run_forward(p, s.blas, s.stream);
   s.last = p;
   s.has_last = true;
-  ++s.generation;
   const std::int64_t real_rows = layout.real_rows();
   s.loss_scale = c.per_token_loss ? static_cast<float>(c.loss_coeff)
                  : real_rows > 0   ? static_cast<float>(c.loss_coeff / static_cast<double>(real_rows))

@@ -209,7 +209,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = threadIdx.x; j < nc; j += kThreads) {
     const float tj = s.target[j] / tsum;
     s.target[j] = tj;
-    kl += tj * (logf(fmaxf(tj, 1e-10f)) - (s.logits[j] - ilse));
+    // The sparse predictor is the compact softmax, clamped at FLT_MIN like the CPU's.
+    const float logp = a.sparse ? fmaxf(s.logits[j] - ilse, logf(FLT_MIN)) : s.logits[j] - ilse;
+    kl += tj * (logf(fmaxf(tj, 1e-10f)) - logp);
   }
   kl = block_sum(kl, scratch);
   if (threadIdx.x == 0) loss_rows[t] = kl;
@@ -297,7 +299,10 @@ __global__ void indexer_weights_backward_kernel(int n, float scale, const float*
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
                          float* loss_rows, float* loss, bool grads, float grad_scale, bf16* dqi,
                          float* dweff, float* dkeys_acc, cudaStream_t stream) {
-  if (d.rows <= 0) return;
+  if (d.rows <= 0) {  // no rows: the loss is 0 (never a stale value)
+    if (!grads && loss) CSATTN_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), stream));
+    return;
+  }
   require(d.heads <= 32 * kMaxHeadsPerLane && d.index_heads <= 32 * kMaxHeadsPerLane &&
               d.head_dim <= 32 * kMaxDimPerLane && d.index_dim <= 32 * kMaxIdxDimPerLane,
           ErrorKind::Unsupported,

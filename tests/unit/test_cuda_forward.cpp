@@ -256,6 +256,119 @@ TEST(CudaBackward, MustFollowItsForward) {
   EXPECT_NO_THROW(gpu.backward(second, random_tensor(10, cfg.d_model, 4)));
 }
 
+// Added after the last device run of 2026-12-02 (from a code review): paths the first
+// tests did not reach.
+
+// A long segment: the indexer scores many key tiles per row and the radix select runs
+// (visible entries >> top-k), against the CPU's selection and output.
+TEST(CudaForward, LongSegmentSelectsLikeTheCpu) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("small").base;
+  cfg.compress_ratio = 4;
+  const SeqLayout layout = SeqLayout::from_lengths({3000, 900});
+  const int T = 3900;
+  const LayerWeights w = LayerWeights::random(cfg, 71);
+  const Tensor x = random_tensor(T, cfg.d_model, 72, true);
+  HybridAttentionLayer cpu(cfg, w, RunOptions{Precision::bf16, Device::cpu});
+  HybridAttentionLayer gpu(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+  const LayerOutputs c = cpu.forward(x, layout);
+  expect_topk_close(topk_vector(gpu.forward(x, layout)), topk_vector(c), cfg.index_topk);
+  const LayerOutputs g = gpu.forward(x, layout, c.topk_indices);
+  const Similarity sim = similarity(g.output.to_f32(), to_double(c.output.to_f32()));
+  EXPECT_GT(sim.cosine, 1.0 - 2e-4);
+}
+
+// Exact ties everywhere (zero head weights): the selection is the smallest ids, exactly.
+TEST(CudaForward, TiesSelectSmallestIndices) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("small").base;
+  cfg.compress_ratio = 4;
+  LayerWeights w = LayerWeights::random(cfg, 73);
+  Tensor& wp = w.get("attn.indexer.weights_proj.weight");
+  std::fill(wp.ptr<float>(), wp.ptr<float>() + wp.numel(), 0.0f);
+  const SeqLayout layout = SeqLayout::from_lengths({600});
+  HybridAttentionLayer gpu(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+  const auto topk = topk_vector(gpu.forward(random_tensor(600, cfg.d_model, 74, true), layout));
+  const int K = cfg.index_topk;
+  for (int t = 0; t < 600; ++t) {
+    const int n = std::min((t + 1) / 4, K);
+    for (int k = 0; k < K; ++k) ASSERT_EQ(topk[t * K + k], k < n ? k : -1) << "row " << t;
+  }
+}
+
+// Head dim 512 with 96 and 128 heads: the tensor-core attention with a partial and with two
+// head blocks per token.
+class CudaForwardHeads : public ::testing::TestWithParam<int> {};
+TEST_P(CudaForwardHeads, MatchesCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  cfg.compress_ratio = 128;
+  cfg.n_heads = GetParam();
+  cfg.validate();
+  const SeqLayout layout = SeqLayout::from_lengths({130, 400});
+  const LayerWeights w = LayerWeights::random(cfg, 75);
+  const Tensor x = random_tensor(530, cfg.d_model, 76, true);
+  HybridAttentionLayer cpu(cfg, w, RunOptions{Precision::bf16, Device::cpu});
+  HybridAttentionLayer gpu(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+  const Similarity sim = similarity(gpu.forward(x, layout).output.to_f32(),
+                                    to_double(cpu.forward(x, layout).output.to_f32()));
+  EXPECT_GT(sim.cosine, 1.0 - 2e-4);
+  EXPECT_GT(sim.tensor, 1.0 - 2e-4);
+}
+INSTANTIATE_TEST_SUITE_P(Heads, CudaForwardHeads, ::testing::Values(96, 128));
+
+// An empty batch, an empty segment and a padding-only segment, forward and backward; then a
+// smaller batch after a larger one on the same layer.
+TEST(CudaForward, DegenerateLayoutsAndShrinkingBatches) {
+  SKIP_WITHOUT_GPU();
+  for (int ratio : {0, 4, 128}) {
+    AttentionConfig cfg = ModelConfig::preset("small").base;
+    cfg.compress_ratio = ratio;
+    const LayerWeights w = LayerWeights::random(cfg, 77);
+    HybridAttentionLayer cpu(cfg, w, RunOptions{Precision::bf16, Device::cpu});
+    HybridAttentionLayer gpu(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+    const LayerOutputs e = gpu.forward(Tensor(DType::f32, {0, cfg.d_model}), SeqLayout::bshd(1, 0));
+    EXPECT_EQ(e.output.numel(), 0);
+    EXPECT_EQ(e.indexer_loss, 0.0f);
+    EXPECT_NO_THROW(gpu.backward(e, Tensor(DType::f32, {0, cfg.d_model})));
+    for (const std::vector<int>& lens : {std::vector<int>{700, 300}, std::vector<int>{40}}) {
+      std::vector<int> padded = lens;
+      std::vector<int> real = lens;
+      real.push_back(0);    // an empty segment
+      padded.push_back(0);
+      real.push_back(0);    // a padding-only segment
+      padded.push_back(8);
+      const SeqLayout layout = SeqLayout::from_lengths(real, padded);
+      const int T = static_cast<int>(layout.total_rows());
+      const Tensor x = random_tensor(T, cfg.d_model, 78, true);
+      const LayerOutputs c = cpu.forward(x, layout);
+      const LayerOutputs g = cfg.has_indexer() ? gpu.forward(x, layout, c.topk_indices)
+                                               : gpu.forward(x, layout);
+      const Similarity sim = similarity(g.output.to_f32(), to_double(c.output.to_f32()));
+      EXPECT_GT(sim.cosine, 1.0 - 2e-4) << "ratio " << ratio << " T " << T;
+      const LayerGradients gg = gpu.backward(g, random_tensor(T, cfg.d_model, 79, true));
+      for (float v : gg.grad_input.to_f32()) ASSERT_TRUE(std::isfinite(v));
+    }
+  }
+}
+
+// A forward that fails half-way (here: the dense loss of an 80K-token segment needs more
+// shared memory than a block has) must not leave the previous forward's outputs usable.
+TEST(CudaBackward, FailedForwardInvalidatesThePreviousOne) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("small").base;
+  cfg.compress_ratio = 4;
+  cfg.sparse_loss = false;
+  HybridAttentionLayer gpu(cfg, LayerWeights::random(cfg, 81), RunOptions{Precision::bf16, Device::cuda});
+  const SeqLayout small = SeqLayout::from_lengths({500});
+  const LayerOutputs ok = gpu.forward(random_tensor(500, cfg.d_model, 82, true), small);
+  EXPECT_THROW(gpu.forward(random_tensor(80000, cfg.d_model, 83, true), SeqLayout::from_lengths({80000})),
+               Error);
+  EXPECT_THROW(gpu.backward(ok, random_tensor(500, cfg.d_model, 84, true)), Error);
+  const LayerOutputs again = gpu.forward(random_tensor(500, cfg.d_model, 85, true), small);
+  EXPECT_NO_THROW(gpu.backward(again, random_tensor(500, cfg.d_model, 86, true)));
+}
+
 TEST(CudaForward, WithoutGpuTheErrorSaysWhy) {
   std::string why;
   if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present";

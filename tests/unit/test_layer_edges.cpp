@@ -139,3 +139,42 @@ TEST(LayerEdges, NanStaysInItsSegmentAndRunsRepeat) {
 
 }  // namespace
 }  // namespace csattn
+
+namespace csattn {
+namespace {
+
+using namespace testing_util;
+
+// Degenerate layouts: an empty batch, an empty segment between real ones, and a segment that
+// is all padding. Nothing may crash, rows must stay exact against the oracle, the loss must
+// be finite (0 for the empty batch).
+TEST(LayerEdges, EmptyBatchEmptySegmentAndPaddingOnlySegment) {
+  for (int ratio : {0, 4, 128}) {
+    AttentionConfig cfg = tiny_config(ratio);
+    const LayerWeights w = LayerWeights::random(cfg, 61);
+    HybridAttentionLayer layer(cfg, w, RunOptions{Precision::fp32});
+
+    const LayerOutputs empty = layer.forward(Tensor(DType::f32, {0, cfg.d_model}),
+                                             SeqLayout::bshd(1, 0));
+    EXPECT_EQ(empty.output.numel(), 0);
+    EXPECT_EQ(empty.indexer_loss, 0.0f);
+    const LayerGradients ge = layer.backward(empty, Tensor(DType::f32, {0, cfg.d_model}));
+    for (const auto& [name, t] : ge.grad)
+      for (float v : t.to_f32()) ASSERT_EQ(v, 0.0f) << name;
+
+    // Real lengths 9, 0, 0 (padded 8), 140; the padding-only segment has 8 physical rows.
+    const SeqLayout layout = SeqLayout::from_lengths({9, 0, 0, 140}, {9, 0, 8, 140});
+    const int T = static_cast<int>(layout.total_rows());
+    const Tensor x = random_tensor(T, cfg.d_model, 62);
+    const LayerOutputs out = layer.forward(x, layout);
+    ASSERT_TRUE(std::isfinite(out.indexer_loss));
+    const oracle::Result ref = oracle::forward(cfg, layout, to_weights64(w), x.to_f64());
+    EXPECT_LT(max_abs_diff(out.output.to_f32(), ref.output), 2e-5 * max_abs(ref.output))
+        << "ratio " << ratio;
+    const LayerGradients g = layer.backward(out, random_tensor(T, cfg.d_model, 63));
+    for (float v : g.grad_input.to_f32()) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+}  // namespace
+}  // namespace csattn
