@@ -171,6 +171,7 @@ json layer_case(const std::string& preset, int ratio, int tokens, bool backward 
   json j{{"preset", preset}, {"type", layer_kind_name(layer_kind(ratio))}, {"tokens", tokens},
          {"forward_ms", prof.total_ms}, {"tokens_per_s", tokens / (prof.total_ms * 1e-3)},
          {"workspace_bytes", prof.workspace_bytes}};
+  j["device_bytes"] = layer.device_bytes();
   if (backward) {
     j["backward_ms"] = backward_ms;
     j["train_step_tokens_per_s"] = tokens / ((prof.total_ms + backward_ms) * 1e-3);

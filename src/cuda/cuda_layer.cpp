@@ -32,6 +32,7 @@ struct CudaLayerImpl {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   void* weights_mem = nullptr;
+  std::size_t weights_bytes = 0;
   DeviceWeights w;
   void* workspace = nullptr;
   std::size_t workspace_capacity = 0;
@@ -88,6 +89,7 @@ CudaLayer::CudaLayer(const AttentionConfig& cfg, const LayerWeights& weights)
   const std::size_t omega_off = total;
   total += (omega.size() * sizeof(float) + 255) / 256 * 256;
   CSATTN_CUDA_CHECK(cudaMalloc(&s.weights_mem, total));
+  s.weights_bytes = total;
   auto* base = static_cast<unsigned char*>(s.weights_mem);
   std::map<std::string, const void*> ptr;
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -230,6 +232,10 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
 }
 
 std::uint64_t CudaLayer::generation() const { return impl_->generation; }
+
+std::size_t CudaLayer::device_bytes() const {
+  return impl_->weights_bytes + impl_->workspace_capacity + impl_->grad_capacity;
+}
 
 LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer_loss) {
   CudaLayerImpl& s = *impl_;

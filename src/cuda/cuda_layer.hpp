@@ -50,6 +50,9 @@ class CudaLayer {
   void set_poison(bool on);
   // Re-runs the last forward `iters` times (after `warmup`) and reports median timings.
   ForwardProfile profile(int warmup, int iters);
+  // Device memory this layer holds: weights + forward workspace + backward buffers and
+  // weight gradients (the CUDA context and cuBLAS's own workspace not included).
+  std::size_t device_bytes() const;
   // Re-runs the last backward (after backward()) and returns the median device time (ms).
   double profile_backward(int warmup, int iters);
 
