@@ -20,6 +20,7 @@
 #include "cuda/check.hpp"
 #include "cuda/cuda_layer.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/timing.hpp"
 #include "cuda/workspace.hpp"
 
 using namespace csattn;
@@ -29,25 +30,8 @@ using json = nlohmann::json;
 namespace {
 
 template <class F>
-double median_ms(F&& run, int warmup, int iters) {
-  cudaEvent_t a, b;
-  CSATTN_CUDA_CHECK(cudaEventCreate(&a));
-  CSATTN_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < warmup; ++i) run();
-  std::vector<double> v;
-  for (int i = 0; i < iters; ++i) {
-    CSATTN_CUDA_CHECK(cudaEventRecord(a));
-    run();
-    CSATTN_CUDA_CHECK(cudaEventRecord(b));
-    CSATTN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0.0f;
-    CSATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    v.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+double median_ms(F&& run, int warmup, int iters) {  // on the legacy stream
+  return median_event_ms(run, nullptr, warmup, iters);
 }
 
 void fill_random_bf16(bf16* dev, std::size_t n, std::uint64_t seed, float scale = 1.0f) {

@@ -10,6 +10,7 @@
 #include "cuda/check.hpp"
 #include "cuda/backward.hpp"
 #include "cuda/forward.hpp"
+#include "cuda/timing.hpp"
 #include "cuda/workspace.hpp"
 
 namespace csattn::cuda {
@@ -318,24 +319,8 @@ ForwardProfile CudaLayer::profile(int warmup, int iters) {
 double CudaLayer::profile_backward(int warmup, int iters) {
   CudaLayerImpl& s = *impl_;
   require(s.has_backward, ErrorKind::InvalidArgument, "profile_backward() needs a backward() first");
-  for (int i = 0; i < warmup; ++i) run_backward(s.last, s.last_backward, s.blas, s.stream);
-  cudaEvent_t a, b;
-  CSATTN_CUDA_CHECK(cudaEventCreate(&a));
-  CSATTN_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> v;
-  for (int i = 0; i < iters; ++i) {
-    CSATTN_CUDA_CHECK(cudaEventRecord(a, s.stream));
-    run_backward(s.last, s.last_backward, s.blas, s.stream);
-    CSATTN_CUDA_CHECK(cudaEventRecord(b, s.stream));
-    CSATTN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0.0f;
-    CSATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    v.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return median_event_ms([&] { run_backward(s.last, s.last_backward, s.blas, s.stream); },
+                         s.stream, warmup, iters);
 }
 
 }  // namespace csattn::cuda
