@@ -87,7 +87,8 @@ void print_run_table(const RunPlan& plan, const RunReport& report) {
     fmt::print(
         "max|diff|: largest |output - oracle| on the sampled rows (CSA: attention on the "
         "backend's top-k); rel diff = max|diff| / max|ref|;\n"
-        "topk eq: fraction of sampled rows whose own oracle top-k equals the backend's.\n");
+        "topk eq: fraction of sampled rows whose own oracle top-k equals the backend's (in bf16,\n"
+        "rounded scores can swap near-ties at the k-th boundary; --dtype fp32 compares exactly).\n");
   fmt::print("total {:.1f} ms\n", report.total_ms);
   std::fflush(stdout);
 }
