@@ -140,9 +140,7 @@ void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, c
                            sizeof(int) * max_keys;
   require(smem <= 220 * 1024, ErrorKind::Unsupported,
           "the CUDA attention backward needs " + std::to_string(smem) + " bytes of shared memory");
-  CSATTN_CUDA_CHECK(cudaFuncSetAttribute(attention_backward_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
+  allow_dynamic_smem(attention_backward_kernel, smem, "the CUDA attention backward");
   attention_backward_kernel<<<d.rows, kThreads, smem, stream>>>(
       d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part);
   CSATTN_CUDA_LAUNCH_CHECK();

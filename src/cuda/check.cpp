@@ -1,5 +1,9 @@
 #include "cuda/check.hpp"
 
+#include <mutex>
+#include <set>
+#include <utility>
+
 namespace csattn::cuda {
 
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
@@ -12,6 +16,21 @@ void throw_cublas_error(cublasStatus_t st, const char* what, const char* file, i
   throw Error(ErrorKind::Internal, std::string("cuBLAS error ") + cublasGetStatusName(st) +
                                        " in " + what + " at " + file + ":" +
                                        std::to_string(line));
+}
+
+void allow_dynamic_smem(const void* kernel, std::size_t bytes, const char* what) {
+  static std::mutex mutex;
+  static std::set<std::pair<int, const void*>> raised;  // (device, kernel)
+  int device = 0, optin = 0;
+  CSATTN_CUDA_CHECK(cudaGetDevice(&device));
+  CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  require(bytes <= static_cast<std::size_t>(optin), ErrorKind::Unsupported,
+          std::string(what) + " needs " + std::to_string(bytes) +
+              " bytes of shared memory per block; this device allows " + std::to_string(optin));
+  if (bytes <= 48 * 1024) return;  // the default limit suffices
+  std::lock_guard<std::mutex> lock(mutex);
+  if (raised.insert({device, kernel}).second)
+    CSATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
 }
 
 }  // namespace csattn::cuda

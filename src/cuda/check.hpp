@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <string>
 
 #include "csattn/error.hpp"
@@ -13,6 +14,16 @@ namespace csattn::cuda {
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 [[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* what, const char* file,
                                      int line);
+
+// Lets `kernel` use up to the device's opt-in shared-memory maximum (set once per kernel and
+// process: the attribute is process-global, so setting it per launch to that launch's size
+// would race between layers on different threads). Throws csattn::Error (Unsupported, with
+// `what` in the message) when `bytes` exceeds the maximum.
+void allow_dynamic_smem(const void* kernel, std::size_t bytes, const char* what);
+template <class Kernel>
+void allow_dynamic_smem(Kernel* kernel, std::size_t bytes, const char* what) {
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes, what);
+}
 
 }  // namespace csattn::cuda
 

@@ -316,9 +316,7 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
           "the CUDA indexer loss keeps one row's candidates in shared memory: " +
               std::to_string(cap) + " candidates need " + std::to_string(smem) +
               " bytes, more than 220 KiB (dense loss on very long segments: future work)");
-  CSATTN_CUDA_CHECK(cudaFuncSetAttribute(indexer_loss_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
+  allow_dynamic_smem(indexer_loss_kernel, smem, "the CUDA indexer loss");
   indexer_loss_kernel<<<d.rows, kThreads, smem, stream>>>(d, meta, a, cap, loss_rows, grads,
                                                           grad_scale, dqi, dweff, dkeys_acc);
   CSATTN_CUDA_LAUNCH_CHECK();

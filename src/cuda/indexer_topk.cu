@@ -313,8 +313,7 @@ void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const b
   }();
   auto kernel = !force_baseline && indexer_mma_supported(d) ? indexer_topk_mma_kernel
                                                             : indexer_topk_kernel;
-  CSATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
+  allow_dynamic_smem(kernel, smem, "the CUDA indexer");
   kernel<<<d.rows, kThreads, smem, stream>>>(d, meta, qi, w_eff, keys, topk);
   CSATTN_CUDA_LAUNCH_CHECK();
 }

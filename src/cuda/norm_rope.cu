@@ -82,10 +82,7 @@ __global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
   if (a.rows <= 0) return;
   const std::size_t smem = sizeof(float) * static_cast<std::size_t>(a.n);
-  if (smem > 48 * 1024)
-    CSATTN_CUDA_CHECK(cudaFuncSetAttribute(norm_rope_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
+  allow_dynamic_smem(norm_rope_kernel, smem, "the norm / RoPE kernel");
   norm_rope_kernel<<<a.rows, kThreads, smem, stream>>>(a);
   CSATTN_CUDA_LAUNCH_CHECK();
 }

@@ -111,10 +111,7 @@ void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, con
   require(smem <= 220 * 1024, ErrorKind::Unsupported,
           "the CUDA attention kernel needs " + std::to_string(smem) +
               " bytes of shared memory for " + std::to_string(max_keys) + " keys per query");
-  if (smem > 48 * 1024)
-    CSATTN_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
+  allow_dynamic_smem(sparse_attention_kernel, smem, "the CUDA attention kernel");
   const long blocks = static_cast<long>(d.rows) * d.heads;
   sparse_attention_kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
       d, meta, q, kv, comp, sink, topk, out, lse);

@@ -226,9 +226,7 @@ void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta,
   require(smem <= 227 * 1024, ErrorKind::Unsupported,
           "the tensor-core attention kernel needs " + std::to_string(smem) +
               " bytes of shared memory for " + std::to_string(max_keys) + " keys per query");
-  CSATTN_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_mma_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
+  allow_dynamic_smem(sparse_attention_mma_kernel, smem, "the tensor-core attention kernel");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long blocks = static_cast<long>(d.rows) * head_blocks;
   sparse_attention_mma_kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
