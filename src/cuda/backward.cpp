@@ -81,6 +81,8 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
   const int gro = d.o_groups * d.o_lora_rank, gd = HD / d.o_groups;
   const int Nc = d.comp_capacity;
   CSATTN_CUBLAS_CHECK(cublasSetStream(blas, stream));
+  if (f.blas_workspace)  // after SetStream, which resets cuBLAS to its own pool
+    CSATTN_CUBLAS_CHECK(cublasSetWorkspace(blas, f.blas_workspace, f.blas_workspace_bytes));
 
   // Output projections, then the transpose of the inverse RoPE (a forward rotation).
   linear_grad_input(blas, b.dy, T, dm, w.wo_b, gro, b.du);

@@ -173,6 +173,8 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   p.w = s.w;
   p.meta = plan.metadata(s.workspace);
   p.act = plan.activations(s.workspace);
+  p.blas_workspace = base + plan.blas;
+  p.blas_workspace_bytes = WorkspacePlan::kBlasWorkspaceBytes;
   const std::vector<std::int32_t>& cu = layout.cu_seqlens();
   const std::vector<std::int32_t>& cup = layout.cu_seqlens_padded();
   const std::vector<std::uint16_t> xb = to_bf16_bits(x.to_f32().data(), static_cast<std::size_t>(x.numel()));

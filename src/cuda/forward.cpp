@@ -66,6 +66,8 @@ void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t strea
   const DeviceActivations& a = p.act;
   const int T = d.rows, H = d.heads, D = d.head_dim;
   CSATTN_CUBLAS_CHECK(cublasSetStream(blas, stream));
+  if (p.blas_workspace)  // after SetStream, which resets cuBLAS to its own pool
+    CSATTN_CUBLAS_CHECK(cublasSetWorkspace(blas, p.blas_workspace, p.blas_workspace_bytes));
   Stages st{timer, stream};
   st.mark(nullptr);
 

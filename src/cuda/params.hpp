@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace csattn::cuda {
@@ -74,6 +75,10 @@ struct ForwardParams {
   DeviceMetadata meta;
   DeviceActivations act;
   bool forced_topk = false;  // act.topk already holds the caller's selection
+  // cuBLAS's scratch, from the caller's workspace: with it cuBLAS allocates nothing inside a
+  // run (needed for CUDA-graph capture). The backward reuses it (same stream, in order).
+  void* blas_workspace = nullptr;
+  std::size_t blas_workspace_bytes = 0;
 };
 
 }  // namespace csattn::cuda

@@ -83,6 +83,7 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
   p.attn_rot = take(T * HD * bf);
   p.u = take(T * d.o_groups * d.o_lora_rank * bf);
   p.y = take(T * d.d_model * bf);
+  p.blas = take(WorkspacePlan::kBlasWorkspaceBytes);
   p.bytes = at;
   return p;
 }

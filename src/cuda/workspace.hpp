@@ -20,6 +20,8 @@ struct WorkspacePlan {
   std::size_t qi_proj = 0, qi = 0, w_raw = 0, w_eff = 0, i_a = 0, i_g = 0, i_pooled = 0,
               i_keys = 0, topk = 0;
   std::size_t attn = 0, lse = 0, attn_rot = 0, u = 0, y = 0;
+  std::size_t blas = 0;  // cuBLAS scratch (kBlasWorkspaceBytes)
+  static constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;  // cuBLAS's Hopper guidance
 
   // Pointers into a workspace of at least `bytes` bytes.
   DeviceMetadata metadata(void* base) const;
