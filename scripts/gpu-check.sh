@@ -46,10 +46,10 @@ tail -14 "$SUMMARY"
 bench_rc=skipped
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
   echo "== benchmarks"
-  build-gpu/csattn_cuda_bench "$OUT/cuda_bench.json" 2> "$OUT/bench.err" | tee -a "$SUMMARY"
+  build-gpu/csattn bench --device cuda --out "$OUT/cuda_bench.json" --svg "$OUT/cuda_bench.svg" \
+    2> "$OUT/bench.err" | tee -a "$SUMMARY"
   bench_rc=${PIPESTATUS[0]}
   [ "$bench_rc" = 0 ] || tail -5 "$OUT/bench.err"
-  [ -f "$OUT/cuda_bench.json" ] && python3 bench/plot_svg.py "$OUT/cuda_bench.json" "$OUT/cuda_bench.svg"
   if [ -f bench/torch_layer.py ] && [ "${GPU_CHECK_TORCH:-1}" != 0 ]; then
     echo "== PyTorch eager layer (same GPU, same run)"
     PYTHONUNBUFFERED=1 python3 bench/torch_layer.py time --json-out "$OUT/torch_eager.json" \

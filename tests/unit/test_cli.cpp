@@ -12,6 +12,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "csattn/layer.hpp"
 #include <nlohmann/json.hpp>
 
 #include "csattn/config.hpp"
@@ -185,6 +187,12 @@ TEST(Cli, BadOptionsExitWithStatus2AndOneLine) {
   expect_usage_error("", {});
   expect_usage_error("config --preset nope", {"nope"});
   expect_usage_error("bench --preset tiny --repeat 0", {"--repeat"});
+  expect_usage_error("bench --device tpu", {"--device", "tpu"});
+  expect_usage_error("run --preset tiny --device tpu", {"--device", "tpu"});
+  if (!csattn::cuda_available()) {  // without a GPU the cuda device is refused with the reason
+    expect_usage_error("bench --device cuda", {"--device", "cuda"});
+    expect_usage_error("run --preset tiny --device cuda", {"--device", "cuda"});
+  }
 }
 
 TEST(Cli, HelpExitsZero) {

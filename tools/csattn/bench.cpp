@@ -12,6 +12,9 @@
 
 #include "cli_util.hpp"
 #include "commands.hpp"
+#ifdef CSATTN_HAVE_CUDA
+#include "cuda_bench.hpp"
+#endif
 #include "csattn/config.hpp"
 #include "csattn/layer.hpp"
 #include "csattn/layout.hpp"
@@ -33,6 +36,8 @@ struct BenchArgs {
   std::uint64_t seed = 42;
   std::string dtype = "bf16";
   bool quiet = false;
+  std::string device = "cpu";
+  std::string out, svg;  // GPU benchmarks
 };
 
 // Default lengths per preset: the large presets get shorter sequences.
@@ -58,6 +63,21 @@ struct BenchResult {
 
 double tokens_per_s(std::int64_t tokens, double ms) {
   return ms > 0 ? static_cast<double>(tokens) * 1000.0 / ms : 0.0;
+}
+
+int run_gpu_bench(const BenchArgs& a) {
+#ifdef CSATTN_HAVE_CUDA
+  std::string why;
+  if (!cuda_available(&why)) {
+    std::fprintf(stderr, "csattn: error: --device: cuda: %s\n", why.c_str());
+    return 2;
+  }
+  return bench::run_cuda_bench(a.out, a.svg);
+#else
+  (void)a;
+  std::fprintf(stderr, "csattn: error: --device: cuda: this build has no CUDA backend\n");
+  return 2;
+#endif
 }
 
 int run_bench(const BenchArgs& a) {
@@ -199,7 +219,21 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--dtype", a->dtype, "Precision: bf16 or fp32")->capture_default_str();
   cmd->add_flag("-q,--quiet", a->quiet, "No progress lines on stderr");
-  return [a]() { return run_bench(*a); };
+  cmd->add_option("--device", a->device,
+                  "cpu: the layer's tokens/s (the options above); cuda: the GPU benchmarks "
+                  "(ceilings, sparse attention at FlashMLA's shapes, layer forward + "
+                  "backward, indexer at 32K-128K tokens), with --out and --svg")
+      ->capture_default_str();
+  cmd->add_option("--out", a->out, "GPU benchmarks: write the JSON report here")->type_name("FILE");
+  cmd->add_option("--svg", a->svg, "GPU benchmarks: write the attention chart here")->type_name("FILE");
+  return [a]() {
+    if (a->device == "cuda") return run_gpu_bench(*a);
+    if (a->device != "cpu") {
+      std::fprintf(stderr, "csattn: error: --device: '%s' is not one of cpu, cuda\n", a->device.c_str());
+      return 2;
+    }
+    return run_bench(*a);
+  };
 }
 
 }  // namespace csattn::cli

@@ -1,0 +1,271 @@
+// GPU benchmarks of the CUDA backend (run on the lent H200 by scripts/gpu-check.sh):
+//  1. the ceilings of this run: bf16 GEMM (cuBLAS, 8192^3) and device copy bandwidth;
+//  2. the sparse attention kernel at FlashMLA's anchor shapes (4096 queries, random top-k
+//     into 8K-64K compressed keys, sink on) plus our 128-row window;
+//  3. the whole layer forward per layer type at the Flash shape, with per-stage shares.
+// Prints a table, writes JSON and an SVG bar chart of the attention figures. Shared by
+// `csattn bench --device cuda` and the standalone `csattn_cuda_bench` (bench/cuda_bench.cpp).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cuda_bench.hpp"
+
+#include "csattn/layer.hpp"
+#include "cuda/check.hpp"
+#include "cuda/cuda_layer.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/timing.hpp"
+#include "cuda/workspace.hpp"
+
+using namespace csattn;
+using namespace csattn::cuda;
+using json = nlohmann::json;
+
+namespace {
+
+template <class F>
+double median_ms(F&& run, int warmup, int iters) {  // on the legacy stream
+  return median_event_ms(run, nullptr, warmup, iters);
+}
+
+void fill_random_bf16(bf16* dev, std::size_t n, std::uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<std::uint16_t> h(n);
+  for (auto& x : h) x = float_to_bf16_bits(dist(rng));
+  CSATTN_CUDA_CHECK(cudaMemcpy(dev, h.data(), n * 2, cudaMemcpyHostToDevice));
+}
+
+json ceilings() {
+  json j;
+  const int n = 8192;
+  bf16 *A, *B, *C;
+  CSATTN_CUDA_CHECK(cudaMalloc(&A, sizeof(bf16) * n * n));
+  CSATTN_CUDA_CHECK(cudaMalloc(&B, sizeof(bf16) * n * n));
+  CSATTN_CUDA_CHECK(cudaMalloc(&C, sizeof(bf16) * n * n));
+  fill_random_bf16(A, static_cast<std::size_t>(n) * n, 1);
+  fill_random_bf16(B, static_cast<std::size_t>(n) * n, 2);
+  cublasHandle_t h;
+  CSATTN_CUBLAS_CHECK(cublasCreate(&h));
+  const float one = 1.0f, zero = 0.0f;
+  const double ms = median_ms([&] {
+    CSATTN_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n,
+                                     B, CUDA_R_16BF, n, &zero, C, CUDA_R_16BF, n,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }, 3, 10);
+  j["gemm_bf16_tflops"] = 2.0 * n * n * static_cast<double>(n) / (ms * 1e-3) / 1e12;
+  const std::size_t bytes = std::size_t(2) << 30;
+  void *src, *dst;
+  CSATTN_CUDA_CHECK(cudaMalloc(&src, bytes));
+  CSATTN_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  CSATTN_CUDA_CHECK(cudaMemset(src, 1, bytes));
+  const double cms = median_ms([&] { CSATTN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 3, 10);
+  j["copy_tbps"] = 2.0 * bytes / (cms * 1e-3) / 1e12;
+  cublasDestroy(h);
+  cudaFree(A); cudaFree(B); cudaFree(C); cudaFree(src); cudaFree(dst);
+  return j;
+}
+
+// The sparse attention kernel alone: `queries` rows at the end of a long sequence, each
+// attending to its 128-row window plus `topk` random distinct compressed keys out of `keys`.
+json sparse_attention_case(int heads, int topk, int keys, int queries, double gemm_tflops) {
+  const int D = 512, W = 128;
+  AttentionConfig cfg = ModelConfig::preset(heads == 128 ? "pro" : "flash").base;
+  cfg.compress_ratio = 4;
+  cfg.index_topk = topk;
+  const int S = queries + W;  // raw rows: the queries and the window before the first one
+  LayerDims d = make_dims(cfg, queries, 1, 4 * keys);
+  d.comp_capacity = keys;
+  bf16 *q, *kv, *comp, *out;
+  float *lse, *sink;
+  std::int32_t *meta_buf, *topk_dev;
+  CSATTN_CUDA_CHECK(cudaMalloc(&q, sizeof(bf16) * queries * heads * D));
+  CSATTN_CUDA_CHECK(cudaMalloc(&kv, sizeof(bf16) * S * D));
+  CSATTN_CUDA_CHECK(cudaMalloc(&comp, sizeof(bf16) * static_cast<std::size_t>(keys) * D));
+  CSATTN_CUDA_CHECK(cudaMalloc(&out, sizeof(bf16) * queries * heads * D));
+  CSATTN_CUDA_CHECK(cudaMalloc(&lse, sizeof(float) * queries * heads));
+  CSATTN_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * heads));
+  CSATTN_CUDA_CHECK(cudaMalloc(&topk_dev, sizeof(std::int32_t) * queries * topk));
+  CSATTN_CUDA_CHECK(cudaMalloc(&meta_buf, sizeof(std::int32_t) * (4 + 2 * queries) + queries));
+  fill_random_bf16(q, static_cast<std::size_t>(queries) * heads * D, 3, 0.05f);
+  fill_random_bf16(kv, static_cast<std::size_t>(S) * D, 4);
+  fill_random_bf16(comp, static_cast<std::size_t>(keys) * D, 5);
+  std::vector<float> sink_h(heads, 0.5f);
+  CSATTN_CUDA_CHECK(cudaMemcpy(sink, sink_h.data(), heads * 4, cudaMemcpyHostToDevice));
+  // Random distinct ascending ids per row.
+  std::mt19937_64 rng(6);
+  std::vector<std::int32_t> sel(static_cast<std::size_t>(queries) * topk);
+  std::vector<std::int32_t> pool(keys);
+  for (int i = 0; i < keys; ++i) pool[i] = i;
+  for (int t = 0; t < queries; ++t) {
+    for (int k = 0; k < topk; ++k) std::swap(pool[k], pool[k + rng() % (keys - k)]);
+    std::vector<std::int32_t> row(pool.begin(), pool.begin() + topk);
+    std::sort(row.begin(), row.end());
+    std::copy(row.begin(), row.end(), sel.begin() + static_cast<long>(t) * topk);
+  }
+  CSATTN_CUDA_CHECK(cudaMemcpy(topk_dev, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+  // Metadata: one segment starting at raw row 0; query t sits at position W + t.
+  std::vector<std::int32_t> h(4 + 2 * queries);
+  h[0] = 0; h[1] = S;            // cu_padded (also cu_real)
+  h[2] = 0; h[3] = keys;         // comp_start
+  for (int t = 0; t < queries; ++t) { h[4 + t] = 0; h[4 + queries + t] = W + t; }
+  CSATTN_CUDA_CHECK(cudaMemcpy(meta_buf, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  CSATTN_CUDA_CHECK(cudaMemset(meta_buf + 4 + 2 * queries, 0, queries));
+  DeviceMetadata m;
+  m.cu_real = meta_buf; m.cu_padded = meta_buf; m.comp_start = meta_buf + 2;
+  m.row_segment = meta_buf + 4; m.row_position = meta_buf + 4 + queries;
+  m.row_is_padding = reinterpret_cast<std::uint8_t*>(meta_buf + 4 + 2 * queries);
+  d.rows = queries;
+  const double ms = median_ms([&] {
+    launch_sparse_attention(d, m, q, kv, comp, sink, topk_dev, out, lse, nullptr);
+  }, 2, 5);
+  const double flops = 2.0 * heads * (D + D) * static_cast<double>(topk + W) * queries;
+  json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries}, {"window", W},
+         {"ms", ms}, {"tflops", flops / (ms * 1e-3) / 1e12}};
+  j["fraction_of_gemm"] = j["tflops"].get<double>() / gemm_tflops;
+  cudaFree(q); cudaFree(kv); cudaFree(comp); cudaFree(out); cudaFree(lse); cudaFree(sink);
+  cudaFree(topk_dev); cudaFree(meta_buf);
+  return j;
+}
+
+json layer_case(const std::string& preset, int ratio, int tokens, bool backward = false) {
+  AttentionConfig cfg = ModelConfig::preset(preset).base;
+  cfg.compress_ratio = ratio;
+  const LayerWeights w = LayerWeights::random(cfg, 11);
+  CudaLayer layer(cfg, w);
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> dist;
+  std::vector<float> xv(static_cast<std::size_t>(tokens) * cfg.d_model);
+  for (float& v : xv) v = dist(rng);
+  layer.forward(Tensor::from_f32(xv, {tokens, cfg.d_model}), SeqLayout::from_lengths({tokens}), Tensor());
+  const ForwardProfile prof = layer.profile(2, 5);
+  double backward_ms = -1.0;
+  if (backward) {
+    std::vector<float> gv(xv.size());
+    for (float& v : gv) v = dist(rng);
+    layer.backward(Tensor::from_f32(gv, {tokens, cfg.d_model}), 1.0f);
+    backward_ms = layer.profile_backward(1, 3);
+  }
+  json j{{"preset", preset}, {"type", layer_kind_name(layer_kind(ratio))}, {"tokens", tokens},
+         {"forward_ms", prof.total_ms}, {"tokens_per_s", tokens / (prof.total_ms * 1e-3)},
+         {"workspace_bytes", prof.workspace_bytes}};
+  j["device_bytes"] = layer.device_bytes();
+  if (backward) {
+    j["backward_ms"] = backward_ms;
+    j["train_step_tokens_per_s"] = tokens / ((prof.total_ms + backward_ms) * 1e-3);
+  }
+  for (const StageTime& s : prof.stages) j["stages_ms"][s.name] = s.ms;
+  if (ratio == 4) {
+    // Indexer FLOPs = 2 * H_I * D_I per causally valid (query, compressed key) pair.
+    double pairs = 0.0;
+    for (int t = 0; t < tokens; ++t) pairs += std::min((t + 1) / 4, tokens / 4);
+    const double ms = j["stages_ms"]["indexer top-k"].get<double>();
+    j["indexer_pairs"] = pairs;
+    j["indexer_tflops"] = 2.0 * cfg.index_n_heads * cfg.index_head_dim * pairs / (ms * 1e-3) / 1e12;
+  }
+  return j;
+}
+
+// The sparse attention figures as an SVG bar chart against the GEMM ceiling of the run.
+void write_svg(const json& report, const std::string& path) {
+  const double gemm = report["ceilings"]["gemm_bf16_tflops"].get<double>();
+  const int width = 720, bar_h = 26, left = 150;
+  const auto& cases = report["sparse_attention"];
+  const int height = 60 + bar_h * static_cast<int>(cases.size());
+  const double scale = (width - left - 80) / std::max(gemm, 1.0);
+  std::ofstream o(path);
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  o << "<text x=\"10\" y=\"20\" font-size=\"14\">csattn sparse attention forward, "
+    << report["device"].get<std::string>() << " (bf16 GEMM ceiling " << static_cast<int>(gemm)
+    << " TFLOPS)</text>\n";
+  int i = 0;
+  for (const auto& c : cases) {
+    const double tf = c["tflops"].get<double>();
+    const int y = 40 + i++ * bar_h;
+    char label[64], value[64];
+    std::snprintf(label, sizeof label, "H%d k%d %dK", c["heads"].get<int>(), c["topk"].get<int>(),
+                  c["keys"].get<int>() / 1024);
+    std::snprintf(value, sizeof value, "%.1f TFLOPS (%.1f%%)", tf, 100.0 * tf / gemm);
+    o << "<text x=\"10\" y=\"" << y + 16 << "\">" << label << "</text>\n";
+    o << "<rect x=\"" << left << "\" y=\"" << y + 4 << "\" width=\"" << tf * scale
+      << "\" height=\"" << bar_h - 8 << "\" fill=\"#4878cf\"/>\n";
+    o << "<text x=\"" << left + tf * scale + 6 << "\" y=\"" << y + 16 << "\">" << value << "</text>\n";
+  }
+  const double gx = left + gemm * scale;
+  o << "<line x1=\"" << gx << "\" y1=\"30\" x2=\"" << gx << "\" y2=\"" << height - 10
+    << "\" stroke=\"#c44\" stroke-dasharray=\"4,3\"/>\n</svg>\n";
+}
+
+}  // namespace
+
+namespace csattn::bench {
+
+int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
+  try {
+    std::string why;
+    if (!device_available(&why)) {
+      std::fprintf(stderr, "cuda_bench: %s\n", why.c_str());
+      return 2;
+    }
+    cudaDeviceProp prop;
+    CSATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    json report;
+    report["device"] = prop.name;
+    report["sm_count"] = prop.multiProcessorCount;
+    std::fprintf(stderr, "cuda_bench: ceilings...\n");
+    report["ceilings"] = ceilings();
+    const double gemm = report["ceilings"]["gemm_bf16_tflops"];
+    std::printf("device %s: bf16 GEMM %.0f TFLOPS, copy %.2f TB/s\n\n", prop.name, gemm,
+                report["ceilings"]["copy_tbps"].get<double>());
+    std::printf("sparse attention (4096 queries, window 128 + top-k random ids, D 512, sink)\n");
+    std::printf("%6s %6s %7s %10s %9s %8s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM");
+    for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
+      for (int keys : {8192, 32768, 65536}) {
+        std::fprintf(stderr, "cuda_bench: sparse attention H %d top-k %d keys %d\n", heads, topk, keys);
+        json j = sparse_attention_case(heads, topk, keys, 4096, gemm);
+        std::printf("%6d %6d %7d %10.3f %9.1f %8.3f\n", heads, topk, keys, j["ms"].get<double>(),
+                    j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>());
+        report["sparse_attention"].push_back(j);
+      }
+    std::printf("\nlayer forward + backward (flash shape, one sequence)\n");
+    std::printf("%5s %7s %10s %10s %12s  forward stages (ms)\n", "type", "tokens", "fwd ms", "bwd ms", "tokens/s");
+    for (int tokens : {4096, 16384})
+      for (int ratio : {0, 4, 128}) {
+        std::fprintf(stderr, "cuda_bench: layer ratio %d tokens %d\n", ratio, tokens);
+        json j = layer_case("flash", ratio, tokens, true);
+        std::string stages;
+        for (auto& [k, v] : j["stages_ms"].items()) stages += k + " " + std::to_string(v.get<double>()).substr(0, 6) + "; ";
+        std::printf("%5s %7d %10.2f %10.2f %12.0f  %s\n", j["type"].get<std::string>().c_str(), tokens,
+                    j["forward_ms"].get<double>(), j["backward_ms"].get<double>(),
+                    j["train_step_tokens_per_s"].get<double>(), stages.c_str());
+        report["layer_forward"].push_back(j);
+      }
+    std::printf("\nindexer + top-k (flash CSA layer, one sequence; FLOPs = 2*64*128 per valid pair)\n");
+    std::printf("%7s %12s %10s %9s\n", "tokens", "pairs", "ms", "TFLOPS");
+    for (int tokens : {32768, 65536, 131072}) {
+      std::fprintf(stderr, "cuda_bench: indexer at %d tokens\n", tokens);
+      json j = layer_case("flash", 4, tokens);
+      std::printf("%7d %12.0f %10.3f %9.1f\n", tokens, j["indexer_pairs"].get<double>(),
+                  j["stages_ms"]["indexer top-k"].get<double>(), j["indexer_tflops"].get<double>());
+      report["indexer"].push_back(j);
+    }
+    if (!out_path.empty()) std::ofstream(out_path) << report.dump(2) << "\n";
+    if (!svg_path.empty()) write_svg(report, svg_path);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_bench: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace csattn::bench
