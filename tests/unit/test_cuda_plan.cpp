@@ -1,0 +1,114 @@
+// The GPU workspace plans, checked on the host (no GPU needed): every buffer is 256-byte
+// aligned, inside the allocation, holds what its kernels write, and no two buffers
+// overlap, for every preset, layer type and a range of batch shapes (including ones no
+// device test has run yet, e.g. Pro and 128K tokens).
+#ifdef CSATTN_HAVE_CUDA
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "csattn/config.hpp"
+#include "csattn/weights.hpp"
+#include "cuda/workspace.hpp"
+
+namespace csattn {
+namespace {
+
+struct Piece {
+  std::string name;
+  std::size_t offset, bytes;
+};
+
+void expect_disjoint_and_aligned(std::vector<Piece> pieces, std::size_t total, const std::string& what) {
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    if (p.bytes == 0) continue;
+    EXPECT_EQ(p.offset % 256, 0u) << what << ": " << p.name << " is not 256-byte aligned";
+    EXPECT_LE(p.offset + p.bytes, total) << what << ": " << p.name << " ends past the allocation";
+    for (std::size_t j = i + 1; j < pieces.size(); ++j) {
+      if (pieces[j].bytes == 0) continue;
+      EXPECT_GE(pieces[j].offset, p.offset + p.bytes)
+          << what << ": " << p.name << " overlaps " << pieces[j].name;
+      break;  // sorted: the next non-empty piece is the only candidate
+    }
+  }
+}
+
+TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
+  for (const std::string preset : {"tiny", "small", "flash", "pro"})
+    for (int ratio : {0, 4, 128})
+      for (auto [T, B, L] : {std::tuple{1, 1, 1}, std::tuple{777, 3, 500}, std::tuple{4096, 1, 4096},
+                             std::tuple{131072, 2, 100000}}) {
+        AttentionConfig cfg = ModelConfig::preset(preset).base;
+        cfg.compress_ratio = ratio;
+        const std::string what = preset + " ratio " + std::to_string(ratio) + " T " + std::to_string(T);
+        const cuda::WorkspacePlan f = cuda::plan_forward(cfg, T, B, L);
+        const std::size_t t = static_cast<std::size_t>(T), hd = static_cast<std::size_t>(cfg.n_heads) * cfg.head_dim;
+        const std::size_t nc = ratio > 1 ? t / ratio : 0;
+        EXPECT_EQ(f.dims.comp_capacity, static_cast<int>(nc)) << what;
+        std::vector<Piece> fp = {
+            {"cu_real", f.cu_real, 4u * (B + 1)}, {"cu_padded", f.cu_padded, 4u * (B + 1)},
+            {"row_segment", f.row_segment, 4 * t}, {"row_position", f.row_position, 4 * t},
+            {"row_is_padding", f.row_is_padding, t}, {"comp_start", f.comp_start, 4u * (B + 1)},
+            {"x", f.x, 2 * t * cfg.d_model}, {"q_proj", f.q_proj, 2 * t * cfg.q_lora_rank},
+            {"cq", f.cq, 2 * t * cfg.q_lora_rank}, {"qb_proj", f.qb_proj, 2 * t * hd},
+            {"q", f.q, 2 * t * hd}, {"kv_proj", f.kv_proj, 2 * t * cfg.head_dim},
+            {"kv", f.kv, 2 * t * cfg.head_dim}, {"attn", f.attn, 2 * t * hd},
+            {"lse", f.lse, 4 * t * cfg.n_heads}, {"attn_rot", f.attn_rot, 2 * t * hd},
+            {"u", f.u, 2 * t * cfg.o_groups * cfg.o_lora_rank}, {"y", f.y, 2 * t * cfg.d_model},
+            {"blas", f.blas, cuda::WorkspacePlan::kBlasWorkspaceBytes}};
+        if (ratio > 1) {
+          const std::size_t w = static_cast<std::size_t>(cfg.coff()) * cfg.head_dim;
+          fp.push_back({"c_a", f.c_a, 2 * t * w});
+          fp.push_back({"c_g", f.c_g, 2 * t * w});
+          fp.push_back({"c_pooled", f.c_pooled, 2 * nc * cfg.head_dim});
+          fp.push_back({"comp", f.comp, 2 * nc * cfg.head_dim});
+        }
+        if (ratio == 4) {
+          const std::size_t hid = static_cast<std::size_t>(cfg.index_n_heads) * cfg.index_head_dim;
+          fp.push_back({"qi_proj", f.qi_proj, 2 * t * hid});
+          fp.push_back({"qi", f.qi, 2 * t * hid});
+          fp.push_back({"w_raw", f.w_raw, 2 * t * cfg.index_n_heads});
+          fp.push_back({"w_eff", f.w_eff, 4 * t * cfg.index_n_heads});
+          fp.push_back({"i_a", f.i_a, 2 * t * 2 * cfg.index_head_dim});
+          fp.push_back({"i_g", f.i_g, 2 * t * 2 * cfg.index_head_dim});
+          fp.push_back({"i_pooled", f.i_pooled, 2 * nc * cfg.index_head_dim});
+          fp.push_back({"i_keys", f.i_keys, 2 * nc * cfg.index_head_dim});
+          fp.push_back({"topk", f.topk, 4 * t * cfg.index_topk});
+        }
+        expect_disjoint_and_aligned(fp, f.bytes, what + " forward");
+
+        const cuda::BackwardPlan b = cuda::plan_backward(cfg, f.dims);
+        const std::size_t di = cfg.has_indexer() ? cfg.index_head_dim : 0;
+        const std::size_t hi = cfg.has_indexer() ? cfg.index_n_heads : 0;
+        const std::size_t pw = std::max<std::size_t>(static_cast<std::size_t>(cfg.coff()) * cfg.head_dim, 2 * di);
+        std::vector<Piece> bp = {
+            {"dy", b.dy, 2 * t * cfg.d_model}, {"du", b.du, 2 * t * cfg.o_groups * cfg.o_lora_rank},
+            {"dattn", b.dattn, 2 * t * hd}, {"dq_acc", b.dq_acc, 4 * t * hd}, {"dq", b.dq, 2 * t * hd},
+            {"dkv_acc", b.dkv_acc, 4 * t * cfg.head_dim}, {"dcomp_acc", b.dcomp_acc, 4 * nc * cfg.head_dim},
+            {"dsink_part", b.dsink_part, 4 * t * cfg.n_heads}, {"dkv", b.dkv, 2 * t * cfg.head_dim},
+            {"dnormed", b.dnormed, 2 * t * std::max(cfg.head_dim, cfg.q_lora_rank)},
+            {"dqb", b.dqb, 2 * t * hd}, {"dcq", b.dcq, 2 * t * cfg.q_lora_rank},
+            {"rstd", b.rstd, 4 * t * std::max<std::size_t>(cfg.n_heads, hi)},
+            {"dx", b.dx, 4 * t * cfg.d_model},
+            {"dcomp", b.dcomp, 2 * nc * std::max<std::size_t>(cfg.head_dim, di)},
+            {"dpooled", b.dpooled, 2 * nc * std::max<std::size_t>(cfg.head_dim, di)},
+            {"da", b.da, 2 * t * pw}, {"dg", b.dg, 2 * t * pw}, {"dqi", b.dqi, 2 * t * hi * di},
+            {"dweff", b.dweff, 4 * t * hi}, {"dwraw", b.dwraw, 2 * t * hi},
+            {"dkeys_acc", b.dkeys_acc, 4 * nc * di}, {"loss_rows", b.loss_rows, 4 * t},
+            {"loss", b.loss, 4}};
+        expect_disjoint_and_aligned(bp, b.grads_offset, what + " backward buffers");
+        EXPECT_LE(b.grads_offset + b.grads_bytes, b.bytes) << what;
+        std::size_t params = 0;
+        for (const ParamInfo& p : layer_params(cfg)) params += 4 * static_cast<std::size_t>(shape_numel(p.shape));
+        EXPECT_GE(b.grads_bytes, params) << what << ": the weight gradients do not fit";
+      }
+}
+
+}  // namespace
+}  // namespace csattn
+#endif  // CSATTN_HAVE_CUDA
