@@ -24,13 +24,19 @@ void allow_dynamic_smem(const void* kernel, std::size_t bytes, const char* what)
   int device = 0, optin = 0;
   CSATTN_CUDA_CHECK(cudaGetDevice(&device));
   CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  require(bytes <= static_cast<std::size_t>(optin), ErrorKind::Unsupported,
+  // Static and dynamic shared memory together may not exceed the opt-in maximum.
+  cudaFuncAttributes attr{};
+  CSATTN_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const std::size_t dynamic_max = static_cast<std::size_t>(optin) - attr.sharedSizeBytes;
+  require(bytes <= dynamic_max, ErrorKind::Unsupported,
           std::string(what) + " needs " + std::to_string(bytes) +
-              " bytes of shared memory per block; this device allows " + std::to_string(optin));
-  if (bytes <= 48 * 1024) return;  // the default limit suffices
+              " bytes of dynamic shared memory per block; this device allows " +
+              std::to_string(dynamic_max));
+  if (bytes + attr.sharedSizeBytes <= 48 * 1024) return;  // the default limit suffices
   std::lock_guard<std::mutex> lock(mutex);
   if (raised.insert({device, kernel}).second)
-    CSATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    CSATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(dynamic_max)));
 }
 
 }  // namespace csattn::cuda
