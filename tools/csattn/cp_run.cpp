@@ -133,7 +133,6 @@ void cp_job(Communicator& comm, const RunPlan& plan, CpMode mode) {
   RunReport report;
   std::vector<CpLayerReport> cp_reports;
   TensorMap saved;
-  const bool prefix_names = plan.layers.size() > 1;
   const int n_layers = static_cast<int>(plan.layers.size());
   Stopwatch total;
   for (int li = 0; li < n_layers; ++li) {
@@ -203,27 +202,11 @@ void cp_job(Communicator& comm, const RunPlan& plan, CpMode mode) {
     global.output = pick_rows(output, map);
     if (cfg.has_indexer()) global.topk_indices = pick_rows(topk, map);
     global.indexer_loss = static_cast<float>(loss);
-    res.indexer_loss = global.indexer_loss;
-    res.output_norm = l2_norm(global.output);
     Tensor dx;
-    if (plan.backward) {
-      dx = pick_rows(grad_input, map);
-      res.grad_input_norm = l2_norm(dx);
-      double ss = 0.0;
-      for (const auto& [name, g] : grads.grad) ss += sum_squares(g);
-      res.grad_weights_norm = std::sqrt(ss);
-    }
+    if (plan.backward) dx = pick_rows(grad_input, map);
+    record_layer(plan, spec, global, plan.backward ? &dx : nullptr,
+                 plan.backward ? &grads.grad : nullptr, res, saved);
     if (plan.check_rows > 0) res.check = check_with_oracle(cfg, plan, layer.weights(), x64, global);
-    if (!plan.save_file.empty()) {
-      const std::string pre = prefix_names ? "layers." + std::to_string(spec.index) + "." : "";
-      saved[pre + "output"] = global.output;
-      saved[pre + "indexer_loss"] = Tensor::scalar_f32(global.indexer_loss);
-      if (cfg.has_indexer()) saved[pre + "topk_indices"] = global.topk_indices;
-      if (plan.backward) {
-        saved[pre + "grad.hidden_states"] = dx;
-        for (auto& [name, g] : grads.grad) saved[pre + "grad." + name] = g;
-      }
-    }
     if (plan.progress)
       fmt::print(stderr, "csattn: [{}/{}] layer {} ({}): forward {:.1f} ms{}\n", li + 1, n_layers,
                  spec.index, layer_kind_name(res.kind), res.forward_ms,

@@ -140,13 +140,35 @@ std::map<std::string, std::string> save_metadata(const RunPlan& plan) {
           {"csattn.seed", std::to_string(plan.seed)}};
 }
 
+void record_layer(const RunPlan& plan, const LayerSpec& spec, const LayerOutputs& out,
+                  const Tensor* grad_input, const std::map<std::string, Tensor>* grads,
+                  LayerResult& res, TensorMap& saved) {
+  res.indexer_loss = out.indexer_loss;
+  res.output_norm = l2_norm(out.output);
+  if (grad_input) res.grad_input_norm = l2_norm(*grad_input);
+  if (grads) {
+    double ss = 0.0;
+    for (const auto& [name, g] : *grads) ss += sum_squares(g);
+    res.grad_weights_norm = std::sqrt(ss);
+  }
+  if (plan.save_file.empty()) return;
+  const std::string pre =
+      plan.layers.size() > 1 ? "layers." + std::to_string(spec.index) + "." : "";
+  saved[pre + "output"] = out.output;
+  saved[pre + "indexer_loss"] = Tensor::scalar_f32(out.indexer_loss);
+  if (spec.cfg.has_indexer() && out.topk_indices.nbytes() > 0)
+    saved[pre + "topk_indices"] = out.topk_indices;
+  if (grad_input) saved[pre + "grad.hidden_states"] = *grad_input;
+  if (grads)
+    for (const auto& [name, g] : *grads) saved[pre + "grad." + name] = g;
+}
+
 RunReport run_job(RunPlan& plan) {
   RunReport report;
   Stopwatch total;
   std::vector<double> x64;
   if (plan.check_rows > 0) x64 = plan.x.to_f64();
   TensorMap saved;
-  const bool prefix_names = plan.layers.size() > 1;
   const int n_layers = static_cast<int>(plan.layers.size());
 
   for (int li = 0; li < n_layers; ++li) {
@@ -169,33 +191,16 @@ RunReport run_job(RunPlan& plan) {
     Stopwatch fwd_sw;
     LayerOutputs fwd = layer.forward(plan.x, plan.layout);
     res.forward_ms = fwd_sw.ms();
-    res.indexer_loss = fwd.indexer_loss;
-    res.output_norm = l2_norm(fwd.output);
 
     LayerGradients grads;
     if (plan.backward) {
       Stopwatch bwd_sw;
       grads = layer.backward(fwd, plan.grad_output, 1.0f);
       res.backward_ms = bwd_sw.ms();
-      res.grad_input_norm = l2_norm(grads.grad_input);
-      double ss = 0.0;
-      for (const auto& [name, g] : grads.grad) ss += sum_squares(g);
-      res.grad_weights_norm = std::sqrt(ss);
     }
-
+    record_layer(plan, spec, fwd, plan.backward ? &grads.grad_input : nullptr,
+                 plan.backward ? &grads.grad : nullptr, res, saved);
     if (plan.check_rows > 0) res.check = check_with_oracle(cfg, plan, layer.weights(), x64, fwd);
-
-    if (!plan.save_file.empty()) {
-      const std::string pre = prefix_names ? "layers." + std::to_string(spec.index) + "." : "";
-      saved[pre + "output"] = fwd.output;
-      saved[pre + "indexer_loss"] = Tensor::scalar_f32(fwd.indexer_loss);
-      if (cfg.has_indexer() && fwd.topk_indices.nbytes() > 0)
-        saved[pre + "topk_indices"] = fwd.topk_indices;
-      if (plan.backward) {
-        saved[pre + "grad.hidden_states"] = std::move(grads.grad_input);
-        for (auto& [name, g] : grads.grad) saved[pre + "grad." + name] = std::move(g);
-      }
-    }
 
     if (plan.progress) {
       std::string line = fmt::format("csattn: [{}/{}] layer {} ({}): forward {:.1f} ms", li + 1,

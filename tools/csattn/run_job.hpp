@@ -10,6 +10,7 @@
 #include "csattn/layer.hpp"
 #include "csattn/layout.hpp"
 #include "csattn/weights.hpp"
+#include "csattn/safetensors.hpp"
 #include "run_options.hpp"
 
 namespace csattn::cli {
@@ -58,5 +59,12 @@ OracleCheck check_with_oracle(const AttentionConfig& cfg, const RunPlan& plan,
                               const LayerOutputs& fwd);
 // The string metadata of a --save file.
 std::map<std::string, std::string> save_metadata(const RunPlan& plan);
+
+// One layer's results (global rows): their norms into `res` and, with --save, its tensors
+// into `saved` (prefixed `layers.<index>.` when several layers run). Shared by the
+// single-rank job and the context-parallel one. grad_input / grads are null without backward.
+void record_layer(const RunPlan& plan, const LayerSpec& spec, const LayerOutputs& out,
+                  const Tensor* grad_input, const std::map<std::string, Tensor>* grads,
+                  LayerResult& res, TensorMap& saved);
 
 }  // namespace csattn::cli
