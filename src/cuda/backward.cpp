@@ -12,32 +12,16 @@ namespace {
 // RoPE^T (sign -1) or the transpose of the inverse RoPE (sign +1) on token rows, in place.
 void rope_rows(const ForwardParams& f, bf16* v, int rows, int n, int per_token, int sign,
                cudaStream_t stream) {
-  NormRopeArgs a;
-  a.in = v;
-  a.out = v;
-  a.rows = rows;
-  a.n = n;
+  NormRopeArgs a = token_rows_args(f.dims, f.w, f.meta, v, v, rows, n, per_token);
   a.rope_dim = f.dims.rope_dim;
   a.rope_sign = sign;
-  a.omega = f.w.omega;
-  a.rows_per_token = per_token;
-  a.row_position = f.meta.row_position;
   launch_norm_rope(a, stream);
 }
 
 // Hadamard (optional) then RoPE^T at position j*m on compressed rows, in place.
 void compressed_rows_grad(const ForwardParams& f, bf16* v, int n, bool hadamard,
                           cudaStream_t stream) {
-  NormRopeArgs a;
-  a.in = v;
-  a.out = v;
-  a.rows = f.dims.comp_capacity;
-  a.n = n;
-  a.omega = f.w.omega;
-  a.compressed = true;
-  a.comp_start = f.meta.comp_start;
-  a.segments = f.dims.segments;
-  a.ratio = f.dims.ratio;
+  NormRopeArgs a = compressed_rows_args(f.dims, f.w, f.meta, v, v, n);
   if (hadamard) {  // the forward applied RoPE then Hadamard: undo in reverse order
     a.hadamard = true;
     launch_norm_rope(a, stream);
@@ -142,11 +126,7 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
     launch_indexer_loss(d, f.meta, loss_args(f, p), b.loss_rows, b.loss, true, grad_scale, b.dqi,
                         b.dweff, b.dkeys_acc, stream);
     // qI: Hadamard then RoPE^T per head, then the weight gradient of wq_b.
-    NormRopeArgs had;
-    had.in = b.dqi;
-    had.out = b.dqi;
-    had.rows = T * HI;
-    had.n = DI;
+    NormRopeArgs had = token_rows_args(d, w, f.meta, b.dqi, b.dqi, T * HI, DI, HI);
     had.hadamard = true;
     launch_norm_rope(had, stream);
     rope_rows(f, b.dqi, T * HI, DI, HI, -1, stream);

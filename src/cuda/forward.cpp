@@ -21,37 +21,13 @@ struct Stages {
   }
 };
 
-NormRopeArgs token_rows(const LayerDims& d, const DeviceWeights& w, const DeviceMetadata& m,
-                        const bf16* in, bf16* out, int rows, int n, int per_token) {
-  NormRopeArgs a;
-  a.in = in;
-  a.out = out;
-  a.rows = rows;
-  a.n = n;
-  a.eps = d.eps;
-  a.omega = w.omega;
-  a.rows_per_token = per_token;
-  a.row_position = m.row_position;
-  return a;
-}
-
 NormRopeArgs compressed_rows(const LayerDims& d, const DeviceWeights& w,
                              const DeviceMetadata& m, const bf16* in, bf16* out, int n,
                              const bf16* norm, bool hadamard) {
-  NormRopeArgs a;
-  a.in = in;
-  a.out = out;
-  a.rows = d.comp_capacity;
-  a.n = n;
+  NormRopeArgs a = compressed_rows_args(d, w, m, in, out, n);
   a.norm = true;
   a.weight = norm;
-  a.eps = d.eps;
   a.rope_dim = d.rope_dim;
-  a.omega = w.omega;
-  a.compressed = true;
-  a.comp_start = m.comp_start;
-  a.segments = d.segments;
-  a.ratio = d.ratio;
   a.hadamard = hadamard;
   return a;
 }
@@ -75,18 +51,18 @@ void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t strea
 
   // Query path.
   linear(blas, a.x, T, d.d_model, w.wq_a, d.q_lora_rank, a.q_proj);
-  NormRopeArgs cq = token_rows(d, w, m, a.q_proj, a.cq, T, d.q_lora_rank, 1);
+  NormRopeArgs cq = token_rows_args(d, w, m, a.q_proj, a.cq, T, d.q_lora_rank, 1);
   cq.norm = true;
   cq.weight = w.q_norm;
   launch_norm_rope(cq, stream);
   linear(blas, a.cq, T, d.q_lora_rank, w.wq_b, H * D, a.qb_proj);
-  NormRopeArgs qn = token_rows(d, w, m, a.qb_proj, a.q, T * H, D, H);
+  NormRopeArgs qn = token_rows_args(d, w, m, a.qb_proj, a.q, T * H, D, H);
   qn.norm = true;
   qn.rope_dim = d.rope_dim;
   launch_norm_rope(qn, stream);
   // The shared K=V head.
   linear(blas, a.x, T, d.d_model, w.wkv, D, a.kv_proj);
-  NormRopeArgs kvn = token_rows(d, w, m, a.kv_proj, a.kv, T, D, 1);
+  NormRopeArgs kvn = token_rows_args(d, w, m, a.kv_proj, a.kv, T, D, 1);
   kvn.norm = true;
   kvn.weight = w.kv_norm;
   kvn.rope_dim = d.rope_dim;
@@ -105,7 +81,7 @@ void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t strea
   if (d.ratio == 4) {
     const int HI = d.index_heads, DI = d.index_dim;
     linear(blas, a.cq, T, d.q_lora_rank, w.i_wq_b, HI * DI, a.qi_proj);
-    NormRopeArgs qi = token_rows(d, w, m, a.qi_proj, a.qi, T * HI, DI, HI);
+    NormRopeArgs qi = token_rows_args(d, w, m, a.qi_proj, a.qi, T * HI, DI, HI);
     qi.rope_dim = d.rope_dim;
     qi.hadamard = true;
     launch_norm_rope(qi, stream);
@@ -123,7 +99,7 @@ void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t strea
   launch_sparse_attention(d, m, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, stream);
   st.mark("sparse attention");
 
-  NormRopeArgs inv = token_rows(d, w, m, a.attn, a.attn_rot, T * H, D, H);
+  NormRopeArgs inv = token_rows_args(d, w, m, a.attn, a.attn_rot, T * H, D, H);
   inv.rope_dim = d.rope_dim;
   inv.rope_sign = -1;
   launch_norm_rope(inv, stream);

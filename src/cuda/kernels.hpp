@@ -34,6 +34,40 @@ struct NormRopeArgs {
 };
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream);
 
+// NormRopeArgs for `rows` token rows of width n (position = row_position[row / per_token])
+// and for the compressed rows (position j*m, rows past the real count skipped), with every
+// stage off: callers switch on the norm, RoPE and Hadamard they need.
+inline NormRopeArgs token_rows_args(const LayerDims& d, const DeviceWeights& w,
+                                    const DeviceMetadata& m, const bf16* in, bf16* out,
+                                    int rows, int n, int per_token) {
+  NormRopeArgs a;
+  a.in = in;
+  a.out = out;
+  a.rows = rows;
+  a.n = n;
+  a.eps = d.eps;
+  a.omega = w.omega;
+  a.rows_per_token = per_token;
+  a.row_position = m.row_position;
+  return a;
+}
+inline NormRopeArgs compressed_rows_args(const LayerDims& d, const DeviceWeights& w,
+                                         const DeviceMetadata& m, const bf16* in, bf16* out,
+                                         int n) {
+  NormRopeArgs a;
+  a.in = in;
+  a.out = out;
+  a.rows = d.comp_capacity;
+  a.n = n;
+  a.eps = d.eps;
+  a.omega = w.omega;
+  a.compressed = true;
+  a.comp_start = m.comp_start;
+  a.segments = d.segments;
+  a.ratio = d.ratio;
+  return a;
+}
+
 // Gated pooling of the compressor (compressor.cu): pooled[e, c] for every compressed row.
 void launch_compressor_pool(const LayerDims& d, const DeviceMetadata& meta, int width_d,
                             const bf16* a, const bf16* g, const float* ape, bf16* pooled,
