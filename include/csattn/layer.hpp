@@ -24,6 +24,9 @@ struct RunOptions {
   // Tests: fill device workspaces with NaN bytes before every run, so a value no kernel
   // wrote shows up.
   bool poison_workspace = false;
+  // The GPU backward with fixed-order reductions instead of atomics: repeated runs give
+  // bitwise-equal gradients, at some speed cost. The CPU backend is always deterministic.
+  bool deterministic = false;
 };
 
 struct SavedActivations;  // backend-private state kept for backward

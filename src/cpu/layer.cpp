@@ -121,6 +121,7 @@ HybridAttentionLayer::HybridAttentionLayer(AttentionConfig cfg, LayerWeights wei
 #ifdef CSATTN_HAVE_CUDA
     cuda_ = std::make_shared<cuda::CudaLayer>(cfg_, weights_);
     cuda_->set_poison(options_.poison_workspace);
+    cuda_->set_deterministic(options_.deterministic);
 #endif
   }
 }

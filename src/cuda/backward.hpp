@@ -15,6 +15,8 @@ struct BackwardParams {
   float grad_loss = 1.0f;   // upstream gradient of the indexer loss
   float loss_scale = 0.0f;  // lambda / N_real_rows, or lambda per token
   bool sparse_loss = true;
+  // Fixed-order reductions instead of atomics (bitwise-repeatable gradients).
+  bool deterministic = false;
 };
 
 void run_backward(const ForwardParams& f, const BackwardParams& b, cublasHandle_t blas,

@@ -38,6 +38,7 @@ struct CudaLayerImpl {
   void* workspace = nullptr;
   std::size_t workspace_capacity = 0;
   bool poison = false;
+  bool deterministic = false;
   ForwardParams last;  // the last run's parameters (for profile and backward)
   bool has_last = false;
   std::uint64_t generation = 0;
@@ -141,6 +142,7 @@ CudaLayer::CudaLayer(const AttentionConfig& cfg, const LayerWeights& weights)
 CudaLayer::~CudaLayer() = default;
 
 void CudaLayer::set_poison(bool on) { impl_->poison = on; }
+void CudaLayer::set_deterministic(bool on) { impl_->deterministic = on; }
 
 LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
                                 const Tensor& forced_topk) {
@@ -213,6 +215,7 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   bp.buf = s.grad_plan.buffers(s.grad_workspace);
   bp.loss_scale = s.loss_scale;
   bp.sparse_loss = c.sparse_loss;
+  bp.deterministic = s.deterministic;
   if (with_loss) run_indexer_loss(p, bp, s.stream);
   float loss_value = 0.0f;
 
@@ -253,6 +256,7 @@ LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer
   bp.grad_loss = grad_indexer_loss;
   bp.loss_scale = s.loss_scale;
   bp.sparse_loss = c.sparse_loss;
+  bp.deterministic = s.deterministic;
   const std::vector<std::uint16_t> dy =
       to_bf16_bits(grad_output.to_f32().data(), static_cast<std::size_t>(grad_output.numel()));
   if (s.poison)  // every activation-gradient buffer NaN: a value no kernel wrote shows up

@@ -48,6 +48,8 @@ class CudaLayer {
   // Tests: fill the workspace with 0xFF bytes (bf16/fp32 NaN) before every run, so a value
   // no kernel wrote shows up as NaN.
   void set_poison(bool on);
+  // Backward with fixed-order reductions (bitwise-repeatable gradients) instead of atomics.
+  void set_deterministic(bool on);
   // Re-runs the last forward `iters` times (after `warmup`) and reports median timings.
   ForwardProfile profile(int warmup, int iters);
   // Device memory this layer holds: weights + forward workspace + backward buffers and

@@ -175,6 +175,9 @@ void add_run_options(CLI::App& run, RunArgs& a) {
   auto* no_bwd = run.add_flag_callback("--no-backward", [&a] { a.backward = false; },
                                        "Forward only");
   bwd->excludes(no_bwd);
+  run.add_flag("--deterministic", a.deterministic,
+               "GPU backward with fixed-order reductions instead of atomics: bitwise-repeatable "
+               "gradients (the CPU backend always is)");
   run.add_option("--dtype", a.dtype, "Precision: bf16 or fp32")->capture_default_str();
   run.add_option("--device", a.device, "cpu, cuda, or auto (cuda when a GPU is present)")
       ->capture_default_str();
@@ -262,6 +265,7 @@ RunPlan resolve_run(const RunArgs& args) {
   const bool mxfp8 = base.indexer_precision == IndexerPrecision::mxfp8;
   if (args.device == "cuda" || (args.device == "auto" && gpu && bf16 && !mxfp8))
     p.run_options.device = Device::cuda;
+  p.run_options.deterministic = args.deterministic;
   if (p.run_options.device == Device::cuda && !bf16)
     bad_option("--dtype", "fp32 runs on the CPU only; the GPU computes in bf16");
   if (p.run_options.device == Device::cuda && mxfp8)

@@ -34,6 +34,7 @@ struct RunArgs {
   bool per_token_loss = false;
   std::uint64_t seed = 42;
   bool backward = true;
+  bool deterministic = false;
   std::string dtype = "bf16";
   std::string device = "auto";
   std::string indexer_precision = "bf16";
