@@ -1,0 +1,164 @@
+// The fixed-order scatter-add of the deterministic backward (see ordered_scatter.hpp).
+// One warp per destination key row: the warp tests 32 rows of the chunk at a time for a
+// reference to its key (the same formulas as the producer's key list), then adds the found
+// contributions in ascending row order, each lane owning width/32 floats. A key row is owned
+// by one warp per launch, so the final add is a plain read-modify-write.
+#include <algorithm>
+#include <string>
+
+#include "cuda/check.hpp"
+#include "cuda/device_util.cuh"
+#include "cuda/ordered_scatter.hpp"
+
+namespace csattn::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+// Position of segment-local id j in a top-k row (valid ids first, ascending, then -1), or -1.
+__device__ __forceinline__ int find_in_topk(const std::int32_t* sel, int K, int j) {
+  int lo = 0, hi = K;  // first k with sel[k] < 0 || sel[k] >= j
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    const int v = sel[mid];
+    if (v >= 0 && v < j) lo = mid + 1; else hi = mid;
+  }
+  return lo < K && sel[lo] == j ? lo : -1;
+}
+
+template <int kVec>  // float4s per lane: width = 128 * kVec
+__device__ __forceinline__ void add_found(unsigned found, int slot, int base, int r0, int slots,
+                                          const float* scratch, float4 (&acc)[kVec]) {
+  const int lane = threadIdx.x & 31;
+  while (found) {
+    const int src = __ffs(found) - 1;  // ascending rows
+    found &= found - 1;
+    const int s = __shfl_sync(0xffffffffu, slot, src);
+    const long off = (static_cast<long>(base + src - r0) * slots + s) * (128 * kVec);
+    const float4* row = reinterpret_cast<const float4*>(scratch + off);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const float4 v = row[lane + 32 * i];
+      acc[i].x += v.x;
+      acc[i].y += v.y;
+      acc[i].z += v.z;
+      acc[i].w += v.w;
+    }
+  }
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(kThreads)
+    ordered_scatter_kernel(LayerDims d, DeviceMetadata meta, const std::int32_t* topk,
+                           OrderedScatter s, int r0, int rows, int window_lo, int window_targets,
+                           const float* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int target = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int r_end = r0 + rows;
+  float4 acc[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  bool any = false;
+  float* dst = nullptr;
+
+  if (target < window_targets) {
+    // A raw key row u: referenced by rows r in [u, u + W) of its own segment.
+    const int u = window_lo + target;
+    dst = s.dst_window + static_cast<long>(u) * s.width;
+    const int lo = max(u, r0), hi = min(u + d.window, r_end);
+    for (int base = lo; base < hi; base += 32) {
+      const int r = base + lane;
+      int slot = -1;
+      if (r < hi) {
+        const int pos = meta.row_position[r];
+        const int first = meta.cu_padded[meta.row_segment[r]] + max(0, pos - d.window + 1);
+        if (first <= u) slot = u - first;
+      }
+      const unsigned found = __ballot_sync(0xffffffffu, slot >= 0);
+      any |= found != 0u;
+      add_found<kVec>(found, slot, base, r0, s.slots, scratch, acc);
+    }
+  } else {
+    // A compressed row c = comp_start[b] + j: rows of segment b that selected / see entry j.
+    const int c = target - window_targets;
+    if (c >= d.comp_capacity || c >= meta.comp_start[d.segments]) return;
+    const int b = compressed_segment(meta.comp_start, d.segments, c);
+    const int j = c - meta.comp_start[b];
+    const int entries = meta.comp_start[b + 1] - meta.comp_start[b];
+    dst = s.dst_comp + static_cast<long>(c) * s.width;
+    const int lo = max(r0, meta.cu_padded[b]), hi = min(r_end, meta.cu_padded[b + 1]);
+    for (int base = lo; base < hi; base += 32) {
+      const int r = base + lane;
+      int slot = -1;
+      if (r < hi) {
+        const int pos = meta.row_position[r];
+        const bool attention = s.layout == SlotLayout::attention;
+        const int n_win = attention ? pos - max(0, pos - d.window + 1) + 1 : 0;
+        if (attention || !meta.row_is_padding[r]) {
+          if (s.layout == SlotLayout::loss_sparse || (attention && d.ratio == 4)) {
+            const int k = find_in_topk(topk + static_cast<long>(r) * d.topk, d.topk, j);
+            if (k >= 0) slot = n_win + k;
+          } else if (j < min((pos + 1) / d.ratio, entries)) {
+            slot = n_win + j;
+          }
+        }
+      }
+      const unsigned found = __ballot_sync(0xffffffffu, slot >= 0);
+      any |= found != 0u;
+      add_found<kVec>(found, slot, base, r0, s.slots, scratch, acc);
+    }
+  }
+  if (!any) return;
+  float4* out = reinterpret_cast<float4*>(dst);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    float4 v = out[lane + 32 * i];
+    v.x += acc[i].x;
+    v.y += acc[i].y;
+    v.z += acc[i].z;
+    v.w += acc[i].w;
+    out[lane + 32 * i] = v;
+  }
+}
+
+}  // namespace
+
+int scatter_chunk_rows(int rows, int slots, int width, std::size_t budget_bytes) {
+  const std::size_t per_row = sizeof(float) * static_cast<std::size_t>(std::max(slots, 1)) *
+                              static_cast<std::size_t>(std::max(width, 1));
+  const std::size_t fit = std::max<std::size_t>(1, budget_bytes / per_row);
+  return static_cast<int>(std::min<std::size_t>(fit, static_cast<std::size_t>(std::max(rows, 1))));
+}
+
+void launch_ordered_scatter(const LayerDims& d, const DeviceMetadata& meta,
+                            const std::int32_t* topk, const OrderedScatter& s, int r0, int rows,
+                            const float* scratch, cudaStream_t stream) {
+  if (rows <= 0) return;
+  require(s.width > 0 && s.width % 128 == 0 && s.width <= 512, ErrorKind::Unsupported,
+          "ordered scatter: width must be 128, 256, 384 or 512, got " + std::to_string(s.width));
+  const bool window = s.layout == SlotLayout::attention && d.window > 0;
+  const int window_lo = window ? std::max(0, r0 - d.window + 1) : 0;
+  const int window_targets = window ? std::min(r0 + rows, d.rows) - window_lo : 0;
+  const int comp_targets = d.ratio > 1 ? d.comp_capacity : 0;
+  const long targets = static_cast<long>(window_targets) + comp_targets;
+  if (targets <= 0) return;
+  const unsigned blocks = static_cast<unsigned>((targets + kWarps - 1) / kWarps);
+  switch (s.width / 128) {
+#define CSATTN_SCATTER_CASE(V)                                                              \
+  case V:                                                                                   \
+    ordered_scatter_kernel<V><<<blocks, kThreads, 0, stream>>>(d, meta, topk, s, r0, rows, \
+                                                               window_lo, window_targets,  \
+                                                               scratch);                   \
+    break;
+    CSATTN_SCATTER_CASE(1)
+    CSATTN_SCATTER_CASE(2)
+    CSATTN_SCATTER_CASE(3)
+    CSATTN_SCATTER_CASE(4)
+#undef CSATTN_SCATTER_CASE
+  }
+  CSATTN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace csattn::cuda

@@ -1,0 +1,207 @@
+// The deterministic backward's fixed-order scatter-add (src/cuda/ordered_scatter.cu) against
+// a host emulation written from its contract: every key row receives, per chunk, the fp32 sum
+// of the contributions of the rows that reference it, added in ascending row order, then
+// added to the destination. The host builds each row's key list straight from the layer's
+// definitions (window rows, then the selected / visible compressed rows), so the result must
+// match bit for bit. Destinations start random (the add must accumulate) and rows no chunk
+// references must stay untouched. Skips where no GPU is present.
+#ifdef CSATTN_HAVE_CUDA
+#include <gtest/gtest.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "csattn/layer.hpp"
+#include "cuda/ordered_scatter.hpp"
+#include "cuda/kernels.hpp"
+
+namespace csattn {
+namespace {
+
+using cuda::SlotLayout;
+
+#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+struct Case {
+  std::string name;
+  SlotLayout layout;
+  int ratio;   // 0: SWA
+  int window;
+  int topk;
+  int width;
+};
+
+template <class T>
+T* upload(const std::vector<T>& v) {
+  T* p = nullptr;
+  if (cudaMalloc(&p, std::max<std::size_t>(1, v.size()) * sizeof(T)) != cudaSuccess) return nullptr;
+  cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return p;
+}
+
+class OrderedScatter : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OrderedScatter, MatchesTheFixedOrderHostSumBitwise) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const Case c = GetParam();
+  // Ragged, padded segments; one shorter than the ratio, one empty of compressed entries.
+  const std::vector<int> real = {5, 1, 77, 203, 130}, padded = {8, 1, 77, 210, 130};
+  const int B = static_cast<int>(real.size());
+  std::vector<int> cu_real(B + 1, 0), cu_padded(B + 1, 0), comp_start(B + 1, 0);
+  for (int b = 0; b < B; ++b) {
+    cu_real[b + 1] = cu_real[b] + real[b];
+    cu_padded[b + 1] = cu_padded[b] + padded[b];
+    comp_start[b + 1] = comp_start[b] + (c.ratio > 1 ? padded[b] / c.ratio : 0);
+  }
+  const int T = cu_padded[B];
+  cuda::LayerDims d;
+  d.rows = T;
+  d.segments = B;
+  d.max_seg_len = *std::max_element(padded.begin(), padded.end());
+  d.window = c.window;
+  d.ratio = c.ratio;
+  d.comp_capacity = c.ratio > 1 ? T / c.ratio : 0;
+  d.topk = c.topk;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+
+  // Per row: the host key list (targets: >= 0 raw rows, < 0 compressed rows -(c+1)).
+  std::vector<std::int32_t> topk(static_cast<std::size_t>(T) * std::max(c.topk, 1), -1);
+  std::vector<std::vector<long>> keys(T);
+  int slots = 0;
+  for (int b = 0; b < B; ++b)
+    for (int pos = 0; pos < padded[b]; ++pos) {
+      const int r = cu_padded[b] + pos;
+      const bool pad = pos >= real[b];
+      const int entries = comp_start[b + 1] - comp_start[b];
+      const int vis = c.ratio > 1 ? std::min((pos + 1) / c.ratio, entries) : 0;
+      std::vector<int> sel;
+      if (c.topk > 0) {  // random ascending subset of the visible entries
+        std::vector<int> all(vis);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        all.resize(std::min(vis, c.topk));
+        std::sort(all.begin(), all.end());
+        for (std::size_t k = 0; k < all.size(); ++k) topk[static_cast<std::size_t>(r) * c.topk + k] = all[k];
+        sel = all;
+      }
+      std::vector<long>& list = keys[r];
+      if (c.layout == SlotLayout::attention) {
+        for (int u = cu_padded[b] + std::max(0, pos - c.window + 1); u <= r; ++u) list.push_back(u);
+        if (c.ratio == 4) {
+          for (int j : sel) list.push_back(-(comp_start[b] + j) - 1);
+        } else {
+          for (int j = 0; j < vis; ++j) list.push_back(-(comp_start[b] + j) - 1);
+        }
+      } else if (!pad) {
+        if (c.layout == SlotLayout::loss_sparse) {
+          for (int j : sel) list.push_back(-(comp_start[b] + j) - 1);
+        } else {
+          for (int j = 0; j < vis; ++j) list.push_back(-(comp_start[b] + j) - 1);
+        }
+      }
+      slots = std::max(slots, static_cast<int>(list.size()));
+    }
+  slots = std::max(slots, 1) + 2;  // a stride larger than any row needs
+  const int Nc = std::max(d.comp_capacity, 1);
+  std::vector<float> dst_w(static_cast<std::size_t>(T) * c.width), dst_c(static_cast<std::size_t>(Nc) * c.width);
+  for (float& v : dst_w) v = uni(rng);
+  for (float& v : dst_c) v = uni(rng);
+
+  std::int32_t *d_cu_real = upload(cu_real), *d_cu_padded = upload(cu_padded),
+               *d_comp_start = upload(comp_start), *d_topk = upload(topk);
+  std::int32_t *d_seg = nullptr, *d_pos = nullptr;
+  std::uint8_t* d_pad = nullptr;
+  CK(cudaMalloc(&d_seg, T * 4));
+  CK(cudaMalloc(&d_pos, T * 4));
+  CK(cudaMalloc(&d_pad, T));
+  cuda::DeviceMetadata meta;
+  meta.cu_real = d_cu_real;
+  meta.cu_padded = d_cu_padded;
+  meta.row_segment = d_seg;
+  meta.row_position = d_pos;
+  meta.row_is_padding = d_pad;
+  meta.comp_start = d_comp_start;
+  cuda::launch_metadata(d, meta, nullptr);
+  // The device's comp_start must equal the host's (this test's layout assumption).
+  std::vector<std::int32_t> dev_cs(B + 1);
+  CK(cudaMemcpy(dev_cs.data(), d_comp_start, (B + 1) * 4, cudaMemcpyDeviceToHost));
+  ASSERT_EQ(dev_cs, std::vector<std::int32_t>(comp_start.begin(), comp_start.end()));
+
+  float *d_dst_w = upload(dst_w), *d_dst_c = upload(dst_c);
+  cuda::OrderedScatter s;
+  s.layout = c.layout;
+  s.slots = slots;
+  s.width = c.width;
+  s.dst_window = d_dst_w;
+  s.dst_comp = d_dst_c;
+
+  for (int chunk : {1, 7, 64, T}) {
+    SCOPED_TRACE("chunk rows " + std::to_string(chunk));
+    std::vector<float> ew = dst_w, ec = dst_c;
+    CK(cudaMemcpy(d_dst_w, dst_w.data(), dst_w.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_dst_c, dst_c.data(), dst_c.size() * 4, cudaMemcpyHostToDevice));
+    float* d_scratch = nullptr;
+    const std::size_t per_chunk = static_cast<std::size_t>(chunk) * slots * c.width;
+    CK(cudaMalloc(&d_scratch, per_chunk * 4));
+    std::vector<float> scratch(per_chunk);
+    for (int r0 = 0; r0 < T; r0 += chunk) {
+      const int rows = std::min(chunk, T - r0);
+      // Unused slots hold NaN: reading one would poison the result.
+      std::fill(scratch.begin(), scratch.end(), std::nanf(""));
+      for (int r = r0; r < r0 + rows; ++r)
+        for (std::size_t k = 0; k < keys[r].size(); ++k)
+          for (int i = 0; i < c.width; ++i)
+            scratch[((static_cast<std::size_t>(r - r0) * slots) + k) * c.width + i] = uni(rng);
+      CK(cudaMemcpy(d_scratch, scratch.data(), per_chunk * 4, cudaMemcpyHostToDevice));
+      cuda::launch_ordered_scatter(d, meta, d_topk, s, r0, rows, d_scratch, nullptr);
+      CK(cudaDeviceSynchronize());
+      // Host: per target, sum in ascending row order, then add to the destination.
+      std::vector<std::vector<float>> acc_w(T), acc_c(Nc);
+      for (int r = r0; r < r0 + rows; ++r)
+        for (std::size_t k = 0; k < keys[r].size(); ++k) {
+          const long id = keys[r][k];
+          std::vector<float>& a = id >= 0 ? acc_w[id] : acc_c[-id - 1];
+          if (a.empty()) a.assign(c.width, 0.0f);
+          for (int i = 0; i < c.width; ++i)
+            a[i] += scratch[((static_cast<std::size_t>(r - r0) * slots) + k) * c.width + i];
+        }
+      for (int u = 0; u < T; ++u)
+        if (!acc_w[u].empty())
+          for (int i = 0; i < c.width; ++i) ew[static_cast<std::size_t>(u) * c.width + i] += acc_w[u][i];
+      for (int e = 0; e < Nc; ++e)
+        if (!acc_c[e].empty())
+          for (int i = 0; i < c.width; ++i) ec[static_cast<std::size_t>(e) * c.width + i] += acc_c[e][i];
+    }
+    std::vector<float> gw(ew.size()), gc(ec.size());
+    CK(cudaMemcpy(gw.data(), d_dst_w, gw.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gc.data(), d_dst_c, gc.size() * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::memcmp(gw.data(), ew.data(), ew.size() * 4), 0) << "raw key rows differ";
+    EXPECT_EQ(std::memcmp(gc.data(), ec.data(), ec.size() * 4), 0) << "compressed rows differ";
+    cudaFree(d_scratch);
+  }
+  for (void* p : {static_cast<void*>(d_cu_real), static_cast<void*>(d_cu_padded),
+                  static_cast<void*>(d_comp_start), static_cast<void*>(d_topk), static_cast<void*>(d_seg),
+                  static_cast<void*>(d_pos), static_cast<void*>(d_pad), static_cast<void*>(d_dst_w),
+                  static_cast<void*>(d_dst_c)})
+    cudaFree(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, OrderedScatter,
+    ::testing::Values(Case{"attention_swa", SlotLayout::attention, 0, 16, 0, 512},
+                      Case{"attention_csa", SlotLayout::attention, 4, 16, 8, 512},
+                      Case{"attention_hca", SlotLayout::attention, 8, 16, 0, 128},
+                      Case{"loss_sparse", SlotLayout::loss_sparse, 4, 16, 8, 128},
+                      Case{"loss_dense", SlotLayout::loss_dense, 4, 16, 0, 256}),
+    [](const auto& param_info) { return param_info.param.name; });
+
+}  // namespace
+}  // namespace csattn
+#endif
