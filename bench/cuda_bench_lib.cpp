@@ -259,6 +259,8 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
                   j["stages_ms"]["indexer top-k"].get<double>(), j["indexer_tflops"].get<double>());
       report["indexer"].push_back(j);
     }
+    std::fprintf(stderr, "cuda_bench: elementwise kernels\n");
+    report["elementwise"] = elementwise_benchmarks(report["ceilings"]["copy_tbps"].get<double>());
     if (!out_path.empty()) std::ofstream(out_path) << report.dump(2) << "\n";
     if (!svg_path.empty()) write_svg(report, svg_path);
     return 0;

@@ -48,6 +48,7 @@ void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t strea
   st.mark(nullptr);
 
   launch_metadata(d, m, stream);
+  launch_rope_table(d, w.omega, m.rope_table, stream);
 
   // Query path.
   linear(blas, a.x, T, d.d_model, w.wq_a, d.q_lora_rank, a.q_proj);

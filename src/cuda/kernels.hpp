@@ -31,8 +31,17 @@ struct NormRopeArgs {
   const std::int32_t* comp_start = nullptr;
   int segments = 0, ratio = 0;
   bool hadamard = false;     // n must be a power of two
+  const __nv_bfloat162* rope_table = nullptr;  // [positions, rope_dim / 2] (cos, sin); null:
+                                               // computed per row
 };
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream);
+// Always the one-block-per-row kernel (the reference for tests and benchmarks).
+void launch_norm_rope_reference(const NormRopeArgs& a, cudaStream_t stream);
+
+// The RoPE table of meta.rope_table for positions [0, d.max_seg_len): cos / sin of
+// position * omega[i] through double, rounded to bf16 (norm_rope.cu).
+void launch_rope_table(const LayerDims& d, const float* omega, __nv_bfloat162* table,
+                       cudaStream_t stream);
 
 // NormRopeArgs for `rows` token rows of width n (position = row_position[row / per_token])
 // and for the compressed rows (position j*m, rows past the real count skipped), with every
@@ -49,6 +58,7 @@ inline NormRopeArgs token_rows_args(const LayerDims& d, const DeviceWeights& w,
   a.omega = w.omega;
   a.rows_per_token = per_token;
   a.row_position = m.row_position;
+  a.rope_table = m.rope_table;
   return a;
 }
 inline NormRopeArgs compressed_rows_args(const LayerDims& d, const DeviceWeights& w,
@@ -65,6 +75,7 @@ inline NormRopeArgs compressed_rows_args(const LayerDims& d, const DeviceWeights
   a.comp_start = m.comp_start;
   a.segments = d.segments;
   a.ratio = d.ratio;
+  a.rope_table = m.rope_table;
   return a;
 }
 

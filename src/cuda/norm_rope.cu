@@ -1,5 +1,13 @@
 // RMSNorm + RoPE + Hadamard on rows, with the bf16 rounding points of docs/numerics.md.
+// Rows of width 128..1024 (a power of two times 32, the model's shapes) take the
+// warp-per-row kernel: each lane owns n/32 contiguous elements, loaded with 16-byte (or
+// 8-byte) accesses, the norm is a warp reduction, RoPE pairs never straddle lanes, and the
+// Hadamard butterflies below the lane width run in registers, the wider ones through
+// shuffles - the same additions in the same order as the block kernel, which stays for
+// other widths. cos / sin come from the per-run table (one double-precision evaluation
+// per position and frequency instead of one per row).
 #include <cmath>
+#include <cstdint>
 
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
@@ -11,20 +19,143 @@ namespace {
 
 constexpr int kThreads = 128;
 
+// cos / sin of position * omega[i] with the sign of the rotation applied to sin: from the
+// table, or (no table) through double so they are correctly rounded like the host's, then
+// cast to bf16 (the table's dtype). Angles in fp32 as the reference builds them.
+__device__ __forceinline__ float2 rope_entry(const float* omega, int position, int i) {
+  const float angle = static_cast<float>(position) * omega[i];
+  return make_float2(round_bf16(static_cast<float>(cos(static_cast<double>(angle)))),
+                     round_bf16(static_cast<float>(sin(static_cast<double>(angle)))));
+}
+__device__ __forceinline__ void rope_cos_sin(const NormRopeArgs& a, int position, int i,
+                                             float& c, float& s) {
+  float2 cs;
+  if (a.rope_table) {
+    cs = __bfloat1622float2(a.rope_table[static_cast<long>(position) * (a.rope_dim / 2) + i]);
+  } else {
+    cs = rope_entry(a.omega, position, i);
+  }
+  c = cs.x;
+  s = cs.y * static_cast<float>(a.rope_sign);
+}
+
+__global__ void rope_table_kernel(int positions, int half, const float* omega,
+                                  __nv_bfloat162* table) {
+  const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<long>(positions) * half) return;
+  const float2 cs = rope_entry(omega, static_cast<int>(idx / half), static_cast<int>(idx % half));
+  table[idx] = __floats2bfloat162_rn(cs.x, cs.y);
+}
+
+// The position of a row (token rows: row_position of its token; compressed rows: j * m), or
+// -1 for compressed capacity rows without an entry.
+__device__ __forceinline__ int row_position_of(const NormRopeArgs& a, int row) {
+  if (a.compressed) {
+    if (row >= a.comp_start[a.segments]) return -1;
+    const int b = compressed_segment(a.comp_start, a.segments, row);
+    return (row - a.comp_start[b]) * a.ratio;
+  }
+  return a.rope_dim > 0 ? a.row_position[row / a.rows_per_token] : 0;
+}
+
+constexpr int kRowsPerBlock = 4;  // one warp per row
+
+template <int E>  // elements per lane: n = 32 * E
+__global__ void __launch_bounds__(32 * kRowsPerBlock) norm_rope_warp_kernel(NormRopeArgs a) {
+  constexpr int n = 32 * E;
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= a.rows) return;
+  const int position = row_position_of(a, row);
+  if (position < 0) return;
+  const int first = lane * E;
+
+  float v[E];
+  {
+    const bf16* in = a.in + static_cast<long>(row) * n + first;
+#pragma unroll
+    for (int c = 0; c < E; c += 4) {  // 8-byte pieces: 4 bf16
+      const uint2 raw = *reinterpret_cast<const uint2*>(in + c);
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      v[c] = lo.x;
+      v[c + 1] = lo.y;
+      v[c + 2] = hi.x;
+      v[c + 3] = hi.y;
+    }
+  }
+
+  if (a.norm) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) ss += v[i] * v[i];
+    ss = warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / n + a.eps);
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const float w = a.weight ? __bfloat162float(a.weight[first + i]) : 1.0f;
+      v[i] = round_bf16(v[i] * r * w);
+    }
+  }
+
+  if (a.rope_dim > 0) {
+    const int base = n - a.rope_dim;
+#pragma unroll
+    for (int i = 0; i < E; i += 2) {
+      const int e = first + i;
+      if (e < base) continue;
+      // The table only: the double-precision fallback would put the trig slow path's
+      // stack frame into this kernel.
+      const float2 cs =
+          __bfloat1622float2(a.rope_table[static_cast<long>(position) * (a.rope_dim / 2) + (e - base) / 2]);
+      const float c = cs.x, s = cs.y * static_cast<float>(a.rope_sign);
+      const float x0 = v[i], x1 = v[i + 1];
+      v[i] = round_bf16(x0 * c - x1 * s);
+      v[i + 1] = round_bf16(x0 * s + x1 * c);
+    }
+  }
+
+  if (a.hadamard) {
+#pragma unroll
+    for (int len = 1; len < E; len <<= 1)
+#pragma unroll
+      for (int i = 0; i < E; ++i)
+        if ((i & len) == 0) {
+          const float x0 = v[i], x1 = v[i + len];
+          v[i] = x0 + x1;
+          v[i + len] = x0 - x1;
+        }
+#pragma unroll
+    for (int lanes = 1; lanes < 32; lanes <<= 1) {
+      const bool upper = (lane & lanes) != 0;  // holds the x1 side of each pair
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        const float other = __shfl_xor_sync(0xffffffffu, v[i], lanes);
+        v[i] = upper ? other - v[i] : v[i] + other;
+      }
+    }
+    const float scale = 1.0f / sqrtf(static_cast<float>(n));
+#pragma unroll
+    for (int i = 0; i < E; ++i) v[i] = round_bf16(v[i] * scale);
+  }
+
+  bf16* out = a.out + static_cast<long>(row) * n + first;
+#pragma unroll
+  for (int c = 0; c < E; c += 4) {
+    uint2 raw;
+    *reinterpret_cast<__nv_bfloat162*>(&raw.x) = __floats2bfloat162_rn(v[c], v[c + 1]);
+    *reinterpret_cast<__nv_bfloat162*>(&raw.y) = __floats2bfloat162_rn(v[c + 2], v[c + 3]);
+    *reinterpret_cast<uint2*>(out + c) = raw;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
   extern __shared__ float buf[];  // [n]
   __shared__ float scratch[32];
   const int row = blockIdx.x;
   const int n = a.n;
-  int position = 0;
-  if (a.compressed) {
-    const int total = a.comp_start[a.segments];
-    if (row >= total) return;  // capacity rows without an entry
-    const int b = compressed_segment(a.comp_start, a.segments, row);
-    position = (row - a.comp_start[b]) * a.ratio;
-  } else if (a.rope_dim > 0) {
-    position = a.row_position[row / a.rows_per_token];
-  }
+  const int position = row_position_of(a, row);
+  if (position < 0) return;  // compressed capacity rows without an entry
   const bf16* in = a.in + static_cast<long>(row) * n;
   for (int i = threadIdx.x; i < n; i += kThreads) buf[i] = __bfloat162float(in[i]);
   __syncthreads();
@@ -46,10 +177,8 @@ __global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
     for (int i = threadIdx.x; i < half; i += kThreads) {
       // Angles in fp32 as the reference builds them; cos / sin through double so they are
       // correctly rounded like the host's, then cast to bf16 (the table's dtype).
-      const float angle = static_cast<float>(position) * a.omega[i];
-      const float c = round_bf16(static_cast<float>(cos(static_cast<double>(angle))));
-      const float s = round_bf16(static_cast<float>(sin(static_cast<double>(angle)))) *
-                      static_cast<float>(a.rope_sign);
+      float c, s;
+      rope_cos_sin(a, position, i, c, s);
       const float x0 = buf[base + 2 * i], x1 = buf[base + 2 * i + 1];
       buf[base + 2 * i] = round_bf16(x0 * c - x1 * s);
       buf[base + 2 * i + 1] = round_bf16(x0 * s + x1 * c);
@@ -79,7 +208,42 @@ __global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
 
 }  // namespace
 
+void launch_rope_table(const LayerDims& d, const float* omega, __nv_bfloat162* table,
+                       cudaStream_t stream) {
+  const long total = static_cast<long>(d.max_seg_len) * (d.rope_dim / 2);
+  if (total <= 0 || table == nullptr) return;
+  rope_table_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(
+      d.max_seg_len, d.rope_dim / 2, omega, table);
+  CSATTN_CUDA_LAUNCH_CHECK();
+}
+
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
+  if (a.rows <= 0) return;
+  // The warp kernel: n = 32 * E with E in {4, 8, 16, 32} (E even, so RoPE pairs stay inside
+  // a lane), 8-byte aligned rows, and the RoPE table when it rotates.
+  const unsigned warp_blocks = static_cast<unsigned>((a.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  const bool rope_ok = a.rope_dim == 0 || (a.rope_table && a.rope_dim % 2 == 0 && a.rope_dim <= a.n);
+  if (rope_ok && static_cast<std::uintptr_t>(reinterpret_cast<std::uintptr_t>(a.in) |
+                                             reinterpret_cast<std::uintptr_t>(a.out)) % 8 == 0) {
+    switch (a.n) {
+#define CSATTN_NORM_ROPE_CASE(N)                                                   \
+  case N:                                                                          \
+    norm_rope_warp_kernel<N / 32><<<warp_blocks, 32 * kRowsPerBlock, 0, stream>>>(a); \
+    CSATTN_CUDA_LAUNCH_CHECK();                                                    \
+    return;
+      CSATTN_NORM_ROPE_CASE(128)
+      CSATTN_NORM_ROPE_CASE(256)
+      CSATTN_NORM_ROPE_CASE(512)
+      CSATTN_NORM_ROPE_CASE(1024)
+#undef CSATTN_NORM_ROPE_CASE
+      default:
+        break;
+    }
+  }
+  launch_norm_rope_reference(a, stream);
+}
+
+void launch_norm_rope_reference(const NormRopeArgs& a, cudaStream_t stream) {
   if (a.rows <= 0) return;
   const std::size_t smem = sizeof(float) * static_cast<std::size_t>(a.n);
   allow_dynamic_smem(norm_rope_kernel, smem, "the norm / RoPE kernel");

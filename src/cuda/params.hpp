@@ -46,6 +46,9 @@ struct DeviceMetadata {
   std::int32_t* row_position = nullptr;     // [T]
   std::uint8_t* row_is_padding = nullptr;   // [T]
   std::int32_t* comp_start = nullptr;       // [B+1]
+  // RoPE (cos, sin) per position and frequency, [max_seg_len, rope_dim / 2], bf16 values as
+  // the host's table; built per run from omega (null: kernels compute them per row).
+  __nv_bfloat162* rope_table = nullptr;
 };
 
 // Activations of the forward (bf16 unless noted); the backward (issue 6) reads them.

@@ -52,6 +52,8 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
   p.row_position = take(T * i32);
   p.row_is_padding = take(T);
   p.comp_start = take(B1 * i32);
+  p.rope_table = take(static_cast<std::size_t>(std::max(max_seg_len, 1)) *
+                      static_cast<std::size_t>(cfg.rope_dim / 2) * 2 * bf);
   const std::size_t HD = static_cast<std::size_t>(d.heads) * d.head_dim;
   p.x = take(T * d.d_model * bf);
   p.q_proj = take(T * d.q_lora_rank * bf);
@@ -169,6 +171,7 @@ DeviceMetadata WorkspacePlan::metadata(void* base) const {
   m.row_position = at<std::int32_t>(base, row_position);
   m.row_is_padding = at<std::uint8_t>(base, row_is_padding);
   m.comp_start = at<std::int32_t>(base, comp_start);
+  m.rope_table = at<__nv_bfloat162>(base, rope_table);
   return m;
 }
 

@@ -54,6 +54,7 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
             {"cu_real", f.cu_real, 4u * (B + 1)}, {"cu_padded", f.cu_padded, 4u * (B + 1)},
             {"row_segment", f.row_segment, 4 * t}, {"row_position", f.row_position, 4 * t},
             {"row_is_padding", f.row_is_padding, t}, {"comp_start", f.comp_start, 4u * (B + 1)},
+            {"rope_table", f.rope_table, 4u * static_cast<std::size_t>(L) * (cfg.rope_dim / 2)},
             {"x", f.x, 2 * t * cfg.d_model}, {"q_proj", f.q_proj, 2 * t * cfg.q_lora_rank},
             {"cq", f.cq, 2 * t * cfg.q_lora_rank}, {"qb_proj", f.qb_proj, 2 * t * hd},
             {"q", f.q, 2 * t * hd}, {"kv_proj", f.kv_proj, 2 * t * cfg.head_dim},
