@@ -330,8 +330,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
+// The opt-in shared-memory maximum of a Hopper block (227 KB) less a margin for the kernel's
+// static shared memory; longer key lists (HCA segments of ~850K tokens) take the baseline.
+constexpr std::size_t kMaxDynamicSmem = 227 * 1024 - 1024;
+
 bool attention_backward_mma_supported(const LayerDims& d) {
-  return d.head_dim == kDim && mma_smem_bytes(max_keys_per_query(d)) <= 227 * 1024;
+  return d.head_dim == kDim && mma_smem_bytes(max_keys_per_query(d)) <= kMaxDynamicSmem;
 }
 
 void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
@@ -345,7 +349,7 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
               std::to_string(d.head_dim));
   const int max_keys = max_keys_per_query(d);
   const std::size_t smem = mma_smem_bytes(max_keys);
-  require(smem <= 227 * 1024, ErrorKind::Unsupported,
+  require(smem <= kMaxDynamicSmem, ErrorKind::Unsupported,
           "the tensor-core attention backward needs " + std::to_string(smem) +
               " bytes of shared memory for " + std::to_string(max_keys) + " keys per query");
   allow_dynamic_smem(attention_backward_mma_kernel, smem, "the tensor-core attention backward");
