@@ -224,10 +224,15 @@ INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionBackward,
                          ::testing::Values(BwdCase{64, 4, 100}, BwdCase{128, 4, 128},
                                            BwdCase{24, 4, 100}, BwdCase{64, 128, 0},
                                            BwdCase{64, 0, 0}),
-                         [](const auto& info) {
-                           const BwdCase& c = info.param;
-                           return "H" + std::to_string(c.heads) + "_ratio" + std::to_string(c.ratio) +
-                                  "_topk" + std::to_string(c.topk);
+                         [](const auto& param_info) {
+                           const BwdCase& c = param_info.param;
+                           std::string name = "H";
+                           name += std::to_string(c.heads);
+                           name += "_ratio";
+                           name += std::to_string(c.ratio);
+                           name += "_topk";
+                           name += std::to_string(c.topk);
+                           return name;
                          });
 
 }  // namespace
