@@ -2,7 +2,8 @@
 //  1. the ceilings of this run: bf16 GEMM (cuBLAS, 8192^3) and device copy bandwidth;
 //  2. the sparse attention kernel at FlashMLA's anchor shapes (4096 queries, random top-k
 //     into 8K-64K compressed keys, sink on) plus our 128-row window;
-//  3. the whole layer forward per layer type at the Flash shape, with per-stage shares.
+//  3. the sparse attention backward kernel at the same shapes;
+//  4. the whole layer forward + backward per layer type at the Flash shape, per stage.
 // Prints a table, writes JSON and an SVG bar chart of the attention figures. Shared by
 // `csattn bench --device cuda` and the standalone `csattn_cuda_bench` (bench/cuda_bench.cpp).
 #include <cublas_v2.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <string>
@@ -22,6 +24,7 @@
 #include "csattn/layer.hpp"
 #include "cuda/check.hpp"
 #include "cuda/cuda_layer.hpp"
+#include "cuda/backward_kernels.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/timing.hpp"
 #include "cuda/workspace.hpp"
@@ -75,65 +78,122 @@ json ceilings() {
   return j;
 }
 
-// The sparse attention kernel alone: `queries` rows at the end of a long sequence, each
-// attending to its 128-row window plus `topk` random distinct compressed keys out of `keys`.
-json sparse_attention_case(int heads, int topk, int keys, int queries, double gemm_tflops) {
-  const int D = 512, W = 128;
-  AttentionConfig cfg = ModelConfig::preset(heads == 128 ? "pro" : "flash").base;
-  cfg.compress_ratio = 4;
-  cfg.index_topk = topk;
-  const int S = queries + W;  // raw rows: the queries and the window before the first one
-  LayerDims d = make_dims(cfg, queries, 1, 4 * keys);
-  d.comp_capacity = keys;
-  bf16 *q, *kv, *comp, *out;
-  float *lse, *sink;
-  std::int32_t *meta_buf, *topk_dev;
-  CSATTN_CUDA_CHECK(cudaMalloc(&q, sizeof(bf16) * queries * heads * D));
-  CSATTN_CUDA_CHECK(cudaMalloc(&kv, sizeof(bf16) * S * D));
-  CSATTN_CUDA_CHECK(cudaMalloc(&comp, sizeof(bf16) * static_cast<std::size_t>(keys) * D));
-  CSATTN_CUDA_CHECK(cudaMalloc(&out, sizeof(bf16) * queries * heads * D));
-  CSATTN_CUDA_CHECK(cudaMalloc(&lse, sizeof(float) * queries * heads));
-  CSATTN_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * heads));
-  CSATTN_CUDA_CHECK(cudaMalloc(&topk_dev, sizeof(std::int32_t) * queries * topk));
-  CSATTN_CUDA_CHECK(cudaMalloc(&meta_buf, sizeof(std::int32_t) * (4 + 2 * queries) + queries));
-  fill_random_bf16(q, static_cast<std::size_t>(queries) * heads * D, 3, 0.05f);
-  fill_random_bf16(kv, static_cast<std::size_t>(S) * D, 4);
-  fill_random_bf16(comp, static_cast<std::size_t>(keys) * D, 5);
-  std::vector<float> sink_h(heads, 0.5f);
-  CSATTN_CUDA_CHECK(cudaMemcpy(sink, sink_h.data(), heads * 4, cudaMemcpyHostToDevice));
-  // Random distinct ascending ids per row.
-  std::mt19937_64 rng(6);
-  std::vector<std::int32_t> sel(static_cast<std::size_t>(queries) * topk);
-  std::vector<std::int32_t> pool(keys);
-  for (int i = 0; i < keys; ++i) pool[i] = i;
-  for (int t = 0; t < queries; ++t) {
-    for (int k = 0; k < topk; ++k) std::swap(pool[k], pool[k + rng() % (keys - k)]);
-    std::vector<std::int32_t> row(pool.begin(), pool.begin() + topk);
-    std::sort(row.begin(), row.end());
-    std::copy(row.begin(), row.end(), sel.begin() + static_cast<long>(t) * topk);
-  }
-  CSATTN_CUDA_CHECK(cudaMemcpy(topk_dev, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
-  // Metadata: one segment starting at raw row 0; query t sits at position W + t.
-  std::vector<std::int32_t> h(4 + 2 * queries);
-  h[0] = 0; h[1] = S;            // cu_padded (also cu_real)
-  h[2] = 0; h[3] = keys;         // comp_start
-  for (int t = 0; t < queries; ++t) { h[4 + t] = 0; h[4 + queries + t] = W + t; }
-  CSATTN_CUDA_CHECK(cudaMemcpy(meta_buf, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-  CSATTN_CUDA_CHECK(cudaMemset(meta_buf + 4 + 2 * queries, 0, queries));
+// The inputs of the sparse attention microbenchmarks: `queries` rows at the end of a long
+// sequence, each attending to its 128-row window plus `topk` random distinct compressed keys
+// out of `keys`; with `backward`, also dO and the gradient buffers.
+struct SparseAttentionInputs {
+  static constexpr int D = 512, W = 128;
+  int heads, topk, keys, queries;
+  LayerDims d;
   DeviceMetadata m;
-  m.cu_real = meta_buf; m.cu_padded = meta_buf; m.comp_start = meta_buf + 2;
-  m.row_segment = meta_buf + 4; m.row_position = meta_buf + 4 + queries;
-  m.row_is_padding = reinterpret_cast<std::uint8_t*>(meta_buf + 4 + 2 * queries);
-  d.rows = queries;
-  const double ms = median_ms([&] {
+  bf16 *q = nullptr, *kv = nullptr, *comp = nullptr, *out = nullptr, *dout = nullptr;
+  float *lse = nullptr, *sink = nullptr, *dq = nullptr, *dkv = nullptr, *dcomp = nullptr,
+        *dsink = nullptr;
+  std::int32_t *meta_buf = nullptr, *topk_dev = nullptr;
+
+  SparseAttentionInputs(int heads_, int topk_, int keys_, int queries_, bool backward)
+      : heads(heads_), topk(topk_), keys(keys_), queries(queries_) {
+    AttentionConfig cfg = ModelConfig::preset(heads == 128 ? "pro" : "flash").base;
+    cfg.compress_ratio = 4;
+    cfg.index_topk = topk;
+    const int S = queries + W;  // raw rows: the queries and the window before the first one
+    d = make_dims(cfg, queries, 1, 4 * keys);
+    d.comp_capacity = keys;
+    const std::size_t qn = static_cast<std::size_t>(queries) * heads * D;
+    CSATTN_CUDA_CHECK(cudaMalloc(&q, sizeof(bf16) * qn));
+    CSATTN_CUDA_CHECK(cudaMalloc(&kv, sizeof(bf16) * S * D));
+    CSATTN_CUDA_CHECK(cudaMalloc(&comp, sizeof(bf16) * static_cast<std::size_t>(keys) * D));
+    CSATTN_CUDA_CHECK(cudaMalloc(&out, sizeof(bf16) * qn));
+    CSATTN_CUDA_CHECK(cudaMalloc(&lse, sizeof(float) * queries * heads));
+    CSATTN_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * heads));
+    CSATTN_CUDA_CHECK(cudaMalloc(&topk_dev, sizeof(std::int32_t) * queries * topk));
+    CSATTN_CUDA_CHECK(cudaMalloc(&meta_buf, sizeof(std::int32_t) * (4 + 2 * queries) + queries));
+    fill_random_bf16(q, qn, 3, 0.05f);
+    fill_random_bf16(kv, static_cast<std::size_t>(S) * D, 4);
+    fill_random_bf16(comp, static_cast<std::size_t>(keys) * D, 5);
+    std::vector<float> sink_h(heads, 0.5f);
+    CSATTN_CUDA_CHECK(cudaMemcpy(sink, sink_h.data(), heads * 4, cudaMemcpyHostToDevice));
+    // Random distinct ascending ids per row.
+    std::mt19937_64 rng(6);
+    std::vector<std::int32_t> sel(static_cast<std::size_t>(queries) * topk);
+    std::vector<std::int32_t> pool(keys);
+    for (int i = 0; i < keys; ++i) pool[i] = i;
+    for (int t = 0; t < queries; ++t) {
+      for (int k = 0; k < topk; ++k) std::swap(pool[k], pool[k + rng() % (keys - k)]);
+      std::vector<std::int32_t> row(pool.begin(), pool.begin() + topk);
+      std::sort(row.begin(), row.end());
+      std::copy(row.begin(), row.end(), sel.begin() + static_cast<long>(t) * topk);
+    }
+    CSATTN_CUDA_CHECK(cudaMemcpy(topk_dev, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+    // Metadata: one segment starting at raw row 0; query t sits at position W + t.
+    std::vector<std::int32_t> h(4 + 2 * queries);
+    h[0] = 0; h[1] = S;            // cu_padded (also cu_real)
+    h[2] = 0; h[3] = keys;         // comp_start
+    for (int t = 0; t < queries; ++t) { h[4 + t] = 0; h[4 + queries + t] = W + t; }
+    CSATTN_CUDA_CHECK(cudaMemcpy(meta_buf, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    CSATTN_CUDA_CHECK(cudaMemset(meta_buf + 4 + 2 * queries, 0, queries));
+    m.cu_real = meta_buf; m.cu_padded = meta_buf; m.comp_start = meta_buf + 2;
+    m.row_segment = meta_buf + 4; m.row_position = meta_buf + 4 + queries;
+    m.row_is_padding = reinterpret_cast<std::uint8_t*>(meta_buf + 4 + 2 * queries);
+    d.rows = queries;
+    if (backward) {
+      CSATTN_CUDA_CHECK(cudaMalloc(&dout, sizeof(bf16) * qn));
+      CSATTN_CUDA_CHECK(cudaMalloc(&dq, sizeof(float) * qn));
+      CSATTN_CUDA_CHECK(cudaMalloc(&dkv, sizeof(float) * S * D));
+      CSATTN_CUDA_CHECK(cudaMalloc(&dcomp, sizeof(float) * static_cast<std::size_t>(keys) * D));
+      CSATTN_CUDA_CHECK(cudaMalloc(&dsink, sizeof(float) * queries * heads));
+      fill_random_bf16(dout, qn, 7, 0.05f);
+      CSATTN_CUDA_CHECK(cudaMemset(dkv, 0, sizeof(float) * S * D));
+      CSATTN_CUDA_CHECK(cudaMemset(dcomp, 0, sizeof(float) * static_cast<std::size_t>(keys) * D));
+    }
+  }
+  ~SparseAttentionInputs() {
+    for (void* p : {static_cast<void*>(q), static_cast<void*>(kv), static_cast<void*>(comp),
+                    static_cast<void*>(out), static_cast<void*>(dout), static_cast<void*>(lse),
+                    static_cast<void*>(sink), static_cast<void*>(dq), static_cast<void*>(dkv),
+                    static_cast<void*>(dcomp), static_cast<void*>(dsink),
+                    static_cast<void*>(meta_buf), static_cast<void*>(topk_dev)})
+      if (p) cudaFree(p);
+  }
+  SparseAttentionInputs(const SparseAttentionInputs&) = delete;
+  SparseAttentionInputs& operator=(const SparseAttentionInputs&) = delete;
+
+  void forward() const {
     launch_sparse_attention(d, m, q, kv, comp, sink, topk_dev, out, lse, nullptr);
-  }, 2, 5);
-  const double flops = 2.0 * heads * (D + D) * static_cast<double>(topk + W) * queries;
-  json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries}, {"window", W},
-         {"ms", ms}, {"tflops", flops / (ms * 1e-3) / 1e12}};
-  j["fraction_of_gemm"] = j["tflops"].get<double>() / gemm_tflops;
-  cudaFree(q); cudaFree(kv); cudaFree(comp); cudaFree(out); cudaFree(lse); cudaFree(sink);
-  cudaFree(topk_dev); cudaFree(meta_buf);
+  }
+  // Key gradients keep accumulating across repetitions (the layer zeroes them per run; the
+  // memset is not part of the kernel's time).
+  void backward() const {
+    launch_attention_backward(d, m, q, kv, comp, sink, topk_dev, out, lse, dout, dq, dkv, dcomp,
+                              dsink, nullptr);
+  }
+  json record(double ms, double flops_per_query_key, double gemm_tflops) const {
+    const double flops = flops_per_query_key * heads * static_cast<double>(topk + W) * queries;
+    json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries}, {"window", W},
+           {"ms", ms}, {"tflops", flops / (ms * 1e-3) / 1e12}};
+    j["fraction_of_gemm"] = j["tflops"].get<double>() / gemm_tflops;
+    return j;
+  }
+};
+
+// The sparse attention forward kernel alone. FLOPs = 2 * H * (512 + 512) per (query, key).
+json sparse_attention_case(int heads, int topk, int keys, int queries, double gemm_tflops) {
+  const SparseAttentionInputs in(heads, topk, keys, queries, false);
+  const double ms = median_ms([&] { in.forward(); }, 2, 5);
+  return in.record(ms, 2.0 * (512 + 512), gemm_tflops);
+}
+
+// The sparse attention backward kernel alone (the one CSATTN_ATTENTION_BACKWARD selects),
+// after one forward for O and LSE. FLOPs = 2 * H * (3 * 512 + 2 * 512) per (query, key):
+// S, dP, dQ, and the two products of dK (P^T dO, dS^T Q).
+json sparse_attention_backward_case(int heads, int topk, int keys, int queries,
+                                    double gemm_tflops) {
+  const SparseAttentionInputs in(heads, topk, keys, queries, true);
+  in.forward();
+  const double ms = median_ms([&] { in.backward(); }, 1, 5);
+  json j = in.record(ms, 2.0 * (3 * 512 + 2 * 512), gemm_tflops);
+  const char* env = std::getenv("CSATTN_ATTENTION_BACKWARD");
+  j["kernel"] = env != nullptr && std::string(env) == "baseline" ? "baseline" : "mma";
   return j;
 }
 
@@ -148,13 +208,14 @@ json layer_case(const std::string& preset, int ratio, int tokens, bool backward 
   for (float& v : xv) v = dist(rng);
   layer.forward(Tensor::from_f32(xv, {tokens, cfg.d_model}), SeqLayout::from_lengths({tokens}), Tensor());
   const ForwardProfile prof = layer.profile(2, 5);
-  double backward_ms = -1.0;
+  StageProfile bprof;
   if (backward) {
     std::vector<float> gv(xv.size());
     for (float& v : gv) v = dist(rng);
     layer.backward(Tensor::from_f32(gv, {tokens, cfg.d_model}), 1.0f);
-    backward_ms = layer.profile_backward(1, 3);
+    bprof = layer.profile_backward(1, 3);
   }
+  const double backward_ms = bprof.total_ms;
   json j{{"preset", preset}, {"type", layer_kind_name(layer_kind(ratio))}, {"tokens", tokens},
          {"forward_ms", prof.total_ms}, {"tokens_per_s", tokens / (prof.total_ms * 1e-3)},
          {"workspace_bytes", prof.workspace_bytes}};
@@ -164,6 +225,7 @@ json layer_case(const std::string& preset, int ratio, int tokens, bool backward 
     j["train_step_tokens_per_s"] = tokens / ((prof.total_ms + backward_ms) * 1e-3);
   }
   for (const StageTime& s : prof.stages) j["stages_ms"][s.name] = s.ms;
+  for (const StageTime& s : bprof.stages) j["backward_stages_ms"][s.name] = s.ms;
   if (ratio == 4) {
     // Indexer FLOPs = 2 * H_I * D_I per causally valid (query, compressed key) pair.
     double pairs = 0.0;
@@ -237,6 +299,17 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
                     j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>());
         report["sparse_attention"].push_back(j);
       }
+    std::printf("\nsparse attention backward (same shapes; FLOPs = 2*H*keys*(3*512 + 2*512) per query)\n");
+    std::printf("%6s %6s %7s %10s %9s %8s %9s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM", "kernel");
+    for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
+      for (int keys : {8192, 32768, 65536}) {
+        std::fprintf(stderr, "cuda_bench: sparse attention backward H %d top-k %d keys %d\n", heads, topk, keys);
+        json j = sparse_attention_backward_case(heads, topk, keys, 4096, gemm);
+        std::printf("%6d %6d %7d %10.3f %9.1f %8.3f %9s\n", heads, topk, keys, j["ms"].get<double>(),
+                    j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>(),
+                    j["kernel"].get<std::string>().c_str());
+        report["sparse_attention_backward"].push_back(j);
+      }
     std::printf("\nlayer forward + backward (flash shape, one sequence)\n");
     std::printf("%5s %7s %10s %10s %12s  forward stages (ms)\n", "type", "tokens", "fwd ms", "bwd ms", "tokens/s");
     for (int tokens : {4096, 16384})
@@ -248,6 +321,10 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
         std::printf("%5s %7d %10.2f %10.2f %12.0f  %s\n", j["type"].get<std::string>().c_str(), tokens,
                     j["forward_ms"].get<double>(), j["backward_ms"].get<double>(),
                     j["train_step_tokens_per_s"].get<double>(), stages.c_str());
+        std::string bstages;
+        for (auto& [k, v] : j["backward_stages_ms"].items())
+          bstages += k + " " + std::to_string(v.get<double>()).substr(0, 6) + "; ";
+        std::printf("%5s %7s %10s %10s %12s  backward stages (ms): %s\n", "", "", "", "", "", bstages.c_str());
         report["layer_forward"].push_back(j);
       }
     std::printf("\nindexer + top-k (flash CSA layer, one sequence; FLOPs = 2*64*128 per valid pair)\n");

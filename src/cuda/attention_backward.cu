@@ -1,10 +1,13 @@
-// Sparse attention backward, baseline (CUDA cores). One block per query row: for each tile
+// Sparse attention backward, baseline (CUDA cores), and the dispatch to the tensor-core kernel
+// (attention_backward_mma.cu) for head_dim 512. The baseline: one block per query row; for each tile
 // of 32 keys, loop over the heads, recompute P from the saved LSE, and accumulate
 //   dz = P (dO.v - D_row),   dq_h += tau dz K,   dK_k += sum_h (P dO_h + tau dz q_h)
 // (K = V, so the key and value terms land on the same row). The head sum of dK happens in
 // registers, so each (row, key, dim) costs one atomic add into the fp32 key gradients.
 // d_sink = -P_sink * D_row per (row, head), summed later in a fixed order.
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/attention_keys.cuh"
 #include "cuda/backward_kernels.hpp"
@@ -131,6 +134,28 @@ void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, c
                                const std::int32_t* topk, const bf16* out, const float* lse,
                                const bf16* dout, float* dq_acc, float* dkv_acc,
                                float* dcomp_acc, float* dsink_part, cudaStream_t stream) {
+  // head_dim 512 (every DeepSeek-V4 preset) takes the tensor-core kernel, unless
+  // CSATTN_ATTENTION_BACKWARD=baseline asks for this one (benchmarks, bisecting); key lists
+  // too long for its shared memory fall back here too.
+  static const bool force_baseline = [] {
+    const char* v = std::getenv("CSATTN_ATTENTION_BACKWARD");
+    return v != nullptr && std::string(v) == "baseline";
+  }();
+  if (!force_baseline && attention_backward_mma_supported(d)) {
+    launch_attention_backward_mma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
+                                  dkv_acc, dcomp_acc, dsink_part, stream);
+    return;
+  }
+  launch_attention_backward_baseline(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
+                                     dkv_acc, dcomp_acc, dsink_part, stream);
+}
+
+void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata& meta,
+                                        const bf16* q, const bf16* kv, const bf16* comp,
+                                        const float* sink, const std::int32_t* topk,
+                                        const bf16* out, const float* lse, const bf16* dout,
+                                        float* dq_acc, float* dkv_acc, float* dcomp_acc,
+                                        float* dsink_part, cudaStream_t stream) {
   if (d.rows <= 0) return;
   require(d.head_dim <= kThreads * kMaxDimPerThread, ErrorKind::Unsupported,
           "the CUDA attention backward supports head_dim up to 1024");

@@ -55,7 +55,7 @@ void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStrea
 }
 
 void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, StageTimer* timer) {
   const LayerDims& d = f.dims;
   const DeviceWeights& w = f.w;
   const DeviceActivations& a = f.act;
@@ -67,6 +67,8 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
   CSATTN_CUBLAS_CHECK(cublasSetStream(blas, stream));
   if (f.blas_workspace)  // after SetStream, which resets cuBLAS to its own pool
     CSATTN_CUBLAS_CHECK(cublasSetWorkspace(blas, f.blas_workspace, f.blas_workspace_bytes));
+  Stages st{timer, stream};
+  st.mark(nullptr);
 
   // Output projections, then the transpose of the inverse RoPE (a forward rotation).
   linear_grad_input(blas, b.dy, T, dm, w.wo_b, gro, b.du);
@@ -74,6 +76,7 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
   grouped_linear_grad_input(blas, b.du, T, d.o_groups, gd, w.wo_a, d.o_lora_rank, b.dattn);
   grouped_linear_grad_weight(blas, b.du, T, d.o_groups, gd, a.attn_rot, d.o_lora_rank, g.wo_a);
   rope_rows(f, b.dattn, T * H, D, H, +1, stream);
+  st.mark("output projections");
 
   // Core attention.
   CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkv_acc, 0, sizeof(float) * static_cast<std::size_t>(T) * D, stream));
@@ -82,6 +85,7 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
   launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, b.dattn,
                             b.dq_acc, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
   launch_column_sum(b.dsink_part, T, H, g.sink, stream);
+  st.mark("attention");
 
   // Query path back to x.
   launch_f32_to_bf16(b.dq_acc, b.dq, static_cast<long>(T) * HD, stream);
@@ -94,6 +98,7 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
                           b.rstd, nullptr, 0, stream);
   linear_grad_input_f32(blas, b.dnormed, T, d.q_lora_rank, w.wq_a, dm, b.dx, false);
   linear_grad_weight(blas, b.dnormed, T, d.q_lora_rank, a.x, dm, g.wq_a);
+  st.mark("q path");
 
   // K=V path back to x.
   launch_f32_to_bf16(b.dkv_acc, b.dkv, static_cast<long>(T) * D, stream);
@@ -102,6 +107,7 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
                           nullptr, 0, stream);
   linear_grad_input_f32(blas, b.dnormed, T, D, w.wkv, dm, b.dx, true);
   linear_grad_weight(blas, b.dnormed, T, D, a.x, dm, g.wkv);
+  st.mark("kv path");
 
   // The main compressor (not detached): back to x.
   if (d.ratio > 1) {
@@ -116,6 +122,7 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
     linear_grad_weight(blas, b.dg, T, width, a.x, dm, g.c_wgate);
     linear_grad_input_f32(blas, b.da, T, width, w.c_wkv, dm, b.dx, true);
     linear_grad_input_f32(blas, b.dg, T, width, w.c_wgate, dm, b.dx, true);
+    st.mark("compressor");
   }
 
   // The indexer: trained only by its loss, inputs detached (no dx).
@@ -125,6 +132,7 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
     CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkeys_acc, 0, sizeof(float) * static_cast<std::size_t>(Nc) * DI, stream));
     launch_indexer_loss(d, f.meta, loss_args(f, p), b.loss_rows, b.loss, true, grad_scale, b.dqi,
                         b.dweff, b.dkeys_acc, stream);
+    st.mark("indexer loss");
     // qI: Hadamard then RoPE^T per head, then the weight gradient of wq_b.
     NormRopeArgs had = token_rows_args(d, w, f.meta, b.dqi, b.dqi, T * HI, DI, HI);
     had.hadamard = true;
@@ -133,6 +141,7 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
     linear_grad_weight(blas, b.dqi, T, HI * DI, a.cq, d.q_lora_rank, g.i_wq_b);
     launch_indexer_weights_backward(d, b.dweff, b.dwraw, stream);
     linear_grad_weight(blas, b.dwraw, T, HI, a.x, dm, g.i_wproj);
+    st.mark("indexer q path");
     // Keys: the indexer compressor.
     launch_f32_to_bf16(b.dkeys_acc, b.dcomp, static_cast<long>(Nc) * DI, stream);
     compressed_rows_grad(f, b.dcomp, DI, true, stream);
@@ -142,6 +151,7 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
                                     g.ic_ape, stream);
     linear_grad_weight(blas, b.da, T, 2 * DI, a.x, dm, g.ic_wkv);
     linear_grad_weight(blas, b.dg, T, 2 * DI, a.x, dm, g.ic_wgate);
+    st.mark("indexer compressor");
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/backward_params.hpp"
+#include "cuda/forward.hpp"
 #include "cuda/params.hpp"
 
 namespace csattn::cuda {
@@ -19,8 +20,11 @@ struct BackwardParams {
   bool deterministic = false;
 };
 
+// With a timer, events between the stages ("output projections", "attention", "q path",
+// "kv path", "compressor", "indexer loss", "indexer q path", "indexer compressor"; bench
+// only).
 void run_backward(const ForwardParams& f, const BackwardParams& b, cublasHandle_t blas,
-                  cudaStream_t stream);
+                  cudaStream_t stream, StageTimer* timer = nullptr);
 
 // The indexer loss value (forward): into b.loss_rows and b.loss[0].
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream);

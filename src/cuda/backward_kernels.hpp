@@ -15,13 +15,29 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
                              float eps, bf16* dx, float* dweight, float* rstd,
                              const std::int32_t* comp_start, int segments, cudaStream_t stream);
 
-// Sparse attention backward (baseline): dq_acc (overwritten), dkv_acc / dcomp_acc (atomic
-// accumulation), dsink_part[t, h] = -P_sink * D_row.
+// Sparse attention backward: dq_acc (overwritten), dkv_acc / dcomp_acc (atomic
+// accumulation), dsink_part[t, h] = -P_sink * D_row. Dispatches to the tensor-core kernel for
+// head_dim 512 unless CSATTN_ATTENTION_BACKWARD=baseline (attention_backward.cu).
 void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                const bf16* kv, const bf16* comp, const float* sink,
                                const std::int32_t* topk, const bf16* out, const float* lse,
                                const bf16* dout, float* dq_acc, float* dkv_acc,
                                float* dcomp_acc, float* dsink_part, cudaStream_t stream);
+// The CUDA-core baseline (any head_dim up to 1024), the reference of the tensor-core kernel.
+void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata& meta,
+                                        const bf16* q, const bf16* kv, const bf16* comp,
+                                        const float* sink, const std::int32_t* topk,
+                                        const bf16* out, const float* lse, const bf16* dout,
+                                        float* dq_acc, float* dkv_acc, float* dcomp_acc,
+                                        float* dsink_part, cudaStream_t stream);
+// The tensor-core kernel (attention_backward_mma.cu): head_dim 512 and a key list that fits
+// its shared memory; same contract.
+bool attention_backward_mma_supported(const LayerDims& d);
+void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
+                                   const bf16* kv, const bf16* comp, const float* sink,
+                                   const std::int32_t* topk, const bf16* out, const float* lse,
+                                   const bf16* dout, float* dq_acc, float* dkv_acc,
+                                   float* dcomp_acc, float* dsink_part, cudaStream_t stream);
 
 // dst[i] (+)= sum over rows of part[row, i] in row order (deterministic).
 void launch_column_sum(const float* part, int rows, int cols, float* dst, cudaStream_t stream);

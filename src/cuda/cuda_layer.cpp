@@ -10,7 +10,6 @@
 #include "cuda/check.hpp"
 #include "cuda/backward.hpp"
 #include "cuda/forward.hpp"
-#include "cuda/timing.hpp"
 #include "cuda/workspace.hpp"
 
 namespace csattn::cuda {
@@ -286,17 +285,20 @@ LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer
   return out;
 }
 
-ForwardProfile CudaLayer::profile(int warmup, int iters) {
-  CudaLayerImpl& s = *impl_;
-  require(s.has_last, ErrorKind::InvalidArgument, "profile() needs a forward() first");
-  for (int i = 0; i < warmup; ++i) run_forward(s.last, s.blas, s.stream);
+namespace {
+
+// Runs `run(timer)` `iters` times after `warmup` untimed runs (timer null) and takes the
+// median of the total and of each stage.
+template <class Run>
+StageProfile profile_stages(Run&& run, cudaStream_t stream, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) run(nullptr);
   std::vector<double> totals;
   std::vector<std::vector<double>> per_stage;
   std::vector<std::string> names;
   for (int i = 0; i < iters; ++i) {
     StageTimer timer;
-    run_forward(s.last, s.blas, s.stream, &timer);
-    CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    run(&timer);
+    CSATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
     if (names.empty()) {
       for (const char* n : timer.names) names.emplace_back(n);
       per_stage.resize(names.size());
@@ -315,18 +317,32 @@ ForwardProfile CudaLayer::profile(int warmup, int iters) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0.0 : v[v.size() / 2];
   };
-  ForwardProfile prof;
+  StageProfile prof;
   prof.total_ms = median(totals);
   for (std::size_t k = 0; k < names.size(); ++k) prof.stages.push_back({names[k], median(per_stage[k])});
+  return prof;
+}
+
+}  // namespace
+
+StageProfile CudaLayer::profile(int warmup, int iters) {
+  CudaLayerImpl& s = *impl_;
+  require(s.has_last, ErrorKind::InvalidArgument, "profile() needs a forward() first");
+  StageProfile prof = profile_stages(
+      [&](StageTimer* timer) { run_forward(s.last, s.blas, s.stream, timer); }, s.stream, warmup,
+      iters);
   prof.workspace_bytes = s.workspace_capacity;
   return prof;
 }
 
-double CudaLayer::profile_backward(int warmup, int iters) {
+StageProfile CudaLayer::profile_backward(int warmup, int iters) {
   CudaLayerImpl& s = *impl_;
   require(s.has_backward, ErrorKind::InvalidArgument, "profile_backward() needs a backward() first");
-  return median_event_ms([&] { run_backward(s.last, s.last_backward, s.blas, s.stream); },
-                         s.stream, warmup, iters);
+  StageProfile prof = profile_stages(
+      [&](StageTimer* timer) { run_backward(s.last, s.last_backward, s.blas, s.stream, timer); },
+      s.stream, warmup, iters);
+  prof.workspace_bytes = s.workspace_capacity;
+  return prof;
 }
 
 }  // namespace csattn::cuda

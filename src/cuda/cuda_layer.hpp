@@ -21,11 +21,13 @@ struct StageTime {
   double ms = 0.0;
 };
 
-struct ForwardProfile {
+// Median timings of a launch sequence (the forward or the backward).
+struct StageProfile {
   double total_ms = 0.0;               // median over the timed runs
   std::vector<StageTime> stages;       // median per stage
-  std::size_t workspace_bytes = 0;
+  std::size_t workspace_bytes = 0;     // the forward's workspace
 };
+using ForwardProfile = StageProfile;
 
 struct CudaLayerImpl;
 
@@ -55,8 +57,8 @@ class CudaLayer {
   // Device memory this layer holds: weights + forward workspace + backward buffers and
   // weight gradients (the CUDA context and cuBLAS's own workspace not included).
   std::size_t device_bytes() const;
-  // Re-runs the last backward (after backward()) and returns the median device time (ms).
-  double profile_backward(int warmup, int iters);
+  // Re-runs the last backward (after backward()) and reports median timings, per stage too.
+  StageProfile profile_backward(int warmup, int iters);
 
  private:
   std::unique_ptr<CudaLayerImpl> impl_;

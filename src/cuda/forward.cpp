@@ -8,19 +8,6 @@ namespace csattn::cuda {
 
 namespace {
 
-struct Stages {
-  StageTimer* timer;
-  cudaStream_t stream;
-  void mark(const char* name) {
-    if (!timer) return;
-    cudaEvent_t e;
-    CSATTN_CUDA_CHECK(cudaEventCreate(&e));
-    CSATTN_CUDA_CHECK(cudaEventRecord(e, stream));
-    timer->events.push_back(e);
-    if (name) timer->names.push_back(name);
-  }
-};
-
 NormRopeArgs compressed_rows(const LayerDims& d, const DeviceWeights& w,
                              const DeviceMetadata& m, const bf16* in, bf16* out, int n,
                              const bf16* norm, bool hadamard) {
