@@ -201,6 +201,11 @@ json layer_case(const std::string& preset, int ratio, int tokens, bool backward 
   AttentionConfig cfg = ModelConfig::preset(preset).base;
   cfg.compress_ratio = ratio;
   const LayerWeights w = LayerWeights::random(cfg, 11);
+  // Device memory the layer holds at its peak: runs never allocate (workspaces are planned
+  // and grown before a run), so what is gone after the last run is the peak of the step.
+  std::size_t free_before = 0, free_after = 0, total_mem = 0;
+  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  CSATTN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total_mem));
   CudaLayer layer(cfg, w);
   std::mt19937_64 rng(12);
   std::normal_distribution<float> dist;
@@ -216,10 +221,13 @@ json layer_case(const std::string& preset, int ratio, int tokens, bool backward 
     bprof = layer.profile_backward(1, 3);
   }
   const double backward_ms = bprof.total_ms;
+  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  CSATTN_CUDA_CHECK(cudaMemGetInfo(&free_after, &total_mem));
   json j{{"preset", preset}, {"type", layer_kind_name(layer_kind(ratio))}, {"tokens", tokens},
          {"forward_ms", prof.total_ms}, {"tokens_per_s", tokens / (prof.total_ms * 1e-3)},
          {"workspace_bytes", prof.workspace_bytes}};
   j["device_bytes"] = layer.device_bytes();
+  j["measured_peak_bytes"] = free_before > free_after ? free_before - free_after : 0;
   if (backward) {
     j["backward_ms"] = backward_ms;
     j["train_step_tokens_per_s"] = tokens / ((prof.total_ms + backward_ms) * 1e-3);
@@ -273,6 +281,13 @@ void write_svg(const json& report, const std::string& path) {
 namespace csattn::bench {
 
 int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
+  // CSATTN_BENCH_SECTIONS (comma list of attention, attention_backward, layer, indexer,
+  // elementwise) runs a subset; default all.
+  const char* sections_env = std::getenv("CSATTN_BENCH_SECTIONS");
+  const std::string sections = sections_env ? "," + std::string(sections_env) + "," : "";
+  auto want = [&](const char* name) {
+    return sections.empty() || sections.find("," + std::string(name) + ",") != std::string::npos;
+  };
   try {
     std::string why;
     if (!device_available(&why)) {
@@ -289,57 +304,69 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
     const double gemm = report["ceilings"]["gemm_bf16_tflops"];
     std::printf("device %s: bf16 GEMM %.0f TFLOPS, copy %.2f TB/s\n\n", prop.name, gemm,
                 report["ceilings"]["copy_tbps"].get<double>());
-    std::printf("sparse attention (4096 queries, window 128 + top-k random ids, D 512, sink)\n");
-    std::printf("%6s %6s %7s %10s %9s %8s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM");
-    for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
-      for (int keys : {8192, 32768, 65536}) {
-        std::fprintf(stderr, "cuda_bench: sparse attention H %d top-k %d keys %d\n", heads, topk, keys);
-        json j = sparse_attention_case(heads, topk, keys, 4096, gemm);
-        std::printf("%6d %6d %7d %10.3f %9.1f %8.3f\n", heads, topk, keys, j["ms"].get<double>(),
-                    j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>());
-        report["sparse_attention"].push_back(j);
-      }
-    std::printf("\nsparse attention backward (same shapes; FLOPs = 2*H*keys*(3*512 + 2*512) per query)\n");
-    std::printf("%6s %6s %7s %10s %9s %8s %9s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM", "kernel");
-    for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
-      for (int keys : {8192, 32768, 65536}) {
-        std::fprintf(stderr, "cuda_bench: sparse attention backward H %d top-k %d keys %d\n", heads, topk, keys);
-        json j = sparse_attention_backward_case(heads, topk, keys, 4096, gemm);
-        std::printf("%6d %6d %7d %10.3f %9.1f %8.3f %9s\n", heads, topk, keys, j["ms"].get<double>(),
-                    j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>(),
-                    j["kernel"].get<std::string>().c_str());
-        report["sparse_attention_backward"].push_back(j);
-      }
-    std::printf("\nlayer forward + backward (flash shape, one sequence)\n");
-    std::printf("%5s %7s %10s %10s %12s  forward stages (ms)\n", "type", "tokens", "fwd ms", "bwd ms", "tokens/s");
-    for (int tokens : {4096, 16384})
-      for (int ratio : {0, 4, 128}) {
-        std::fprintf(stderr, "cuda_bench: layer ratio %d tokens %d\n", ratio, tokens);
-        json j = layer_case("flash", ratio, tokens, true);
-        std::string stages;
-        for (auto& [k, v] : j["stages_ms"].items()) stages += k + " " + std::to_string(v.get<double>()).substr(0, 6) + "; ";
-        std::printf("%5s %7d %10.2f %10.2f %12.0f  %s\n", j["type"].get<std::string>().c_str(), tokens,
-                    j["forward_ms"].get<double>(), j["backward_ms"].get<double>(),
-                    j["train_step_tokens_per_s"].get<double>(), stages.c_str());
-        std::string bstages;
-        for (auto& [k, v] : j["backward_stages_ms"].items())
-          bstages += k + " " + std::to_string(v.get<double>()).substr(0, 6) + "; ";
-        std::printf("%5s %7s %10s %10s %12s  backward stages (ms): %s\n", "", "", "", "", "", bstages.c_str());
-        report["layer_forward"].push_back(j);
-      }
-    std::printf("\nindexer + top-k (flash CSA layer, one sequence; FLOPs = 2*64*128 per valid pair)\n");
-    std::printf("%7s %12s %10s %9s\n", "tokens", "pairs", "ms", "TFLOPS");
-    for (int tokens : {32768, 65536, 131072}) {
-      std::fprintf(stderr, "cuda_bench: indexer at %d tokens\n", tokens);
-      json j = layer_case("flash", 4, tokens);
-      std::printf("%7d %12.0f %10.3f %9.1f\n", tokens, j["indexer_pairs"].get<double>(),
-                  j["stages_ms"]["indexer top-k"].get<double>(), j["indexer_tflops"].get<double>());
-      report["indexer"].push_back(j);
+    if (want("attention")) {
+      std::printf("sparse attention (4096 queries, window 128 + top-k random ids, D 512, sink)\n");
+      std::printf("%6s %6s %7s %10s %9s %8s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM");
+      for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
+        for (int keys : {8192, 32768, 65536}) {
+          std::fprintf(stderr, "cuda_bench: sparse attention H %d top-k %d keys %d\n", heads, topk, keys);
+          json j = sparse_attention_case(heads, topk, keys, 4096, gemm);
+          std::printf("%6d %6d %7d %10.3f %9.1f %8.3f\n", heads, topk, keys, j["ms"].get<double>(),
+                      j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>());
+          report["sparse_attention"].push_back(j);
+        }
     }
-    std::fprintf(stderr, "cuda_bench: elementwise kernels\n");
-    report["elementwise"] = elementwise_benchmarks(report["ceilings"]["copy_tbps"].get<double>());
+    if (want("attention_backward")) {
+      std::printf("\nsparse attention backward (same shapes; FLOPs = 2*H*keys*(3*512 + 2*512) per query)\n");
+      std::printf("%6s %6s %7s %10s %9s %8s %9s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM", "kernel");
+      for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
+        for (int keys : {8192, 32768, 65536}) {
+          std::fprintf(stderr, "cuda_bench: sparse attention backward H %d top-k %d keys %d\n", heads, topk, keys);
+          json j = sparse_attention_backward_case(heads, topk, keys, 4096, gemm);
+          std::printf("%6d %6d %7d %10.3f %9.1f %8.3f %9s\n", heads, topk, keys, j["ms"].get<double>(),
+                      j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>(),
+                      j["kernel"].get<std::string>().c_str());
+          report["sparse_attention_backward"].push_back(j);
+        }
+    }
+    if (want("layer")) {
+      std::printf("\nlayer forward + backward (flash shape, one sequence)\n");
+      std::printf("%5s %7s %10s %10s %12s %9s  forward stages (ms)\n", "type", "tokens", "fwd ms", "bwd ms",
+                  "tokens/s", "peak GiB");
+      for (int tokens : {4096, 16384})
+        for (int ratio : {0, 4, 128}) {
+          std::fprintf(stderr, "cuda_bench: layer ratio %d tokens %d\n", ratio, tokens);
+          json j = layer_case("flash", ratio, tokens, true);
+          std::string stages;
+          for (auto& [k, v] : j["stages_ms"].items()) stages += k + " " + std::to_string(v.get<double>()).substr(0, 6) + "; ";
+          std::printf("%5s %7d %10.2f %10.2f %12.0f %9.2f  %s\n", j["type"].get<std::string>().c_str(), tokens,
+                      j["forward_ms"].get<double>(), j["backward_ms"].get<double>(),
+                      j["train_step_tokens_per_s"].get<double>(),
+                      j["measured_peak_bytes"].get<double>() / (1u << 30), stages.c_str());
+          std::string bstages;
+          for (auto& [k, v] : j["backward_stages_ms"].items())
+            bstages += k + " " + std::to_string(v.get<double>()).substr(0, 6) + "; ";
+          std::printf("%5s %7s %10s %10s %12s %9s  backward stages (ms): %s\n", "", "", "", "", "", "", bstages.c_str());
+          report["layer_forward"].push_back(j);
+        }
+    }
+    if (want("indexer")) {
+      std::printf("\nindexer + top-k (flash CSA layer, one sequence; FLOPs = 2*64*128 per valid pair)\n");
+      std::printf("%7s %12s %10s %9s\n", "tokens", "pairs", "ms", "TFLOPS");
+      for (int tokens : {32768, 65536, 131072}) {
+        std::fprintf(stderr, "cuda_bench: indexer at %d tokens\n", tokens);
+        json j = layer_case("flash", 4, tokens);
+        std::printf("%7d %12.0f %10.3f %9.1f\n", tokens, j["indexer_pairs"].get<double>(),
+                    j["stages_ms"]["indexer top-k"].get<double>(), j["indexer_tflops"].get<double>());
+        report["indexer"].push_back(j);
+    }
+    }
+    if (want("elementwise")) {
+      std::fprintf(stderr, "cuda_bench: elementwise kernels\n");
+      report["elementwise"] = elementwise_benchmarks(report["ceilings"]["copy_tbps"].get<double>());
+    }
     if (!out_path.empty()) std::ofstream(out_path) << report.dump(2) << "\n";
-    if (!svg_path.empty()) write_svg(report, svg_path);
+    if (!svg_path.empty() && report.contains("sparse_attention")) write_svg(report, svg_path);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cuda_bench: error: %s\n", e.what());

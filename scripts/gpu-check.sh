@@ -5,7 +5,9 @@
 # Here, first: scripts/prepare-device-deps.sh, then call the device tool with
 #   carry: [".device"], command: "bash scripts/gpu-check.sh"
 # Options (environment): GPU_CHECK_TESTS=0 skips the tests, GPU_CHECK_BENCH=0 the benchmarks,
-# GPU_CHECK_TORCH=0 the PyTorch eager comparison.
+# GPU_CHECK_TORCH=0 the PyTorch eager comparison, GPU_CHECK_RUN=0 the `csattn run` jobs;
+# GPU_CHECK_FILTER=<gtest filter> runs only those test cases; CSATTN_BENCH_SECTIONS picks
+# benchmark sections (attention, attention_backward, layer, indexer, elementwise).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -30,11 +32,18 @@ echo "build: $(( $(date +%s) - start )) s"
 tests_rc=skipped
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
   echo "== tests"
-  ctest --test-dir build-gpu -j 8 --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
-  tests_rc=$?
+  if [ -n "${GPU_CHECK_FILTER:-}" ]; then  # a gtest filter: just those cases, one process
+    build-gpu/tests/csattn_tests --gtest_filter="$GPU_CHECK_FILTER" > "$OUT/ctest.log" 2>&1
+    tests_rc=$?
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:" "$OUT/ctest.log" | head -60
+  else
+    ctest --test-dir build-gpu -j 8 --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
+    tests_rc=$?
+  fi
   grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest.log" | grep -v "^ *[0-9]*/[0-9]* Test .* Passed" | tail -30
 fi
 
+if [ "${GPU_CHECK_RUN:-1}" != 0 ]; then
 echo "== csattn run on the GPU (main job: forward + backward, oracle check on sampled rows)"
 { echo "== csattn run --device cuda"
   build-gpu/csattn run --device cuda -q
@@ -42,6 +51,7 @@ echo "== csattn run on the GPU (main job: forward + backward, oracle check on sa
   build-gpu/csattn run --device cuda --preset flash --seqlens 1000,3000 --check-rows 0 -q
 } >> "$SUMMARY" 2>&1
 tail -14 "$SUMMARY"
+fi
 
 bench_rc=skipped
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
