@@ -3,7 +3,9 @@
 //  2. the sparse attention kernel at FlashMLA's anchor shapes (4096 queries, random top-k
 //     into 8K-64K compressed keys, sink on) plus our 128-row window;
 //  3. the sparse attention backward kernel at the same shapes;
-//  4. the whole layer forward + backward per layer type at the Flash shape, per stage.
+//  4. the whole layer forward + backward per layer type at the Flash shape, per stage;
+//  5. the indexer KL loss (value + gradients) at the Flash shape, both kernels;
+//  6. the indexer + top-k at 32K-128K tokens and the bandwidth-bound kernels.
 // Prints a table, writes JSON and an SVG bar chart of the attention figures. Shared by
 // `csattn bench --device cuda` and the standalone `csattn_cuda_bench` (bench/cuda_bench.cpp).
 #include <cublas_v2.h>
@@ -15,6 +17,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -197,6 +200,88 @@ json sparse_attention_backward_case(int heads, int topk, int keys, int queries,
   return j;
 }
 
+// The indexer KL loss alone (value + gradients) at the Flash shape: one sequence of `tokens`,
+// window 128, top-k 512 like the indexer's (every visible entry when they fit, else random
+// ones), the forward attention's LSE as input. FLOPs per (row, candidate) pair, counted once:
+// teacher 2*64*512 + predictor 2*64*128 + dqI and dK 2 * 2*64*128 = 114,688 (recomputation,
+// the dense loss's window pass and second teacher pass not counted).
+json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double gemm_tflops) {
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  cfg.compress_ratio = 4;
+  const int H = cfg.n_heads, D = cfg.head_dim, HI = cfg.index_n_heads, DI = cfg.index_head_dim;
+  const int K = cfg.index_topk, T = tokens, Nc = tokens / 4;
+  LayerDims d = make_dims(cfg, T, 1, T);
+  d.rows = T;
+  std::vector<void*> bufs;
+  auto dev = [&](std::size_t bytes) { void* p; CSATTN_CUDA_CHECK(cudaMalloc(&p, bytes)); bufs.push_back(p); return p; };
+  auto* q = static_cast<bf16*>(dev(sizeof(bf16) * T * H * D));
+  auto* attn = static_cast<bf16*>(dev(sizeof(bf16) * T * H * D));
+  auto* kv = static_cast<bf16*>(dev(sizeof(bf16) * T * D));
+  auto* comp = static_cast<bf16*>(dev(sizeof(bf16) * Nc * D));
+  auto* qi = static_cast<bf16*>(dev(sizeof(bf16) * T * HI * DI));
+  auto* dqi = static_cast<bf16*>(dev(sizeof(bf16) * T * HI * DI));
+  auto* keys = static_cast<bf16*>(dev(sizeof(bf16) * Nc * DI));
+  auto* lse = static_cast<float*>(dev(sizeof(float) * T * H));
+  auto* w_eff = static_cast<float*>(dev(sizeof(float) * T * HI));
+  auto* dweff = static_cast<float*>(dev(sizeof(float) * T * HI));
+  auto* dkeys = static_cast<float*>(dev(sizeof(float) * Nc * DI));
+  auto* rows = static_cast<float*>(dev(sizeof(float) * T));
+  auto* sink = static_cast<float*>(dev(sizeof(float) * H));
+  auto* sel = static_cast<std::int32_t*>(dev(sizeof(std::int32_t) * T * K));
+  auto* meta_buf = static_cast<std::int32_t*>(dev(sizeof(std::int32_t) * (4 + 2 * T) + T));
+  // q: 4096 random rows, repeated (host generation of 0.5 G normals would dominate).
+  const int q_rows = std::min(T, 4096);
+  fill_random_bf16(q, static_cast<std::size_t>(q_rows) * H * D, 11, 1.0f);
+  for (int r = q_rows; r < T; r += q_rows)
+    CSATTN_CUDA_CHECK(cudaMemcpy(q + static_cast<std::size_t>(r) * H * D, q,
+                                 sizeof(bf16) * std::min(q_rows, T - r) * H * D, cudaMemcpyDeviceToDevice));
+  fill_random_bf16(kv, static_cast<std::size_t>(T) * D, 12);
+  fill_random_bf16(comp, static_cast<std::size_t>(Nc) * D, 13);
+  fill_random_bf16(qi, static_cast<std::size_t>(T) * HI * DI, 14);
+  fill_random_bf16(keys, static_cast<std::size_t>(Nc) * DI, 15);
+  std::mt19937_64 rng(16);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> wh(static_cast<std::size_t>(T) * HI), sh(H, 0.5f);
+  for (auto& x : wh) x = nd(rng) / std::sqrt(static_cast<float>(HI * DI));
+  CSATTN_CUDA_CHECK(cudaMemcpy(w_eff, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+  CSATTN_CUDA_CHECK(cudaMemcpy(sink, sh.data(), sh.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<std::int32_t> selh(static_cast<std::size_t>(T) * K, -1), pool(Nc);
+  double pairs = 0.0;
+  for (int t = 0; t < T; ++t) {
+    const int vis = (t + 1) / 4, n = std::min(vis, K);
+    for (int i = 0; i < vis; ++i) pool[i] = i;
+    for (int k = 0; k < n && vis > K; ++k) std::swap(pool[k], pool[k + rng() % (vis - k)]);
+    std::sort(pool.begin(), pool.begin() + n);
+    std::copy(pool.begin(), pool.begin() + n, selh.begin() + static_cast<long>(t) * K);
+    pairs += sparse ? n : vis;
+  }
+  CSATTN_CUDA_CHECK(cudaMemcpy(sel, selh.data(), selh.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<std::int32_t> mh(4 + 2 * T);
+  mh[0] = 0; mh[1] = T; mh[2] = 0; mh[3] = Nc;
+  for (int t = 0; t < T; ++t) { mh[4 + t] = 0; mh[4 + T + t] = t; }
+  CSATTN_CUDA_CHECK(cudaMemcpy(meta_buf, mh.data(), mh.size() * 4, cudaMemcpyHostToDevice));
+  CSATTN_CUDA_CHECK(cudaMemset(meta_buf + 4 + 2 * T, 0, T));
+  DeviceMetadata m;
+  m.cu_real = meta_buf; m.cu_padded = meta_buf; m.comp_start = meta_buf + 2;
+  m.row_segment = meta_buf + 4; m.row_position = meta_buf + 4 + T;
+  m.row_is_padding = reinterpret_cast<std::uint8_t*>(meta_buf + 4 + 2 * T);
+  launch_sparse_attention(d, m, q, kv, comp, sink, sel, attn, lse, nullptr);
+  IndexerLossArgs a;
+  a.qi = qi; a.w_eff = w_eff; a.keys = keys; a.q = q; a.kv = kv; a.comp = comp; a.sink = sink;
+  a.topk = sel; a.lse = lse; a.sparse = sparse; a.scale = 1.0f / T;
+  const double ms = median_ms([&] {
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(dkeys, 0, sizeof(float) * Nc * DI, nullptr));
+    launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f / T, dqi, dweff, dkeys, nullptr, kernel);
+  }, 1, 3);
+  const double flops = pairs * (2.0 * H * D + 3 * 2.0 * HI * DI);
+  json j{{"tokens", T}, {"loss", sparse ? "sparse" : "dense"},
+         {"kernel", kernel == IndexerLossKernel::baseline ? "baseline" : "tensor_core"},
+         {"pairs", pairs}, {"ms", ms}, {"tflops", flops / (ms * 1e-3) / 1e12}};
+  j["fraction_of_gemm"] = j["tflops"].get<double>() / gemm_tflops;
+  for (void* p : bufs) cudaFree(p);
+  return j;
+}
+
 json layer_case(const std::string& preset, int ratio, int tokens, bool backward = false) {
   AttentionConfig cfg = ModelConfig::preset(preset).base;
   cfg.compress_ratio = ratio;
@@ -282,7 +367,7 @@ namespace csattn::bench {
 
 int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
   // CSATTN_BENCH_SECTIONS (comma list of attention, attention_backward, layer, indexer,
-  // elementwise) runs a subset; default all.
+  // elementwise, indexer_loss) runs a subset; default all.
   const char* sections_env = std::getenv("CSATTN_BENCH_SECTIONS");
   const std::string sections = sections_env ? "," + std::string(sections_env) + "," : "";
   auto want = [&](const char* name) {
@@ -359,11 +444,25 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
         std::printf("%7d %12.0f %10.3f %9.1f\n", tokens, j["indexer_pairs"].get<double>(),
                     j["stages_ms"]["indexer top-k"].get<double>(), j["indexer_tflops"].get<double>());
         report["indexer"].push_back(j);
-    }
+      }
     }
     if (want("elementwise")) {
       std::fprintf(stderr, "cuda_bench: elementwise kernels\n");
       report["elementwise"] = elementwise_benchmarks(report["ceilings"]["copy_tbps"].get<double>());
+    }
+    if (want("indexer_loss")) {
+      std::printf("\nindexer loss + gradients (flash CSA, one sequence; FLOPs = 114,688 per pair)\n");
+      std::printf("%7s %7s %12s %12s %10s %9s\n", "tokens", "loss", "kernel", "pairs", "ms", "TFLOPS");
+      for (auto [tokens, sparse, kernel] :
+           {std::tuple{4096, true, IndexerLossKernel::baseline}, std::tuple{4096, true, IndexerLossKernel::tensor_core},
+            std::tuple{16384, true, IndexerLossKernel::tensor_core}, std::tuple{4096, false, IndexerLossKernel::tensor_core}}) {
+        std::fprintf(stderr, "cuda_bench: indexer loss at %d tokens\n", tokens);
+        json j = indexer_loss_case(tokens, sparse, kernel, gemm);
+        std::printf("%7d %7s %12s %12.0f %10.3f %9.1f\n", tokens, j["loss"].get<std::string>().c_str(),
+                    j["kernel"].get<std::string>().c_str(), j["pairs"].get<double>(), j["ms"].get<double>(),
+                    j["tflops"].get<double>());
+        report["indexer_loss"].push_back(j);
+      }
     }
     if (!out_path.empty()) std::ofstream(out_path) << report.dump(2) << "\n";
     if (!svg_path.empty() && report.contains("sparse_attention")) write_svg(report, svg_path);

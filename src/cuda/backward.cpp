@@ -42,6 +42,7 @@ IndexerLossArgs loss_args(const ForwardParams& f, const BackwardParams& b) {
   l.comp = f.act.comp;
   l.sink = f.w.sink;
   l.topk = f.act.topk;
+  l.lse = f.act.lse;
   l.sparse = b.sparse_loss;
   l.scale = b.loss_scale;
   return l;

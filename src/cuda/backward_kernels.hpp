@@ -61,12 +61,26 @@ struct IndexerLossArgs {
   const bf16* comp = nullptr;    // [Nc, D]
   const float* sink = nullptr;   // [H]
   const std::int32_t* topk = nullptr;
+  // The forward attention's LSE [T, H] (sink + window + top-k): for the sparse loss exactly
+  // the teacher's denominator, so the tensor-core kernel skips recomputing it. May be null.
+  const float* lse = nullptr;
   bool sparse = true;
   float scale = 0.0f;            // lambda / N_real_rows (or lambda per token)
 };
+// Which kernel computes the rows: automatic = the tensor-core one where supported, unless
+// CSATTN_INDEXER_LOSS=baseline (the CUDA-core reference; tests name one explicitly).
+enum class IndexerLossKernel { automatic, baseline, tensor_core };
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
                          float* loss_rows, float* loss, bool grads, float grad_scale, bf16* dqi,
-                         float* dweff, float* dkeys_acc, cudaStream_t stream);
+                         float* dweff, float* dkeys_acc, cudaStream_t stream,
+                         IndexerLossKernel kernel = IndexerLossKernel::automatic);
+// The tensor-core rows kernel (indexer_loss_mma.cu): head_dim 512, index_head_dim 128, at
+// most 64 heads and 64 index heads.
+bool indexer_loss_mma_supported(const LayerDims& d);
+void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
+                                  const IndexerLossArgs& a, float* loss_rows, bool grads,
+                                  float grad_scale, bf16* dqi, float* dweff, float* dkeys_acc,
+                                  cudaStream_t stream);
 
 // dw_raw = bf16(dweff * H_I^-1/2 * D_I^-1/2).
 void launch_indexer_weights_backward(const LayerDims& d, const float* dweff, bf16* dwraw,

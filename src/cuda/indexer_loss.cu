@@ -1,4 +1,5 @@
-// The indexer KL loss on the GPU (baseline, CUDA cores), one block per query row:
+// The indexer KL loss on the GPU: the CUDA-core reference kernel (one block per query row),
+// the launcher that picks it or the tensor-core kernel (indexer_loss_mma.cu), the loss sum.
 //   predictor p = softmax over the candidates S_t of I[t, j] = sum_h w'_h ReLU(qI_h . K_j),
 //   teacher  T(j) = sum_h exp(z_h(j) - LSE_h) normalised over S_t, where LSE_h is the full
 //            CSA denominator (sink + window + candidates) of the detached main attention,
@@ -7,6 +8,8 @@
 // K (K through atomics; qI per row; w' per row, summed in a fixed order across warps).
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
@@ -298,28 +301,42 @@ __global__ void indexer_weights_backward_kernel(int n, float scale, const float*
 
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
                          float* loss_rows, float* loss, bool grads, float grad_scale, bf16* dqi,
-                         float* dweff, float* dkeys_acc, cudaStream_t stream) {
+                         float* dweff, float* dkeys_acc, cudaStream_t stream,
+                         IndexerLossKernel kernel) {
   if (d.rows <= 0) {  // no rows: the loss is 0 (never a stale value)
     if (!grads && loss) CSATTN_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), stream));
     return;
   }
-  require(d.heads <= 32 * kMaxHeadsPerLane && d.index_heads <= 32 * kMaxHeadsPerLane &&
-              d.head_dim <= 32 * kMaxDimPerLane && d.index_dim <= 32 * kMaxIdxDimPerLane,
-          ErrorKind::Unsupported,
-          "the CUDA indexer loss supports up to 128 heads, head_dim 512 and index_head_dim 256");
-  const int cap = a.sparse ? d.topk : d.max_seg_len / d.ratio;
-  const std::size_t smem = static_cast<std::size_t>(d.index_heads) * d.index_dim * (2 + 4) +
-                           sizeof(float) * (static_cast<std::size_t>(kWarps) * d.heads * 2 + d.heads +
-                                            static_cast<std::size_t>(kWarps) * d.index_heads + 2 * cap) +
-                           sizeof(int) * cap + 16;
-  require(smem <= 220 * 1024, ErrorKind::Unsupported,
-          "the CUDA indexer loss keeps one row's candidates in shared memory: " +
-              std::to_string(cap) + " candidates need " + std::to_string(smem) +
-              " bytes, more than 220 KiB (dense loss on very long segments: future work)");
-  allow_dynamic_smem(indexer_loss_kernel, smem, "the CUDA indexer loss");
-  indexer_loss_kernel<<<d.rows, kThreads, smem, stream>>>(d, meta, a, cap, loss_rows, grads,
-                                                          grad_scale, dqi, dweff, dkeys_acc);
-  CSATTN_CUDA_LAUNCH_CHECK();
+  // CSATTN_INDEXER_LOSS=baseline asks for the CUDA-core kernel (benchmarks, bisecting).
+  static const bool force_baseline = [] {
+    const char* v = std::getenv("CSATTN_INDEXER_LOSS");
+    return v != nullptr && std::string(v) == "baseline";
+  }();
+  const bool mma = kernel == IndexerLossKernel::tensor_core ||
+                   (kernel == IndexerLossKernel::automatic && !force_baseline &&
+                    indexer_loss_mma_supported(d));
+  if (mma) {
+    launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_scale, dqi, dweff, dkeys_acc,
+                                 stream);
+  } else {
+    require(d.heads <= 32 * kMaxHeadsPerLane && d.index_heads <= 32 * kMaxHeadsPerLane &&
+                d.head_dim <= 32 * kMaxDimPerLane && d.index_dim <= 32 * kMaxIdxDimPerLane,
+            ErrorKind::Unsupported,
+            "the CUDA indexer loss supports up to 128 heads, head_dim 512 and index_head_dim 256");
+    const int cap = a.sparse ? d.topk : d.max_seg_len / d.ratio;
+    const std::size_t smem = static_cast<std::size_t>(d.index_heads) * d.index_dim * (2 + 4) +
+                             sizeof(float) * (static_cast<std::size_t>(kWarps) * d.heads * 2 + d.heads +
+                                              static_cast<std::size_t>(kWarps) * d.index_heads + 2 * cap) +
+                             sizeof(int) * cap + 16;
+    require(smem <= 220 * 1024, ErrorKind::Unsupported,
+            "the CUDA-core indexer loss keeps one row's candidates in shared memory: " +
+                std::to_string(cap) + " candidates need " + std::to_string(smem) +
+                " bytes, more than 220 KiB (the tensor-core kernel has no such cap)");
+    allow_dynamic_smem(indexer_loss_kernel, smem, "the CUDA indexer loss");
+    indexer_loss_kernel<<<d.rows, kThreads, smem, stream>>>(d, meta, a, cap, loss_rows, grads,
+                                                            grad_scale, dqi, dweff, dkeys_acc);
+    CSATTN_CUDA_LAUNCH_CHECK();
+  }
   if (!grads) {
     loss_reduce_kernel<<<1, 1024, 0, stream>>>(loss_rows, d.rows, a.scale, loss);
     CSATTN_CUDA_LAUNCH_CHECK();

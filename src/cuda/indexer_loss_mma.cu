@@ -1,0 +1,564 @@
+// The indexer KL loss on tensor cores (head_dim 512, index_head_dim 128, up to 64 heads and
+// 64 index heads: the DeepSeek-V4 Flash shape). Same contract as the baseline in
+// indexer_loss.cu (its header states the math).
+//
+// One CTA per query row, eight warps, candidates in tiles of 32 gathered with cp.async into
+// swizzled double-buffered shared memory (main compressed rows [32 x 512], indexer keys
+// [32 x 128]):
+//  - teacher logits Z = Q K^T: Q [64 heads x 512] of the row lives in registers as MMA A
+//    fragments; warp (wr, hh) computes heads 16wr..16wr+15 over dims [256hh, 256hh+256) for
+//    all 32 keys, the two dim halves are summed through shared memory (each warp then owns
+//    16 heads x 16 keys);
+//  - predictor scores S = qI K^I^T ([64 x 128] x [128 x 32]), warp (wr, hh) the same
+//    16 heads x 16 keys, then ReLU, w' and the head sum (fixed order: lanes, then 4 warps);
+//  - gradients: G[h, j] = g_j w'_h 1[S > 0] (bf16, in shared memory as [key][head]),
+//    dqI += G K^I and dK^I = G^T qI as MMAs, dw' += g_j ReLU(S) in registers; dK^I leaves
+//    through add_key_grad (indexer_loss_keygrad.cuh), everything else is summed in a fixed
+//    order (bitwise repeatable per row).
+// Passes over the candidates (no per-row cap on their number; only the sparse loss keeps
+// per-candidate values, top-k of them):
+//  - sparse loss with the forward's LSE (sink + window + top-k = exactly this loss's
+//    denominator when every valid id is visible): one teacher pass storing the head-summed
+//    mass and the index score of each candidate; the gradient pass recomputes only S.
+//  - dense loss (denominator: sink + window + ALL visible entries, which the attention's LSE
+//    does not cover), or a sparse row whose top-k holds an id the loss drops: a window pass
+//    and a candidate pass for the per-head (max, sum) statistics and the predictor's, then a
+//    pass recomputing Z (now normalised: P = exp(Z - LSE_h)) and S for the values and
+//    gradients. The teacher's L1 denominator sum_j sum_h P_h(j) = sum_h exp(LSEc_h - LSE_h)
+//    (LSEc: candidates only) comes from the statistics, so the last pass needs nothing else.
+#include <cfloat>
+#include <cmath>
+
+#include "cuda/backward_kernels.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device_util.cuh"
+#include "cuda/indexer_loss_keygrad.cuh"
+#include "cuda/mma_util.cuh"
+
+namespace csattn::cuda {
+
+namespace {
+
+constexpr int kHeads = 64;    // teacher head rows per CTA (rows past H are zero, masked)
+constexpr int kDim = 512;
+constexpr int kIdxHeads = 64; // index head rows (rows past H_I are zero, weight 0)
+constexpr int kIdxDim = 128;
+constexpr int kKeys = 32;     // candidates per tile
+constexpr int kThreads = 256;
+constexpr int kWideRow = kDim * 2;     // bytes of one main compressed / kv row
+constexpr int kIdxRow = kIdxDim * 2;   // bytes of one indexer key / qI row
+constexpr int kGRow = kIdxHeads * 2;   // bytes of one G^T row ([key][head] bf16)
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Byte offset of 16-byte chunk `chunk` of `row` in a swizzled tile: the XOR spreads the 8
+// rows one ldmatrix reads at the same logical chunk over 8 bank groups.
+__device__ __forceinline__ int swz(int row, int chunk, int row_bytes) {
+  return row * row_bytes + ((chunk ^ (row & 7)) << 4);
+}
+
+struct SmemLayout {
+  static constexpr int wide = 0;                                  // 2 x [32, 512] bf16
+  static constexpr int ikeys = wide + 2 * kKeys * kWideRow;       // 2 x [32, 128] bf16
+  static constexpr int qi = ikeys + 2 * kKeys * kIdxRow;          // [64, 128] bf16
+  static constexpr int gt = qi + kIdxHeads * kIdxRow;             // [32, 64] bf16 (G^T)
+  static constexpr int xs = gt + kKeys * kGRow;                   // [8 warps, 8, 32] f32
+  static constexpr int part_t = xs + 8 * 8 * 32 * 4;              // [4, 32] f32
+  static constexpr int part_i = part_t + 4 * kKeys * 4;           // [4, 32] f32
+  static constexpr int gk = part_i + 4 * kKeys * 4;               // [32] f32
+  static constexpr int w = gk + kKeys * 4;                        // [64] f32
+  static constexpr int lse2 = w + kIdxHeads * 4;                  // [64] f32 (log2 domain)
+  static constexpr int ratio = lse2 + kHeads * 4;                 // [64] f32
+  static constexpr int stats = ratio + kHeads * 4;                // [2 halves, 64, 2] f32
+  static constexpr int src_stats = stats + 2 * kHeads * 2 * 4;    // [2 sources, 64, 2] f32
+  static constexpr int dwp = src_stats + 2 * kHeads * 2 * 4;      // [2, 64] f32
+  static constexpr int fixed = dwp + 2 * kIdxHeads * 4;
+  // then, sparse loss only: cand [K] int, mass [K] f32, logit [K] f32
+};
+
+std::size_t mma_smem_bytes(const LayerDims& d, bool sparse) {
+  return SmemLayout::fixed + (sparse ? 12ull * static_cast<std::size_t>(d.topk) : 0);
+}
+
+// (m, l) of an online log2-domain sum: merge another partial into it.
+__device__ __forceinline__ void merge_stats(float& m, float& l, float mo, float lo) {
+  const float mn = fmaxf(m, mo);
+  if (mn == -INFINITY) return;
+  l = l * exp2f(m - mn) + lo * exp2f(mo - mn);
+  m = mn;
+}
+
+// Partial teacher logits of one warp: 16 head rows x 32 keys over its 256 dims.
+__device__ __forceinline__ void teacher_tile(const std::uint32_t (&qf)[16][4],
+                                             const unsigned char* tile, int hh, int lane,
+                                             float (&s)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < 16; ++ks) {
+    const int chunk = (hh * 256 + ks * 16) / 8 + ((lane >> 3) & 1);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      std::uint32_t bk[4];
+      const int key = 16 * nt + (lane & 7) + ((lane >> 4) << 3);
+      ldmatrix_x4(smem_addr(tile + swz(key, chunk, kWideRow)), bk);
+      mma_bf16(s[2 * nt], qf[ks], bk[0], bk[1]);
+      mma_bf16(s[2 * nt + 1], qf[ks], bk[2], bk[3]);
+    }
+  }
+}
+
+// Predictor scores of one warp: index heads 16wr.. x keys 16hh..16hh+15 over all 128 dims.
+__device__ __forceinline__ void predictor_tile(const unsigned char* qi_s, const unsigned char* tile,
+                                               int wr, int hh, int lane, float (&si)[2][4]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) si[j][0] = si[j][1] = si[j][2] = si[j][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < kIdxDim / 16; ++ks) {
+    std::uint32_t a[4], bk[4];
+    ldmatrix_x4(smem_addr(qi_s + swz(16 * wr + (lane & 15), 2 * ks + (lane >> 4), kIdxRow)), a);
+    const int key = 16 * hh + (lane & 7) + ((lane >> 4) << 3);
+    ldmatrix_x4(smem_addr(tile + swz(key, 2 * ks + ((lane >> 3) & 1), kIdxRow)), bk);
+    mma_bf16(si[0], a, bk[0], bk[1]);
+    mma_bf16(si[1], a, bk[2], bk[3]);
+  }
+}
+
+// Sum over the warp's 16 head rows of v[j][i] (rows g / g+8, key 8j + 2q + (i & 1) of the
+// warp's 16): lanes with the same q hold the same keys. Lanes 0-3 write part[key].
+__device__ __forceinline__ void head_sum_to(const float (&v)[2][4], int lane, float* part) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float x = v[j][c] + v[j][2 + c];
+      x += __shfl_xor_sync(0xffffffffu, x, 4);
+      x += __shfl_xor_sync(0xffffffffu, x, 8);
+      x += __shfl_xor_sync(0xffffffffu, x, 16);
+      if (lane < 4) part[8 * j + 2 * lane + c] = x;
+    }
+}
+
+enum class Teach { none, stats, mass };
+
+__global__ void __launch_bounds__(kThreads, 1)
+    indexer_loss_mma_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a,
+                            float* loss_rows, bool grads, float grad_scale, bf16* dqi_out,
+                            float* dweff, float* dkeys_acc) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* wide_s = smem + SmemLayout::wide;
+  unsigned char* ik_s = smem + SmemLayout::ikeys;
+  unsigned char* qi_s = smem + SmemLayout::qi;
+  unsigned char* gt_s = smem + SmemLayout::gt;
+  float* xs = reinterpret_cast<float*>(smem + SmemLayout::xs);
+  float* part_t = reinterpret_cast<float*>(smem + SmemLayout::part_t);
+  float* part_i = reinterpret_cast<float*>(smem + SmemLayout::part_i);
+  float* gk_s = reinterpret_cast<float*>(smem + SmemLayout::gk);
+  float* w_s = reinterpret_cast<float*>(smem + SmemLayout::w);
+  float* lse2_s = reinterpret_cast<float*>(smem + SmemLayout::lse2);
+  float* ratio_s = reinterpret_cast<float*>(smem + SmemLayout::ratio);
+  float* stats_s = reinterpret_cast<float*>(smem + SmemLayout::stats);
+  float* src_stats = reinterpret_cast<float*>(smem + SmemLayout::src_stats);
+  float* dwp = reinterpret_cast<float*>(smem + SmemLayout::dwp);
+  int* cand_s = reinterpret_cast<int*>(smem + SmemLayout::fixed);
+  float* mass_arr = reinterpret_cast<float*>(cand_s + (a.sparse ? d.topk : 0));
+  float* logit_arr = mass_arr + (a.sparse ? d.topk : 0);
+  __shared__ int n_shared, drop_shared;
+  __shared__ float scal[2];  // tsum, ilse
+
+  const int H = d.heads, HI = d.index_heads;
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wr = warp & 3, hh = warp >> 2, g = lane >> 2, qd = lane & 3;
+  const int b = meta.row_segment[t], pos = meta.row_position[t];
+  const int vis = meta.row_is_padding[t]
+                      ? 0
+                      : min((pos + 1) / d.ratio, meta.comp_start[b + 1] - meta.comp_start[b]);
+  if (tid == 0) {
+    int c = 0, drop = 0;
+    if (a.sparse) {
+      const std::int32_t* sel = a.topk + static_cast<long>(t) * d.topk;
+      for (int k = 0; k < d.topk; ++k) {
+        const int id = sel[k];
+        if (id >= 0 && id < vis) cand_s[c++] = id;
+        else if (id >= vis) drop = 1;  // in the attention's denominator, not in this loss's
+      }
+    } else {
+      c = vis;
+    }
+    n_shared = c;
+    drop_shared = drop;
+  }
+  __syncthreads();
+  const int n = n_shared;
+  const bool want_grads = grads && grad_scale != 0.0f;  // lambda = 0: exact zeros, no math
+  const long qi_base = static_cast<long>(t) * HI * kIdxDim;
+  if (grads && (n == 0 || !want_grads)) {
+    for (int i = tid; i < HI * kIdxDim; i += kThreads) dqi_out[qi_base + i] = __float2bfloat16_rn(0.0f);
+    for (int i = tid; i < HI; i += kThreads) dweff[static_cast<long>(t) * HI + i] = 0.0f;
+  }
+  if (n == 0) {
+    if (tid == 0) loss_rows[t] = 0.0f;
+    return;
+  }
+  const bool use_lse = a.sparse && a.lse != nullptr && !drop_shared;
+
+  // Row inputs: qI (cp.async, joined by the first tile's wait), w', the forward LSE, and the
+  // teacher's Q as A fragments in registers (rows past H zero).
+  for (int i = tid; i < kIdxHeads * (kIdxRow / 16); i += kThreads) {
+    const int r = i / (kIdxRow / 16), c = i % (kIdxRow / 16);
+    if (r < HI)
+      cp_async_16(smem_addr(qi_s + swz(r, c, kIdxRow)), a.qi + qi_base + r * kIdxDim + c * 8);
+    else
+      *reinterpret_cast<uint4*>(qi_s + swz(r, c, kIdxRow)) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  cp_async_commit();
+  for (int h = tid; h < kIdxHeads; h += kThreads) w_s[h] = h < HI ? a.w_eff[static_cast<long>(t) * HI + h] : 0.0f;
+  if (use_lse)
+    for (int h = tid; h < kHeads; h += kThreads)
+      lse2_s[h] = h < H ? a.lse[static_cast<long>(t) * H + h] * kLog2e : INFINITY;
+  std::uint32_t qf[16][4];
+  {
+    const int r0 = 16 * wr + g, r1 = r0 + 8;
+    const bf16* q0 = a.q + (static_cast<long>(t) * H + r0) * kDim + hh * 256 + 2 * qd;
+    const bf16* q1 = q0 + 8L * kDim;
+#pragma unroll
+    for (int ks = 0; ks < 16; ++ks) {
+      qf[ks][0] = r0 < H ? *reinterpret_cast<const std::uint32_t*>(q0 + ks * 16) : 0u;
+      qf[ks][1] = r1 < H ? *reinterpret_cast<const std::uint32_t*>(q1 + ks * 16) : 0u;
+      qf[ks][2] = r0 < H ? *reinterpret_cast<const std::uint32_t*>(q0 + ks * 16 + 8) : 0u;
+      qf[ks][3] = r1 < H ? *reinterpret_cast<const std::uint32_t*>(q1 + ks * 16 + 8) : 0u;
+    }
+  }
+
+  const int c0 = meta.comp_start[b];
+  const int seg_start = meta.cu_padded[b];
+  const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
+  const float scale2 = d.scale * kLog2e;
+  const KeyGradSink sink_out{dkeys_acc, kIdxDim};
+  const int row0 = 16 * wr + g, row1 = row0 + 8;  // this lane's head rows (teacher and index)
+
+  // Per-lane state across tiles.
+  float kl = 0.0f;                       // warp 0: its keys' KL terms
+  float im = -INFINITY, il = 0.0f;       // warp 0: predictor (max, sum), natural log
+  float tacc = 0.0f;                     // warp 0: sum of the stored teacher masses
+  float dw_acc[2] = {0.0f, 0.0f};        // rows row0 / row1, this warp's keys
+  float dq[8][4];                        // dqI: heads 16wr.., dims 64hh + 8nt + 2q
+#pragma unroll
+  for (int j = 0; j < 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+
+  // One pass over `count` keys. window: the teacher over the window rows (statistics only);
+  // else over the candidates. final: the KL terms and gradients.
+  auto pass = [&](bool window, int count, Teach teach, bool pred, bool final_pass) {
+    const int tiles = (count + kKeys - 1) / kKeys;
+    const bool loads = teach != Teach::none || pred;
+    auto load_tile = [&](int tile, int stage) {
+      if (teach != Teach::none) {
+        unsigned char* base = wide_s + stage * kKeys * kWideRow;
+        for (int i = tid; i < kKeys * (kWideRow / 16); i += kThreads) {
+          const int r = i / (kWideRow / 16), c = i % (kWideRow / 16);
+          const int slot = min(tile * kKeys + r, count - 1);  // past the end: a real row, masked
+          const bf16* row = window ? a.kv + static_cast<long>(seg_start + w0 + slot) * kDim
+                                   : a.comp + static_cast<long>(c0 + (a.sparse ? cand_s[slot] : slot)) * kDim;
+          cp_async_16(smem_addr(base + swz(r, c, kWideRow)), row + c * 8);
+        }
+      }
+      if (pred) {
+        unsigned char* base = ik_s + stage * kKeys * kIdxRow;
+        for (int i = tid; i < kKeys * (kIdxRow / 16); i += kThreads) {
+          const int r = i / (kIdxRow / 16), c = i % (kIdxRow / 16);
+          const int slot = min(tile * kKeys + r, count - 1);
+          const bf16* row = a.keys + static_cast<long>(c0 + (a.sparse ? cand_s[slot] : slot)) * kIdxDim;
+          cp_async_16(smem_addr(base + swz(r, c, kIdxRow)), row + c * 8);
+        }
+      }
+    };
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // teacher statistics
+    if (loads && tiles > 0) {
+      load_tile(0, 0);
+      cp_async_commit();
+    }
+    for (int tile = 0; tile < tiles; ++tile) {
+      if (loads) {
+        if (tile + 1 < tiles) {
+          load_tile(tile + 1, (tile + 1) & 1);
+          cp_async_commit();
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+      }
+      __syncthreads();
+      const unsigned char* wt = wide_s + (tile & 1) * kKeys * kWideRow;
+      const unsigned char* kt = ik_s + (tile & 1) * kKeys * kIdxRow;
+      const int kbase = tile * kKeys + 16 * hh;  // first of this warp's 16 keys
+
+      if (teach != Teach::none) {
+        float s[4][4];
+        teacher_tile(qf, wt, hh, lane, s);
+        // Exchange the dim halves: keep keys 16hh.., send the other 16 to the partner.
+        // (Selects, not s[2 * hh + j]: a runtime index would put s in local memory.)
+        float* mine = xs + warp * (8 * 32);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) mine[(j * 4 + i) * 32 + lane] = hh ? s[j][i] : s[2 + j][i];
+        __syncthreads();
+        const float* theirs = xs + (warp ^ 4) * (8 * 32);
+        float z[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int key = kbase + 8 * j + 2 * qd + (i & 1);
+            const int row = i < 2 ? row0 : row1;
+            const float v = ((hh ? s[2 + j][i] : s[j][i]) + theirs[(j * 4 + i) * 32 + lane]) * scale2;
+            z[j][i] = key < count && row < H ? v : -INFINITY;
+          }
+        if (teach == Teach::stats) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float mx = fmaxf(fmaxf(z[0][2 * r], z[0][2 * r + 1]), fmaxf(z[1][2 * r], z[1][2 * r + 1]));
+            const float mn = fmaxf(m_run[r], mx);
+            if (mn != -INFINITY) {
+              l_run[r] = l_run[r] * exp2f(m_run[r] - mn) + exp2f(z[0][2 * r] - mn) +
+                         exp2f(z[0][2 * r + 1] - mn) + exp2f(z[1][2 * r] - mn) +
+                         exp2f(z[1][2 * r + 1] - mn);
+              m_run[r] = mn;
+            }
+          }
+        } else {
+          const float l0 = lse2_s[row0], l1 = lse2_s[row1];
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) z[j][i] = exp2f(z[j][i] - (i < 2 ? l0 : l1));
+          head_sum_to(z, lane, part_t + wr * kKeys + 16 * hh);
+        }
+      }
+      float si[2][4];
+      if (pred) {
+        predictor_tile(qi_s, kt, wr, hh, lane, si);
+        const float wa = w_s[row0], wb = w_s[row1];
+        float v[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[j][i] = (i < 2 ? wa : wb) * fmaxf(si[j][i], 0.0f);
+        head_sum_to(v, lane, part_i + wr * kKeys + 16 * hh);
+      }
+      if (teach == Teach::mass || pred || final_pass) {
+        __syncthreads();
+        if (warp == 0) {  // one lane per key of the tile
+          const int j = tile * kKeys + lane;
+          if (j < count) {
+            const float mass = teach == Teach::mass
+                                   ? ((part_t[lane] + part_t[kKeys + lane]) + part_t[2 * kKeys + lane]) + part_t[3 * kKeys + lane]
+                                   : (use_lse ? mass_arr[j] : 0.0f);
+            const float I = pred ? ((part_i[lane] + part_i[kKeys + lane]) + part_i[2 * kKeys + lane]) + part_i[3 * kKeys + lane]
+                                 : logit_arr[j];
+            if (!final_pass) {
+              if (use_lse) {
+                mass_arr[j] = mass;
+                logit_arr[j] = I;
+                tacc += mass;
+              }
+              const float mn = fmaxf(im, I);
+              il = il * expf(im - mn) + expf(I - mn);
+              im = mn;
+            } else {
+              const float tj = mass / scal[0];
+              const float lp = I - scal[1];
+              // The sparse predictor is the compact softmax, clamped at FLT_MIN like the CPU's.
+              const float logp = a.sparse ? fmaxf(lp, logf(FLT_MIN)) : lp;
+              kl += tj * (logf(fmaxf(tj, 1e-10f)) - logp);
+              gk_s[lane] = grad_scale * (expf(lp) - tj);
+            }
+          } else if (final_pass) {
+            gk_s[lane] = 0.0f;
+          }
+        }
+      }
+      if (final_pass && want_grads) {
+        __syncthreads();  // gk_s
+        // G^T[key][head] = g_key w'_head 1[S > 0] (bf16) and dw' += g ReLU(S).
+        const float wa = w_s[row0], wb = w_s[row1];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int kt_ = 16 * hh + 8 * j + 2 * qd + (i & 1);  // key within the tile
+            const int row = i < 2 ? row0 : row1;
+            const float gv = gk_s[kt_];
+            dw_acc[i >> 1] += gv * fmaxf(si[j][i], 0.0f);
+            const float gg = si[j][i] > 0.0f ? gv * (i < 2 ? wa : wb) : 0.0f;
+            *reinterpret_cast<bf16*>(gt_s + swz(kt_, row >> 3, kGRow) + (row & 7) * 2) = __float2bfloat16_rn(gg);
+          }
+        __syncthreads();  // gt_s
+        // dqI[16wr.., 64hh..] += G K^I: A = G from G^T (transposed load), B = K^I (transposed).
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          std::uint32_t ga[4];
+          const int mi = lane >> 3;
+          ldmatrix_x4_trans(smem_addr(gt_s + swz(16 * kk + (lane & 7) + ((mi >> 1) << 3),
+                                                 2 * wr + (mi & 1), kGRow)), ga);
+          const int key = 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+          for (int np = 0; np < 4; ++np) {
+            std::uint32_t bv[4];
+            ldmatrix_x4_trans(smem_addr(kt + swz(key, (64 * hh + 16 * np) / 8 + (lane >> 4), kIdxRow)), bv);
+            mma_bf16(dq[2 * np], ga, bv[0], bv[1]);
+            mma_bf16(dq[2 * np + 1], ga, bv[2], bv[3]);
+          }
+        }
+        // dK^I[keys 16(w&1).., dims 32(w>>1)..] = G^T qI over the 64 index heads.
+        {
+          const int kb = 16 * (warp & 1), db = 32 * (warp >> 1);
+          float dk[4][4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.0f;
+#pragma unroll
+          for (int ks = 0; ks < kIdxHeads / 16; ++ks) {
+            std::uint32_t ga[4];
+            ldmatrix_x4(smem_addr(gt_s + swz(kb + (lane & 15), 2 * ks + (lane >> 4), kGRow)), ga);
+            const int head = 16 * ks + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+            for (int np = 0; np < 2; ++np) {
+              std::uint32_t bv[4];
+              ldmatrix_x4_trans(smem_addr(qi_s + swz(head, (db + 16 * np) / 8 + (lane >> 4), kIdxRow)), bv);
+              mma_bf16(dk[2 * np], ga, bv[0], bv[1]);
+              mma_bf16(dk[2 * np + 1], ga, bv[2], bv[3]);
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int slot = tile * kKeys + kb + g + 8 * r;
+            if (slot < count) {
+              const long key_row = c0 + (a.sparse ? cand_s[slot] : slot);
+#pragma unroll
+              for (int nt = 0; nt < 4; ++nt)
+                add_key_grad(sink_out, t, slot, key_row, db + 8 * nt + 2 * qd, dk[nt][2 * r], dk[nt][2 * r + 1]);
+            }
+          }
+        }
+      }
+      __syncthreads();  // the stage, xs, part_*, gk_s and gt_s are rewritten next
+    }
+    if (teach == Teach::stats) {  // merge the lanes of a row, then the two key halves
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1)
+          merge_stats(m_run[r], l_run[r], __shfl_xor_sync(0xffffffffu, m_run[r], o),
+                      __shfl_xor_sync(0xffffffffu, l_run[r], o));
+      if (qd == 0) {
+        stats_s[(hh * kHeads + row0) * 2] = m_run[0];
+        stats_s[(hh * kHeads + row0) * 2 + 1] = l_run[0];
+        stats_s[(hh * kHeads + row1) * 2] = m_run[1];
+        stats_s[(hh * kHeads + row1) * 2 + 1] = l_run[1];
+      }
+      __syncthreads();
+      if (tid < kHeads) {
+        float m = stats_s[tid * 2], l = stats_s[tid * 2 + 1];
+        merge_stats(m, l, stats_s[(kHeads + tid) * 2], stats_s[(kHeads + tid) * 2 + 1]);
+        float* dst = src_stats + ((window ? 0 : 1) * kHeads + tid) * 2;
+        dst[0] = m;
+        dst[1] = l;
+      }
+      __syncthreads();
+    }
+  };
+
+  if (use_lse) {
+    pass(false, n, Teach::mass, true, false);
+  } else {
+    pass(true, n_win, Teach::stats, false, false);
+    pass(false, n, Teach::stats, true, false);
+    // Full per-head LSE (sink + window + candidates) and each head's candidate share.
+    if (tid < kHeads) {
+      float lse2 = INFINITY, share = 0.0f;
+      if (tid < H) {
+        float m = a.sink[tid] * kLog2e, l = 1.0f;
+        merge_stats(m, l, src_stats[tid * 2], src_stats[tid * 2 + 1]);
+        const float mc = src_stats[(kHeads + tid) * 2], lc = src_stats[(kHeads + tid) * 2 + 1];
+        merge_stats(m, l, mc, lc);
+        lse2 = m + log2f(l);
+        share = lc > 0.0f ? lc * exp2f(mc - lse2) : 0.0f;
+      }
+      lse2_s[tid] = lse2;
+      ratio_s[tid] = share;
+    }
+    __syncthreads();
+  }
+  if (warp == 0) {  // the teacher's L1 denominator and the predictor's LSE (fixed order)
+    float tsum = 0.0f;
+    if (use_lse) {
+      tsum = warp_sum(tacc);
+    } else {
+      for (int h = 0; h < kHeads; ++h) tsum += ratio_s[h];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float mo = __shfl_xor_sync(0xffffffffu, im, o), lo = __shfl_xor_sync(0xffffffffu, il, o);
+      const float mn = fmaxf(im, mo);
+      if (mn != -INFINITY) {
+        il = il * expf(im - mn) + lo * expf(mo - mn);
+        im = mn;
+      }
+    }
+    if (lane == 0) {
+      scal[0] = fmaxf(tsum, FLT_MIN);
+      scal[1] = im + logf(il);
+    }
+  }
+  __syncthreads();
+  pass(false, n, use_lse ? Teach::none : Teach::mass, !use_lse || want_grads, true);
+
+  if (warp == 0) {
+    kl = warp_sum(kl);
+    if (lane == 0) loss_rows[t] = kl;
+  }
+  if (!want_grads) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    dw_acc[r] += __shfl_xor_sync(0xffffffffu, dw_acc[r], 1);
+    dw_acc[r] += __shfl_xor_sync(0xffffffffu, dw_acc[r], 2);
+  }
+  if (qd == 0) {
+    dwp[hh * kIdxHeads + row0] = dw_acc[0];
+    dwp[hh * kIdxHeads + row1] = dw_acc[1];
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    const int dim = 64 * hh + 8 * nt + 2 * qd;
+    if (row0 < HI)
+      *reinterpret_cast<__nv_bfloat162*>(dqi_out + qi_base + row0 * kIdxDim + dim) =
+          __floats2bfloat162_rn(dq[nt][0], dq[nt][1]);
+    if (row1 < HI)
+      *reinterpret_cast<__nv_bfloat162*>(dqi_out + qi_base + row1 * kIdxDim + dim) =
+          __floats2bfloat162_rn(dq[nt][2], dq[nt][3]);
+  }
+  __syncthreads();
+  if (tid < HI) dweff[static_cast<long>(t) * HI + tid] = dwp[tid] + dwp[kIdxHeads + tid];
+}
+
+}  // namespace
+
+bool indexer_loss_mma_supported(const LayerDims& d) {
+  return d.head_dim == kDim && d.heads <= kHeads && d.index_dim == kIdxDim &&
+         d.index_heads <= kIdxHeads && mma_smem_bytes(d, true) <= 227 * 1024;
+}
+
+void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
+                                  const IndexerLossArgs& a, float* loss_rows, bool grads,
+                                  float grad_scale, bf16* dqi, float* dweff, float* dkeys_acc,
+                                  cudaStream_t stream) {
+  require(indexer_loss_mma_supported(d), ErrorKind::Unsupported,
+          "the tensor-core indexer loss needs head_dim 512, index_head_dim 128, at most 64 heads "
+          "and 64 index heads");
+  const std::size_t smem = mma_smem_bytes(d, a.sparse);
+  allow_dynamic_smem(indexer_loss_mma_kernel, smem, "the tensor-core indexer loss");
+  indexer_loss_mma_kernel<<<d.rows, kThreads, smem, stream>>>(d, meta, a, loss_rows, grads,
+                                                              grad_scale, dqi, dweff, dkeys_acc);
+  CSATTN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace csattn::cuda

@@ -1,0 +1,402 @@
+// The tensor-core indexer loss (indexer_loss_mma.cu) against the CUDA-core reference kernel
+// (indexer_loss.cu) on the same device inputs: per-row KL, the reduced loss, dqI, dw' and
+// dK^I, sparse and dense, on ragged padded batches (segments shorter than the ratio, rows
+// without candidates, padding rows, partial head blocks) and at the Flash shape. The sparse
+// loss takes its teacher denominator from the forward attention's LSE (launch_sparse_attention
+// on the same inputs), so these tests also check that LSE is the loss's full CSA denominator.
+// Outputs are poisoned with NaN before every run. Skips without a GPU.
+#ifdef CSATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "csattn/error.hpp"
+#include "csattn/layer.hpp"
+#include "csattn/tensor.hpp"
+#include "cuda/backward_kernels.hpp"
+#include "cuda/kernels.hpp"
+
+namespace csattn {
+namespace {
+
+using namespace csattn::cuda;
+
+#define SKIP_WITHOUT_GPU()                                        \
+  do {                                                            \
+    std::string why;                                              \
+    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
+  } while (0)
+
+void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit Dev(std::size_t count = 0) { resize(count); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(p); }
+  void resize(std::size_t count) {
+    cudaFree(p);
+    p = nullptr;
+    n = count;
+    if (n) check(cudaMalloc(&p, sizeof(T) * n));
+  }
+  void upload(const std::vector<T>& v) {
+    resize(v.size());
+    if (n) check(cudaMemcpy(p, v.data(), sizeof(T) * n, cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n);
+    if (n) check(cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
+    return v;
+  }
+  void fill_bytes(int byte) { if (n) check(cudaMemset(p, byte, sizeof(T) * n)); }
+};
+
+// Cheap deterministic noise (xorshift), uniform with unit variance.
+struct Noise {
+  std::uint64_t s;
+  explicit Noise(std::uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  std::uint64_t next() { s ^= s << 13; s ^= s >> 7; s ^= s << 17; return s; }
+  float uniform() { return static_cast<float>((next() >> 40) * (1.0 / 16777216.0)); }
+  float unit() { return (uniform() * 2.0f - 1.0f) * 1.7320508f; }
+};
+
+std::vector<std::uint16_t> random_bf16(std::size_t n, std::uint64_t seed, float scale) {
+  Noise r(seed);
+  std::vector<std::uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16_bits(scale * r.unit());
+  return v;
+}
+
+struct LossCase {
+  std::string name;
+  std::vector<int> real, padded;  // segment lengths
+  int heads = 64, index_heads = 64, topk = 16, window = 32;
+  bool sparse = true;
+  bool with_lse = true;      // pass the forward's LSE (sparse)
+  bool future_ids = false;   // some top-k rows hold an id >= the visible count
+  bool holes = false;        // some top-k rows have -1 between valid ids
+};
+
+// Device inputs of one case: metadata, the teacher's and the indexer's operands, the top-k,
+// and the forward attention's LSE over them.
+struct Inputs {
+  LayerDims d;
+  Dev<std::int32_t> cu_real, cu_padded, row_segment, row_position, comp_start, topk;
+  Dev<std::uint8_t> padding;
+  Dev<std::uint16_t> q, kv, comp, qi, keys, attn;
+  Dev<float> w_eff, sink, lse;
+  DeviceMetadata meta;
+  IndexerLossArgs args;
+  std::vector<int> host_vis;  // candidates per row (0: none)
+
+  explicit Inputs(const LossCase& c) {
+    const int B = static_cast<int>(c.real.size());
+    std::vector<std::int32_t> cr(B + 1, 0), cp(B + 1, 0), cs(B + 1, 0);
+    for (int b = 0; b < B; ++b) {
+      cr[b + 1] = cr[b] + c.real[b];
+      cp[b + 1] = cp[b] + c.padded[b];
+      cs[b + 1] = cs[b] + c.padded[b] / 4;
+    }
+    const int T = cp[B], Nc = std::max(1, cs[B]);
+    d.rows = T;
+    d.segments = B;
+    d.max_seg_len = *std::max_element(c.padded.begin(), c.padded.end());
+    d.heads = c.heads;
+    d.head_dim = 512;
+    d.window = c.window;
+    d.ratio = 4;
+    d.coff = 2;
+    d.comp_capacity = Nc;
+    d.index_heads = c.index_heads;
+    d.index_dim = 128;
+    d.topk = c.topk;
+    d.scale = 1.0f / std::sqrt(512.0f);
+    cu_real.upload(cr);
+    cu_padded.upload(cp);
+    row_segment.resize(T);
+    row_position.resize(T);
+    padding.resize(T);
+    comp_start.resize(B + 1);
+    meta.cu_real = cu_real.p;
+    meta.cu_padded = cu_padded.p;
+    meta.row_segment = row_segment.p;
+    meta.row_position = row_position.p;
+    meta.row_is_padding = padding.p;
+    meta.comp_start = comp_start.p;
+    launch_metadata(d, meta, nullptr);
+
+    const int H = c.heads, HI = c.index_heads;
+    q.upload(random_bf16(static_cast<std::size_t>(T) * H * 512, 1, 1.0f));
+    kv.upload(random_bf16(static_cast<std::size_t>(T) * 512, 2, 1.0f));
+    comp.upload(random_bf16(static_cast<std::size_t>(Nc) * 512, 3, 1.0f));
+    qi.upload(random_bf16(static_cast<std::size_t>(T) * HI * 128, 4, 1.0f));
+    keys.upload(random_bf16(static_cast<std::size_t>(Nc) * 128, 5, 1.0f));
+    Noise r(6);
+    std::vector<float> w(static_cast<std::size_t>(T) * HI), s(H);
+    for (auto& x : w) x = round_bf16(r.unit() / std::sqrt(static_cast<float>(HI) * 128.0f) * 4.0f);
+    for (auto& x : s) x = r.unit();
+    w_eff.upload(w);
+    sink.upload(s);
+
+    // Top-k like the indexer's: every visible id when they fit, else K random distinct ones,
+    // ascending, then -1; padding rows all -1.
+    std::vector<std::int32_t> sel(static_cast<std::size_t>(T) * c.topk, -1);
+    host_vis.assign(T, 0);
+    for (int b = 0; b < B; ++b)
+      for (int pos = 0; pos < c.padded[b]; ++pos) {
+        const int t = cp[b] + pos;
+        if (pos >= c.real[b]) continue;
+        const int count = c.padded[b] / 4, vis = std::min((pos + 1) / 4, count);
+        std::int32_t* row = sel.data() + static_cast<std::size_t>(t) * c.topk;
+        std::vector<int> ids(vis);
+        std::iota(ids.begin(), ids.end(), 0);
+        for (int k = 0; k < std::min(vis, c.topk); ++k)
+          std::swap(ids[k], ids[k + static_cast<int>(r.next() % static_cast<std::uint64_t>(vis - k))]);
+        ids.resize(std::min(vis, c.topk));
+        std::sort(ids.begin(), ids.end());
+        for (std::size_t k = 0; k < ids.size(); ++k) row[k] = ids[k];
+        int n = static_cast<int>(ids.size());
+        if (c.holes && n >= 3 && t % 5 == 0) {  // a -1 between valid ids
+          row[1] = -1;
+          --n;
+        }
+        if (c.future_ids && t % 3 == 0 && vis < count && static_cast<int>(ids.size()) < c.topk)
+          row[ids.size()] = vis;  // a real entry of the segment, not yet visible
+        host_vis[t] = n;
+      }
+    topk.upload(sel);
+
+    // The forward attention's LSE over sink + window + top-k (its output is not needed).
+    attn.resize(static_cast<std::size_t>(T) * H * 512);
+    lse.resize(static_cast<std::size_t>(T) * H);
+    launch_sparse_attention(d, meta, bf(q), bf(kv), bf(comp), sink.p, topk.p, bf(attn), lse.p, nullptr);
+    check(cudaDeviceSynchronize());
+
+    args.qi = bf(qi);
+    args.w_eff = w_eff.p;
+    args.keys = bf(keys);
+    args.q = bf(q);
+    args.kv = bf(kv);
+    args.comp = bf(comp);
+    args.sink = sink.p;
+    args.topk = topk.p;
+    args.lse = c.sparse && c.with_lse ? lse.p : nullptr;
+    args.sparse = c.sparse;
+    args.scale = 0.25f;
+  }
+  static bf16* bf(const Dev<std::uint16_t>& v) { return reinterpret_cast<bf16*>(v.p); }
+};
+
+struct Outputs {
+  std::vector<float> loss_rows, dweff, dkeys, dqi;
+  float loss = 0.0f;
+};
+
+// One run of `kernel` on NaN-poisoned outputs (dkeys_acc zeroed: it accumulates).
+Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_scale) {
+  const LayerDims& d = in.d;
+  const int T = d.rows, HI = d.index_heads;
+  Dev<float> loss_rows(T), loss(1), dweff(static_cast<std::size_t>(T) * HI),
+      dkeys(static_cast<std::size_t>(d.comp_capacity) * 128);
+  Dev<std::uint16_t> dqi(static_cast<std::size_t>(T) * HI * 128);
+  loss_rows.fill_bytes(0xFF);
+  loss.fill_bytes(0xFF);
+  dweff.fill_bytes(0xFF);
+  dqi.fill_bytes(0xFF);
+  dkeys.fill_bytes(0);
+  launch_indexer_loss(d, in.meta, in.args, loss_rows.p, loss.p, grads, grad_scale,
+                      reinterpret_cast<bf16*>(dqi.p), dweff.p, dkeys.p, nullptr, kernel);
+  check(cudaDeviceSynchronize());
+  Outputs o;
+  o.loss_rows = loss_rows.download();
+  if (!grads) o.loss = loss.download()[0];
+  if (grads) {
+    o.dweff = dweff.download();
+    o.dkeys = dkeys.download();
+    const std::vector<std::uint16_t> raw = dqi.download();
+    o.dqi.resize(raw.size());
+    for (std::size_t i = 0; i < raw.size(); ++i) o.dqi[i] = bf16_bits_to_float(raw[i]);
+  }
+  return o;
+}
+
+// ||got - ref|| <= rel ||ref||, everything finite, ref not all zero (a comparison of zeros
+// proves nothing).
+void expect_rel_l2(const std::vector<float>& got, const std::vector<float>& ref, double rel,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " [" << i << "] = " << got[i];
+    ASSERT_TRUE(std::isfinite(ref[i])) << what << " (reference) [" << i << "]";
+    diff += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+    norm += static_cast<double>(ref[i]) * ref[i];
+  }
+  ASSERT_GT(norm, 0.0) << what << ": the reference is all zero";
+  EXPECT_LE(std::sqrt(diff), rel * std::sqrt(norm)) << what;
+}
+
+void compare_kernels(const LossCase& c) {
+  const Inputs in(c);
+  const int T = in.d.rows, HI = in.d.index_heads;
+  // Value only, then value + gradients.
+  const Outputs base_v = run(in, IndexerLossKernel::baseline, false, 0.0f);
+  const Outputs mma_v = run(in, IndexerLossKernel::tensor_core, false, 0.0f);
+  const float gs = 0.37f;
+  const Outputs base = run(in, IndexerLossKernel::baseline, true, gs);
+  const Outputs mma = run(in, IndexerLossKernel::tensor_core, true, gs);
+  int rows_with_candidates = 0;
+  for (int t = 0; t < T; ++t) {
+    const float ref = base_v.loss_rows[t];
+    ASSERT_TRUE(std::isfinite(ref)) << "reference row " << t;
+    EXPECT_NEAR(mma_v.loss_rows[t], ref, 2e-4 * std::fabs(ref) + 2e-5) << c.name << " row " << t;
+    EXPECT_EQ(mma.loss_rows[t], mma_v.loss_rows[t]) << c.name << " row " << t << ": grads changed the value";
+    if (in.host_vis[t] == 0) {  // no candidates: exact zeros
+      EXPECT_EQ(mma_v.loss_rows[t], 0.0f) << c.name << " row " << t;
+      for (int h = 0; h < HI; ++h) ASSERT_EQ(mma.dweff[static_cast<std::size_t>(t) * HI + h], 0.0f) << "row " << t;
+      for (int i = 0; i < HI * 128; ++i) ASSERT_EQ(mma.dqi[static_cast<std::size_t>(t) * HI * 128 + i], 0.0f) << "row " << t;
+    }
+    rows_with_candidates += in.host_vis[t] > 0;
+  }
+  ASSERT_GT(rows_with_candidates, 0);
+  EXPECT_NEAR(mma_v.loss, base_v.loss, 2e-4 * std::fabs(base_v.loss) + 1e-6) << c.name;
+  expect_rel_l2(mma.dweff, base.dweff, 2e-3, c.name + " dweff");
+  expect_rel_l2(mma.dqi, base.dqi, 1.5e-2, c.name + " dqi");
+  expect_rel_l2(mma.dkeys, base.dkeys, 1.5e-2, c.name + " dkeys");
+}
+
+LossCase ragged(const std::string& name, bool sparse) {
+  LossCase c;
+  c.name = name;
+  // L < ratio (3), a single row, a tail, several compressed entries, padding rows.
+  c.real = {3, 1, 77, 203, 130, 45};
+  c.padded = {4, 1, 80, 210, 130, 48};
+  c.sparse = sparse;
+  return c;
+}
+
+TEST(CudaIndexerLoss, SparseRaggedMatchesBaseline) {
+  SKIP_WITHOUT_GPU();
+  LossCase c = ragged("sparse", true);
+  c.holes = true;
+  compare_kernels(c);
+}
+
+TEST(CudaIndexerLoss, SparseWithoutForwardLseMatchesBaseline) {
+  SKIP_WITHOUT_GPU();
+  LossCase c = ragged("sparse, no lse", true);
+  c.with_lse = false;
+  compare_kernels(c);
+}
+
+TEST(CudaIndexerLoss, SparseWithNotYetVisibleIdsMatchesBaseline) {
+  SKIP_WITHOUT_GPU();
+  // The attention's LSE counts the extra ids, the loss does not: the kernel must notice and
+  // recompute the denominator for those rows.
+  LossCase c = ragged("sparse, future ids", true);
+  c.future_ids = true;
+  compare_kernels(c);
+}
+
+TEST(CudaIndexerLoss, DenseRaggedMatchesBaseline) {
+  SKIP_WITHOUT_GPU();
+  compare_kernels(ragged("dense", false));
+}
+
+TEST(CudaIndexerLoss, PartialHeadBlocksMatchBaseline) {
+  SKIP_WITHOUT_GPU();
+  for (bool sparse : {true, false}) {
+    LossCase c = ragged(sparse ? "H 40 HI 24 sparse" : "H 40 HI 24 dense", sparse);
+    c.heads = 40;
+    c.index_heads = 24;
+    compare_kernels(c);
+  }
+}
+
+TEST(CudaIndexerLoss, FlashShapeMatchesBaseline) {
+  SKIP_WITHOUT_GPU();
+  for (bool sparse : {true, false}) {
+    LossCase c;
+    c.name = sparse ? "flash sparse" : "flash dense";
+    c.real = {4096};
+    c.padded = {4096};
+    c.topk = 512;
+    c.window = 128;
+    c.sparse = sparse;
+    compare_kernels(c);
+  }
+}
+
+TEST(CudaIndexerLoss, RowReductionsAreBitwiseRepeatable) {
+  SKIP_WITHOUT_GPU();
+  for (bool sparse : {true, false}) {
+    LossCase c;
+    c.name = "repeat";
+    c.real = {1500, 700};
+    c.padded = {1504, 704};
+    c.topk = 512;
+    c.window = 128;
+    c.sparse = sparse;
+    const Inputs in(c);
+    const Outputs a = run(in, IndexerLossKernel::tensor_core, true, 0.5f);
+    const Outputs b = run(in, IndexerLossKernel::tensor_core, true, 0.5f);
+    EXPECT_EQ(a.loss_rows, b.loss_rows);
+    EXPECT_EQ(a.dqi, b.dqi);
+    EXPECT_EQ(a.dweff, b.dweff);
+  }
+}
+
+TEST(CudaIndexerLoss, ZeroGradScaleGivesExactZeros) {
+  SKIP_WITHOUT_GPU();
+  for (bool sparse : {true, false}) {
+    const Inputs in(ragged("lambda 0", sparse));
+    const Outputs ref = run(in, IndexerLossKernel::tensor_core, false, 0.0f);
+    const Outputs o = run(in, IndexerLossKernel::tensor_core, true, 0.0f);
+    EXPECT_EQ(o.loss_rows, ref.loss_rows);
+    for (float v : o.dqi) ASSERT_EQ(v, 0.0f);
+    for (float v : o.dweff) ASSERT_EQ(v, 0.0f);
+    for (float v : o.dkeys) ASSERT_EQ(v, 0.0f);
+  }
+}
+
+TEST(CudaIndexerLoss, DenseHasNoPerRowCandidateCap) {
+  SKIP_WITHOUT_GPU();
+  // 61440 tokens: 15360 visible entries for the last rows, past the reference kernel's
+  // shared-memory cap (with 64 index heads: 236 KB > 220 KB, it refuses). Value only; every
+  // real row has a finite KL >= 0.
+  LossCase c;
+  c.name = "long dense";
+  c.heads = 16;  // few teacher heads keep q small: the candidate count is what matters here
+  c.index_heads = 64;
+  c.real = {61440};
+  c.padded = {61440};
+  c.topk = 512;
+  c.window = 128;
+  c.sparse = false;
+  const Inputs in(c);
+  EXPECT_THROW(run(in, IndexerLossKernel::baseline, false, 0.0f), Error);
+  const Outputs o = run(in, IndexerLossKernel::tensor_core, false, 0.0f);
+  for (int t = 0; t < in.d.rows; ++t) {
+    ASSERT_TRUE(std::isfinite(o.loss_rows[t])) << "row " << t;
+    ASSERT_GE(o.loss_rows[t], -1e-5f) << "row " << t;
+    if (t < 3) {
+      ASSERT_EQ(o.loss_rows[t], 0.0f) << "row " << t;
+    }
+  }
+  EXPECT_TRUE(std::isfinite(o.loss));
+  EXPECT_GT(o.loss, 0.0f);
+}
+
+}  // namespace
+}  // namespace csattn
+#endif  // CSATTN_HAVE_CUDA
