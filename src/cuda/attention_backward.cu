@@ -3,7 +3,8 @@
 // of 32 keys, loop over the heads, recompute P from the saved LSE, and accumulate
 //   dz = P (dO.v - D_row),   dq_h += tau dz K,   dK_k += sum_h (P dO_h + tau dz q_h)
 // (K = V, so the key and value terms land on the same row). The head sum of dK happens in
-// registers, so each (row, key, dim) costs one atomic add into the fp32 key gradients.
+// registers, so each (row, key, dim) costs one atomic add into the fp32 key gradients (or,
+// deterministic mode, one store into the chunk's scratch; see grad_chunk.hpp).
 // d_sink = -P_sink * D_row per (row, head), summed later in a fixed order.
 #include <cmath>
 #include <cstdlib>
@@ -27,7 +28,8 @@ __global__ void __launch_bounds__(kThreads)
     attention_backward_kernel(LayerDims d, DeviceMetadata meta, const bf16* q, const bf16* kv,
                               const bf16* comp, const float* sink, const std::int32_t* topk,
                               const bf16* out, const float* lse, const bf16* dout, float* dq_acc,
-                              float* dkv_acc, float* dcomp_acc, float* dsink_part) {
+                              float* dkv_acc, float* dcomp_acc, float* dsink_part,
+                              GradChunk chunk) {
   extern __shared__ float sm[];
   const int D = d.head_dim, H = d.heads;
   const int max_keys = max_keys_per_query(d);
@@ -39,7 +41,7 @@ __global__ void __launch_bounds__(kThreads)
   float* dz = p + kTile;                  // [kTile]
   int* ids = reinterpret_cast<int*>(dz + kTile);  // [max_keys]
   __shared__ int count;
-  const int t = blockIdx.x;
+  const int t = chunk.r0 + static_cast<int>(blockIdx.x);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = build_key_list(d, meta, topk, t, ids, &count);
   (void)max_keys;
@@ -119,6 +121,10 @@ __global__ void __launch_bounds__(kThreads)
       for (int k = 0; k < kTile; ++k) {  // constant indices keep acc in registers
         if (k >= nk) break;
         const int id = ids[tile0 + k];
+        if (chunk.scratch) {  // deterministic mode: this row's own slot (one copy)
+          chunk.scratch[(static_cast<long>(t - chunk.r0) * chunk.slots + tile0 + k) * D + i] = acc[k][r];
+          continue;
+        }
         float* dst = id >= 0 ? dkv_acc + static_cast<long>(id) * D : dcomp_acc + static_cast<long>(-id - 1) * D;
         atomicAdd(dst + i, acc[k][r]);
       }
@@ -127,27 +133,38 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The one dispatch decision (launch_attention_backward and attention_backward_copies must
+// agree): CSATTN_ATTENTION_BACKWARD=baseline forces the CUDA-core kernel.
+bool use_tensor_core_backward(const LayerDims& d) {
+  static const bool force_baseline = [] {
+    const char* v = std::getenv("CSATTN_ATTENTION_BACKWARD");
+    return v != nullptr && std::string(v) == "baseline";
+  }();
+  return !force_baseline && attention_backward_mma_supported(d);
+}
+
 }  // namespace
 
 void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                const bf16* kv, const bf16* comp, const float* sink,
                                const std::int32_t* topk, const bf16* out, const float* lse,
                                const bf16* dout, float* dq_acc, float* dkv_acc,
-                               float* dcomp_acc, float* dsink_part, cudaStream_t stream) {
+                               float* dcomp_acc, float* dsink_part, cudaStream_t stream,
+                               const GradChunk& chunk) {
   // head_dim 512 (every DeepSeek-V4 preset) takes the tensor-core kernel, unless
   // CSATTN_ATTENTION_BACKWARD=baseline asks for this one (benchmarks, bisecting); key lists
   // too long for its shared memory fall back here too.
-  static const bool force_baseline = [] {
-    const char* v = std::getenv("CSATTN_ATTENTION_BACKWARD");
-    return v != nullptr && std::string(v) == "baseline";
-  }();
-  if (!force_baseline && attention_backward_mma_supported(d)) {
+  if (use_tensor_core_backward(d)) {
     launch_attention_backward_mma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
-                                  dkv_acc, dcomp_acc, dsink_part, stream);
+                                  dkv_acc, dcomp_acc, dsink_part, stream, chunk);
     return;
   }
   launch_attention_backward_baseline(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
-                                     dkv_acc, dcomp_acc, dsink_part, stream);
+                                     dkv_acc, dcomp_acc, dsink_part, stream, chunk);
+}
+
+int attention_backward_copies(const LayerDims& d) {
+  return use_tensor_core_backward(d) ? (d.heads + 63) / 64 : 1;
 }
 
 void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata& meta,
@@ -155,8 +172,10 @@ void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata
                                         const float* sink, const std::int32_t* topk,
                                         const bf16* out, const float* lse, const bf16* dout,
                                         float* dq_acc, float* dkv_acc, float* dcomp_acc,
-                                        float* dsink_part, cudaStream_t stream) {
-  if (d.rows <= 0) return;
+                                        float* dsink_part, cudaStream_t stream,
+                                        const GradChunk& chunk) {
+  const int rows = chunk.launch_rows(d.rows);
+  if (rows <= 0) return;
   require(d.head_dim <= kThreads * kMaxDimPerThread, ErrorKind::Unsupported,
           "the CUDA attention backward supports head_dim up to 1024");
   const int max_keys = max_keys_per_query(d);
@@ -166,8 +185,9 @@ void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata
   require(smem <= 220 * 1024, ErrorKind::Unsupported,
           "the CUDA attention backward needs " + std::to_string(smem) + " bytes of shared memory");
   allow_dynamic_smem(attention_backward_kernel, smem, "the CUDA attention backward");
-  attention_backward_kernel<<<d.rows, kThreads, smem, stream>>>(
-      d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part);
+  attention_backward_kernel<<<rows, kThreads, smem, stream>>>(
+      d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part,
+      chunk);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

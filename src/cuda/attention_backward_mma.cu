@@ -82,19 +82,22 @@ struct DkTarget {
 // dims dim0 + 8 j + {2q, 2q + 1} for j < 8 (q = lane % 4), i.e. acc[j] is the m16n8 C fragment
 // of dims dim0 + 8 j. Slots past the list's end (the last tile's tail) are skipped.
 // Atomic path: lane pairs (q, q ^ 1) swap halves so each lane holds 4 consecutive dims of one
-// key, then one red.global.add.v4.f32 per n8 tile. A deterministic mode would replace only
-// this body, writing the same values to a per-(query, head block, slot) scratch row.
+// key, then one red.global.add.v4.f32 per n8 tile. Deterministic mode (chunk.scratch): the same four values are stored to this CTA's own
+// scratch row (query, head block, slot) instead.
+template <bool kScratch>
 __device__ __forceinline__ void flush_dk(const DkTarget& tgt, int query, int head_block,
-                                         int slot0, int key0, int dim0, float (&acc)[8][4]) {
-  (void)query;
-  (void)head_block;
+                                         int slot0, int key0, int dim0, float (&acc)[8][4],
+                                         float* scratch) {
   const int lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
   const bool odd = qd & 1;
   const int slot = slot0 + key0 + g + (odd ? 8 : 0);
   const bool live = slot < tgt.n;
   const int id = live ? tgt.ids[slot] : 0;
-  float* row = id >= 0 ? tgt.dkv_acc + static_cast<long>(id) * kDim
-                       : tgt.dcomp_acc + static_cast<long>(-id - 1) * kDim;
+  (void)query;
+  (void)head_block;
+  float* row = kScratch ? scratch + static_cast<long>(slot) * kDim
+               : id >= 0 ? tgt.dkv_acc + static_cast<long>(id) * kDim
+                         : tgt.dcomp_acc + static_cast<long>(-id - 1) * kDim;
   const int col = dim0 + 2 * (qd & ~1);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -105,19 +108,25 @@ __device__ __forceinline__ void flush_dk(const DkTarget& tgt, int query, int hea
     const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
     const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
     if (!live) continue;
-    if (odd)
+    if (kScratch) {  // this CTA's own row: a plain store
+      *reinterpret_cast<float4*>(row + col + 8 * j) = odd ? make_float4(r0, r1, acc[j][2], acc[j][3])
+                                                           : make_float4(acc[j][0], acc[j][1], r0, r1);
+    } else if (odd) {
       red_add_v4(row + col + 8 * j, r0, r1, acc[j][2], acc[j][3]);
-    else
+    } else {
       red_add_v4(row + col + 8 * j, acc[j][0], acc[j][1], r0, r1);
+    }
   }
 }
 
+template <bool kScratch>  // deterministic mode: key gradients to the chunk's scratch
 __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_mma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
                                   const std::int32_t* topk, const bf16* out, const float* lse,
                                   const bf16* dout, float* dq_acc, float* dkv_acc,
-                                  float* dcomp_acc, float* dsink_part, int head_blocks) {
+                                  float* dcomp_acc, float* dsink_part, int head_blocks,
+                                  GradChunk chunk) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* q_s = smem + Smem::q;
   unsigned char* do_s = smem + Smem::dout;
@@ -131,7 +140,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int H = d.heads;
   const int hb = blockIdx.x % head_blocks;
-  const int t = blockIdx.x / head_blocks, h0 = hb * kRows;
+  // The atomic path always covers every row (r0 = 0, checked by the launcher): one register
+  // less in a kernel at the 255 limit.
+  const int t = (kScratch ? chunk.r0 : 0) + static_cast<int>(blockIdx.x / head_blocks), h0 = hb * kRows;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, qd = lane & 3;
 
@@ -203,6 +214,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int dh = warp >> 2;         // phase B: dim half 256 dh
   const int kb = warp & 1;          // phase C: key block 16 kb
   const int dq4 = warp >> 1;        // phase C: dim quarter 128 dq4
+  float* scratch = nullptr;
+  if (kScratch)  // rows (query, head block, slot) of the chunk's scratch
+    scratch = chunk.scratch + static_cast<long>((t - chunk.r0) * chunk.copies + hb) * chunk.slots * kDim;
   const DkTarget target{dkv_acc, dcomp_acc, ids, n};
 
   float dq[32][4];
@@ -308,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             mma_bf16(acc[2 * np + 1], ad, bq[2], bq[3]);
           }
         }
-        flush_dk(target, t, hb, tile * kKeys, 16 * kb, dim0, acc);
+        flush_dk<kScratch>(target, t, hb, tile * kKeys, 16 * kb, dim0, acc, scratch);
       }
     }
   }
@@ -342,8 +356,12 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
                                    const bf16* kv, const bf16* comp, const float* sink,
                                    const std::int32_t* topk, const bf16* out, const float* lse,
                                    const bf16* dout, float* dq_acc, float* dkv_acc,
-                                   float* dcomp_acc, float* dsink_part, cudaStream_t stream) {
-  if (d.rows <= 0) return;
+                                   float* dcomp_acc, float* dsink_part, cudaStream_t stream,
+                                   const GradChunk& chunk) {
+  const int rows = chunk.launch_rows(d.rows);
+  if (rows <= 0) return;
+  require(chunk.scratch != nullptr || chunk.r0 == 0, ErrorKind::InvalidArgument,
+          "the tensor-core attention backward runs row chunks only with a scratch");
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the tensor-core attention backward needs head_dim 512, got " +
               std::to_string(d.head_dim));
@@ -352,12 +370,13 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
   require(smem <= kMaxDynamicSmem, ErrorKind::Unsupported,
           "the tensor-core attention backward needs " + std::to_string(smem) +
               " bytes of shared memory for " + std::to_string(max_keys) + " keys per query");
-  allow_dynamic_smem(attention_backward_mma_kernel, smem, "the tensor-core attention backward");
+  auto kernel = chunk.scratch ? attention_backward_mma_kernel<true> : attention_backward_mma_kernel<false>;
+  allow_dynamic_smem(kernel, smem, "the tensor-core attention backward");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
-  const long blocks = static_cast<long>(d.rows) * head_blocks;
-  attention_backward_mma_kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+  const long blocks = static_cast<long>(rows) * head_blocks;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
       d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part,
-      head_blocks);
+      head_blocks, chunk);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

@@ -35,9 +35,5 @@ __device__ __forceinline__ int build_key_list(const LayerDims& d, const DeviceMe
   return *shared_count;
 }
 
-// Most keys any query can have (window + top-k, or window + the longest segment's entries).
-__host__ __device__ __forceinline__ int max_keys_per_query(const LayerDims& d) {
-  return d.window + (d.ratio == 4 ? d.topk : (d.ratio > 1 ? d.max_seg_len / d.ratio : 0));
-}
 
 }  // namespace csattn::cuda

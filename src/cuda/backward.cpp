@@ -1,9 +1,12 @@
 #include "cuda/backward.hpp"
 
+#include <algorithm>
+
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/ordered_scatter.hpp"
 
 namespace csattn::cuda {
 
@@ -30,6 +33,13 @@ void compressed_rows_grad(const ForwardParams& f, bf16* v, int n, bool hadamard,
   a.rope_dim = f.dims.rope_dim;
   a.rope_sign = -1;
   launch_norm_rope(a, stream);
+}
+
+// Rows per deterministic chunk: as many as the scratch holds (plan_backward sized it).
+int deterministic_chunk_rows(const BackwardBuffers& b, int rows, int slots, int width) {
+  require(b.det_scratch != nullptr, ErrorKind::InvalidArgument,
+          "deterministic backward without its scratch (plan_backward(..., true))");
+  return scatter_chunk_rows(rows, slots, width, b.det_scratch_bytes);
 }
 
 IndexerLossArgs loss_args(const ForwardParams& f, const BackwardParams& b) {
@@ -83,8 +93,28 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
   CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkv_acc, 0, sizeof(float) * static_cast<std::size_t>(T) * D, stream));
   if (Nc > 0)
     CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dcomp_acc, 0, sizeof(float) * static_cast<std::size_t>(Nc) * D, stream));
-  launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, b.dattn,
-                            b.dq_acc, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
+  if (p.deterministic) {
+    // Row chunks write their key-gradient contributions to the scratch; the ordered scatter
+    // adds them per key row in row order (grad_chunk.hpp, ordered_scatter.hpp).
+    const int copies = attention_backward_copies(d), slots = max_keys_per_query(d);
+    OrderedScatter os;
+    os.layout = SlotLayout::attention;
+    os.slots = slots;
+    os.width = D;
+    os.dst_window = b.dkv_acc;
+    os.dst_comp = b.dcomp_acc;
+    os.copies = copies;
+    const int chunk_rows = deterministic_chunk_rows(b, T, slots * copies, D);
+    for (int r0 = 0; r0 < T; r0 += chunk_rows) {
+      const GradChunk c{r0, std::min(chunk_rows, T - r0), b.det_scratch, slots, copies};
+      launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse,
+                                b.dattn, b.dq_acc, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream, c);
+      launch_ordered_scatter(d, f.meta, a.topk, os, c.r0, c.rows, b.det_scratch, stream);
+    }
+  } else {
+    launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, b.dattn,
+                              b.dq_acc, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
+  }
   launch_column_sum(b.dsink_part, T, H, g.sink, stream);
   st.mark("attention");
 
@@ -131,8 +161,24 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
   if (d.ratio == 4 && grad_scale != 0.0f) {
     const int HI = d.index_heads, DI = d.index_dim;
     CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkeys_acc, 0, sizeof(float) * static_cast<std::size_t>(Nc) * DI, stream));
-    launch_indexer_loss(d, f.meta, loss_args(f, p), b.loss_rows, b.loss, true, grad_scale, b.dqi,
-                        b.dweff, b.dkeys_acc, stream);
+    if (p.deterministic) {
+      IndexerLossArgs la = loss_args(f, p);
+      OrderedScatter os;
+      os.layout = la.sparse ? SlotLayout::loss_sparse : SlotLayout::loss_dense;
+      os.slots = la.sparse ? d.topk : std::max(1, d.max_seg_len / d.ratio);
+      os.width = DI;
+      os.dst_comp = b.dkeys_acc;
+      const int chunk_rows = deterministic_chunk_rows(b, T, os.slots, DI);
+      for (int r0 = 0; r0 < T; r0 += chunk_rows) {
+        la.chunk = GradChunk{r0, std::min(chunk_rows, T - r0), b.det_scratch, os.slots, 1};
+        launch_indexer_loss(d, f.meta, la, b.loss_rows, b.loss, true, grad_scale, b.dqi, b.dweff,
+                            b.dkeys_acc, stream);
+        launch_ordered_scatter(d, f.meta, a.topk, os, r0, la.chunk.rows, b.det_scratch, stream);
+      }
+    } else {
+      launch_indexer_loss(d, f.meta, loss_args(f, p), b.loss_rows, b.loss, true, grad_scale, b.dqi,
+                          b.dweff, b.dkeys_acc, stream);
+    }
     st.mark("indexer loss");
     // qI: Hadamard then RoPE^T per head, then the weight gradient of wq_b.
     NormRopeArgs had = token_rows_args(d, w, f.meta, b.dqi, b.dqi, T * HI, DI, HI);

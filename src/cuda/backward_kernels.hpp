@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/backward_params.hpp"
+#include "cuda/grad_chunk.hpp"
 #include "cuda/params.hpp"
 
 namespace csattn::cuda {
@@ -22,14 +23,19 @@ void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, c
                                const bf16* kv, const bf16* comp, const float* sink,
                                const std::int32_t* topk, const bf16* out, const float* lse,
                                const bf16* dout, float* dq_acc, float* dkv_acc,
-                               float* dcomp_acc, float* dsink_part, cudaStream_t stream);
+                               float* dcomp_acc, float* dsink_part, cudaStream_t stream,
+                               const GradChunk& chunk = {});
+// How many contributions per (row, slot) the kernel launch_attention_backward picks writes in
+// deterministic mode (its head blocks: 1 for the baseline).
+int attention_backward_copies(const LayerDims& d);
 // The CUDA-core baseline (any head_dim up to 1024), the reference of the tensor-core kernel.
 void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata& meta,
                                         const bf16* q, const bf16* kv, const bf16* comp,
                                         const float* sink, const std::int32_t* topk,
                                         const bf16* out, const float* lse, const bf16* dout,
                                         float* dq_acc, float* dkv_acc, float* dcomp_acc,
-                                        float* dsink_part, cudaStream_t stream);
+                                        float* dsink_part, cudaStream_t stream,
+                                        const GradChunk& chunk = {});
 // The tensor-core kernel (attention_backward_mma.cu): head_dim 512 and a key list that fits
 // its shared memory; same contract.
 bool attention_backward_mma_supported(const LayerDims& d);
@@ -37,7 +43,8 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
                                    const bf16* kv, const bf16* comp, const float* sink,
                                    const std::int32_t* topk, const bf16* out, const float* lse,
                                    const bf16* dout, float* dq_acc, float* dkv_acc,
-                                   float* dcomp_acc, float* dsink_part, cudaStream_t stream);
+                                   float* dcomp_acc, float* dsink_part, cudaStream_t stream,
+                                   const GradChunk& chunk = {});
 
 // dst[i] (+)= sum over rows of part[row, i] in row order (deterministic).
 void launch_column_sum(const float* part, int rows, int cols, float* dst, cudaStream_t stream);
@@ -66,6 +73,9 @@ struct IndexerLossArgs {
   const float* lse = nullptr;
   bool sparse = true;
   float scale = 0.0f;            // lambda / N_real_rows (or lambda per token)
+  // The rows of this launch and, deterministic mode, the key-gradient scratch (slots: the
+  // candidates of a row, d.topk sparse or max_seg_len / ratio dense).
+  GradChunk chunk;
 };
 // Which kernel computes the rows: automatic = the tensor-core one where supported, unless
 // CSATTN_INDEXER_LOSS=baseline (the CUDA-core reference; tests name one explicitly).

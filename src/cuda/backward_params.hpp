@@ -37,6 +37,10 @@ struct BackwardBuffers {
   float* dkeys_acc = nullptr;  // [Nc, D_I]
   float* loss_rows = nullptr;  // [T] per-row KL
   float* loss = nullptr;       // [1] reduced loss
+  // Deterministic mode: per-(row, copy, slot) key-gradient contributions of one row chunk
+  // (grad_chunk.hpp); null and 0 in fast mode.
+  float* det_scratch = nullptr;
+  std::size_t det_scratch_bytes = 0;
 };
 
 }  // namespace csattn::cuda

@@ -9,6 +9,7 @@
 #include "core/rope_table.hpp"
 #include "cuda/check.hpp"
 #include "cuda/backward.hpp"
+#include "cuda/backward_kernels.hpp"
 #include "cuda/forward.hpp"
 #include "cuda/workspace.hpp"
 
@@ -202,7 +203,7 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
                  : real_rows > 0   ? static_cast<float>(c.loss_coeff / static_cast<double>(real_rows))
                                    : 0.0f;
   // The backward's allocation also holds the per-row loss, so size it now (outside the run).
-  s.grad_plan = plan_backward(c, p.dims);
+  s.grad_plan = plan_backward(c, p.dims, s.deterministic);
   if (s.grad_plan.bytes > s.grad_capacity) {
     if (s.grad_workspace) CSATTN_CUDA_CHECK(cudaFree(s.grad_workspace));
     s.grad_workspace = nullptr;
@@ -249,6 +250,12 @@ LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer
   const ForwardParams& f = s.last;
   const int T = f.dims.rows;
   auto* gbase = static_cast<unsigned char*>(s.grad_workspace);
+  require(!(s.deterministic && c.has_indexer() && c.loss_coeff > 0.0 && grad_indexer_loss != 0.0f) ||
+              indexer_loss_mma_supported(f.dims),
+          ErrorKind::Unsupported,
+          "deterministic backward: the indexer loss gradient needs the tensor-core loss kernel "
+          "(head_dim 512, index_head_dim 128, at most 64 heads and 64 index heads); use the "
+          "fast (atomic) backward for this shape");
   BackwardParams bp;
   bp.buf = s.grad_plan.buffers(s.grad_workspace);
   bp.grad = s.grad_plan.gradients(s.grad_workspace);

@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ float scal[2];  // tsum, ilse
 
   const int H = d.heads, HI = d.index_heads;
-  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int t = a.chunk.r0 + static_cast<int>(blockIdx.x), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wr = warp & 3, hh = warp >> 2, g = lane >> 2, qd = lane & 3;
   const int b = meta.row_segment[t], pos = meta.row_position[t];
   const int vis = meta.row_is_padding[t]
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int seg_start = meta.cu_padded[b];
   const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
   const float scale2 = d.scale * kLog2e;
-  const KeyGradSink sink_out{dkeys_acc, kIdxDim};
+  const KeyGradSink sink_out{dkeys_acc, kIdxDim, a.chunk.scratch, a.chunk.r0, a.chunk.slots};
   const int row0 = 16 * wr + g, row1 = row0 + 8;  // this lane's head rows (teacher and index)
 
   // Per-lane state across tiles.
@@ -556,7 +556,9 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
           "and 64 index heads");
   const std::size_t smem = mma_smem_bytes(d, a.sparse);
   allow_dynamic_smem(indexer_loss_mma_kernel, smem, "the tensor-core indexer loss");
-  indexer_loss_mma_kernel<<<d.rows, kThreads, smem, stream>>>(d, meta, a, loss_rows, grads,
+  const int rows = a.chunk.launch_rows(d.rows);
+  if (rows <= 0) return;
+  indexer_loss_mma_kernel<<<rows, kThreads, smem, stream>>>(d, meta, a, loss_rows, grads,
                                                               grad_scale, dqi, dweff, dkeys_acc);
   CSATTN_CUDA_LAUNCH_CHECK();
 }

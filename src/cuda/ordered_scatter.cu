@@ -30,27 +30,29 @@ __device__ __forceinline__ int find_in_topk(const std::int32_t* sel, int K, int 
 
 template <int kVec>  // float4s per lane: width = 128 * kVec
 __device__ __forceinline__ void add_found(unsigned found, int slot, int base, int r0, int slots,
-                                          const float* scratch, float4 (&acc)[kVec]) {
+                                          int copies, const float* scratch, float4 (&acc)[kVec]) {
   const int lane = threadIdx.x & 31;
   while (found) {
     const int src = __ffs(found) - 1;  // ascending rows
     found &= found - 1;
     const int s = __shfl_sync(0xffffffffu, slot, src);
-    const long off = (static_cast<long>(base + src - r0) * slots + s) * (128 * kVec);
-    const float4* row = reinterpret_cast<const float4*>(scratch + off);
+    for (int c = 0; c < copies; ++c) {
+      const long off = ((static_cast<long>(base + src - r0) * copies + c) * slots + s) * (128 * kVec);
+      const float4* row = reinterpret_cast<const float4*>(scratch + off);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const float4 v = row[lane + 32 * i];
-      acc[i].x += v.x;
-      acc[i].y += v.y;
-      acc[i].z += v.z;
-      acc[i].w += v.w;
+      for (int i = 0; i < kVec; ++i) {
+        const float4 v = row[lane + 32 * i];
+        acc[i].x += v.x;
+        acc[i].y += v.y;
+        acc[i].z += v.z;
+        acc[i].w += v.w;
+      }
     }
   }
 }
 
 template <int kVec>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     ordered_scatter_kernel(LayerDims d, DeviceMetadata meta, const std::int32_t* topk,
                            OrderedScatter s, int r0, int rows, int window_lo, int window_targets,
                            const float* scratch) {
@@ -78,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       const unsigned found = __ballot_sync(0xffffffffu, slot >= 0);
       any |= found != 0u;
-      add_found<kVec>(found, slot, base, r0, s.slots, scratch, acc);
+      add_found<kVec>(found, slot, base, r0, s.slots, s.copies, scratch, acc);
     }
   } else {
     // A compressed row c = comp_start[b] + j: rows of segment b that selected / see entry j.
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       const unsigned found = __ballot_sync(0xffffffffu, slot >= 0);
       any |= found != 0u;
-      add_found<kVec>(found, slot, base, r0, s.slots, scratch, acc);
+      add_found<kVec>(found, slot, base, r0, s.slots, s.copies, scratch, acc);
     }
   }
   if (!any) return;

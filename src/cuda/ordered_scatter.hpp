@@ -31,9 +31,12 @@ struct OrderedScatter {
   int width = 0;   // floats per contribution: a multiple of 128
   float* dst_window = nullptr;  // [T, width] raw key rows (attention only)
   float* dst_comp = nullptr;    // [Nc, width] compressed rows
+  int copies = 1;  // contributions per (row, slot), summed in order: scratch rows
+                   // ((r - r0) * copies + c) * slots + slot (the attention's head blocks)
 };
 
-// Rows per chunk so that the scratch stays within `budget_bytes` (at least 1).
+// Rows per chunk so that the scratch ([rows, slots, width] fp32) stays within `budget_bytes`
+// (at least 1).
 int scatter_chunk_rows(int rows, int slots, int width, std::size_t budget_bytes);
 
 // Adds the contributions of rows [r0, r0 + rows) (scratch as described above).

@@ -26,6 +26,11 @@ struct LayerDims {
   float scale = 0.0f;    // D^-1/2
 };
 
+// Most keys any query can have (window + top-k, or window + the longest segment's entries).
+__host__ __device__ inline int max_keys_per_query(const LayerDims& d) {
+  return d.window + (d.ratio == 4 ? d.topk : (d.ratio > 1 ? d.max_seg_len / d.ratio : 0));
+}
+
 struct DeviceWeights {
   const bf16 *wq_a = nullptr, *q_norm = nullptr, *wq_b = nullptr, *wkv = nullptr,
              *kv_norm = nullptr, *wo_a = nullptr, *wo_b = nullptr;

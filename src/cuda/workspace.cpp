@@ -90,7 +90,7 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
   return p;
 }
 
-BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d) {
+BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool deterministic) {
   BackwardPlan p;
   const std::size_t T = static_cast<std::size_t>(d.rows), Nc = static_cast<std::size_t>(d.comp_capacity);
   const std::size_t bf = sizeof(bf16), f32 = sizeof(float);
@@ -128,6 +128,20 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d) {
   p.dkeys_acc = take(Nc * DI * f32);
   p.loss_rows = take(T * f32);
   p.loss = take(f32);
+  if (deterministic) {
+    // The largest per-row need: the attention's (every slot of every head block, D wide) or
+    // the loss's (its candidates, D_I wide); chunks of rows share the scratch in turn.
+    const std::size_t slots = static_cast<std::size_t>(max_keys_per_query(d));
+    const std::size_t copies = static_cast<std::size_t>((d.heads + 63) / 64);
+    std::size_t per_row = slots * copies * d.head_dim * f32;
+    if (d.ratio == 4) {
+      const std::size_t cands = static_cast<std::size_t>(std::max(d.topk, d.max_seg_len / d.ratio));
+      per_row = std::max(per_row, cands * DI * f32);
+    }
+    p.det_scratch_bytes = std::min(per_row * std::max<std::size_t>(T, 1),
+                                   std::max(per_row, BackwardPlan::kDeterministicScratchBytes));
+    p.det_scratch = take(p.det_scratch_bytes);
+  }
   p.grads_offset = at;
   for (const ParamInfo& prm : layer_params(cfg)) {
     const std::size_t off = take(static_cast<std::size_t>(shape_numel(prm.shape)) * f32);
@@ -221,6 +235,8 @@ BackwardBuffers BackwardPlan::buffers(void* base) const {
   b.dcomp_acc = at<float>(base, dcomp_acc);
   b.dsink_part = at<float>(base, dsink_part);
   b.dkv = at<bf16>(base, dkv);
+  b.det_scratch = det_scratch_bytes ? at<float>(base, det_scratch) : nullptr;
+  b.det_scratch_bytes = det_scratch_bytes;
   b.dnormed = at<bf16>(base, dnormed);
   b.dqb = at<bf16>(base, dqb);
   b.dcq = at<bf16>(base, dcq);

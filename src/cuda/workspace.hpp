@@ -40,13 +40,17 @@ struct BackwardPlan {
   std::size_t dy = 0, du = 0, dattn = 0, dq_acc = 0, dq = 0, dkv_acc = 0, dcomp_acc = 0,
               dsink_part = 0, dkv = 0, dnormed = 0, dqb = 0, dcq = 0, rstd = 0, dx = 0,
               dcomp = 0, dpooled = 0, da = 0, dg = 0, dqi = 0, dweff = 0, dwraw = 0,
-              dkeys_acc = 0, loss_rows = 0, loss = 0;
+              dkeys_acc = 0, loss_rows = 0, loss = 0, det_scratch = 0, det_scratch_bytes = 0;
+  static constexpr std::size_t kDeterministicScratchBytes = 256u << 20;
   std::size_t g_wq_a = 0, g_q_norm = 0, g_wq_b = 0, g_wkv = 0, g_kv_norm = 0, g_wo_a = 0,
               g_wo_b = 0, g_sink = 0, g_c_wkv = 0, g_c_wgate = 0, g_c_norm = 0, g_c_ape = 0,
               g_i_wq_b = 0, g_i_wproj = 0, g_ic_wkv = 0, g_ic_wgate = 0, g_ic_norm = 0,
               g_ic_ape = 0;
 };
-BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d);
+// deterministic: also a scratch for the fixed-order key-gradient sums (at most
+// kDeterministicScratchBytes, less when a whole batch needs less).
+BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d,
+                           bool deterministic = false);
 
 LayerDims make_dims(const AttentionConfig& cfg, int rows, int segments, int max_seg_len);
 WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, int max_seg_len);

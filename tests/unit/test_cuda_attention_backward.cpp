@@ -22,6 +22,7 @@
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/ordered_scatter.hpp"
 #include "cuda/workspace.hpp"
 
 namespace csattn {
@@ -192,13 +193,59 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
     auto launch = mma ? launch_attention_backward_mma : launch_attention_backward_baseline;
     launch(d, meta, q.as<bf16>(), kv.as<bf16>(), comp.as<bf16>(), sink.as<float>(),
            topk.as<std::int32_t>(), out.as<bf16>(), lse.as<float>(), dout.as<bf16>(),
-           dq.as<float>(), dkv.as<float>(), dcomp.as<float>(), dsink.as<float>(), nullptr);
+           dq.as<float>(), dkv.as<float>(), dcomp.as<float>(), dsink.as<float>(), nullptr,
+           GradChunk{});
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
     return Grads{download_f32(dq, rowsHD), download_f32(dkv, static_cast<std::size_t>(T) * D),
                  download_f32(dcomp, static_cast<std::size_t>(Nc) * D),
                  download_f32(dsink, static_cast<std::size_t>(T) * H)};
   };
   const Grads ref = run(false), got = run(true);
+
+  // Deterministic mode: row chunks write per-(row, head block, slot) contributions to a
+  // NaN-poisoned scratch (a slot the kernel forgot stays NaN and poisons the sum), then the
+  // ordered scatter adds them per key row in row order.
+  auto run_deterministic = [&](bool mma, int chunk_rows) {
+    CSATTN_CUDA_CHECK(cudaMemset(dq.as<void>(), 0xFF, dq.bytes()));
+    CSATTN_CUDA_CHECK(cudaMemset(dsink.as<void>(), 0xFF, dsink.bytes()));
+    CSATTN_CUDA_CHECK(cudaMemset(dkv.as<void>(), 0, dkv.bytes()));
+    CSATTN_CUDA_CHECK(cudaMemset(dcomp.as<void>(), 0, dcomp.bytes()));
+    const int copies = mma ? (H + 63) / 64 : 1, slots = max_keys_per_query(d);
+    DeviceBuffer scratch(sizeof(float) * static_cast<std::size_t>(chunk_rows) * copies * slots * D);
+    CSATTN_CUDA_CHECK(cudaMemset(scratch.as<void>(), 0xFF, scratch.bytes()));
+    OrderedScatter os;
+    os.layout = SlotLayout::attention;
+    os.slots = slots;
+    os.width = D;
+    os.dst_window = dkv.as<float>();
+    os.dst_comp = dcomp.as<float>();
+    os.copies = copies;
+    auto launch = mma ? launch_attention_backward_mma : launch_attention_backward_baseline;
+    for (int r0 = 0; r0 < T; r0 += chunk_rows) {
+      const GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.as<float>(), slots, copies};
+      launch(d, meta, q.as<bf16>(), kv.as<bf16>(), comp.as<bf16>(), sink.as<float>(),
+             topk.as<std::int32_t>(), out.as<bf16>(), lse.as<float>(), dout.as<bf16>(),
+             dq.as<float>(), dkv.as<float>(), dcomp.as<float>(), dsink.as<float>(), nullptr, chunk);
+      launch_ordered_scatter(d, meta, topk.as<std::int32_t>(), os, chunk.r0, chunk.rows, scratch.as<float>(),
+                             nullptr);
+    }
+    CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    return Grads{download_f32(dq, rowsHD), download_f32(dkv, static_cast<std::size_t>(T) * D),
+                 download_f32(dcomp, static_cast<std::size_t>(Nc) * D),
+                 download_f32(dsink, static_cast<std::size_t>(T) * H)};
+  };
+  for (bool mma : {true, false}) {
+    SCOPED_TRACE(mma ? "deterministic tensor-core kernel" : "deterministic baseline kernel");
+    const Grads a = run_deterministic(mma, 37), b = run_deterministic(mma, 37);
+    const Grads& fast = mma ? got : ref;
+    expect_close(a.dq, fast.dq, "dq");
+    expect_close(a.dkv, fast.dkv, "dkv");
+    expect_close(a.dcomp, fast.dcomp, "dcomp");
+    expect_close(a.dsink, fast.dsink, "dsink");
+    EXPECT_EQ(a.dkv, b.dkv) << "dkv is not bitwise repeatable";
+    EXPECT_EQ(a.dcomp, b.dcomp) << "dcomp is not bitwise repeatable";
+    EXPECT_EQ(a.dq, b.dq) << "dq is not bitwise repeatable";
+  }
   expect_close(got.dq, ref.dq, "dq");
   expect_close(got.dkv, ref.dkv, "dkv");
   expect_close(got.dcomp, ref.dcomp, "dcomp");
