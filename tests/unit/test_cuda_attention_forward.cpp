@@ -263,26 +263,30 @@ class DeviceProblem {
   }
 
   Result run(Kernel k) {
+    const bf16* q = reinterpret_cast<const bf16*>(q_.ptr);
+    const bf16* kv = reinterpret_cast<const bf16*>(kv_.ptr);
+    const bf16* comp = reinterpret_cast<const bf16*>(comp_.ptr);
+    bf16* out = reinterpret_cast<bf16*>(out_.ptr);
     out_.poison();
     lse_.poison();
     const LayerDims& d = p_.d;
     const std::int32_t* topk = p_.topk.empty() ? nullptr : topk_.ptr;
     switch (k) {
       case Kernel::wgmma:
-        cuda::launch_sparse_attention_wgmma(d, meta_dev_, q_.ptr, kv_.ptr, comp_.ptr, sink_.ptr,
-                                            topk, out_.ptr, lse_.ptr, nullptr);
+        cuda::launch_sparse_attention_wgmma(d, meta_dev_, q, kv, comp, sink_.ptr, topk, out,
+                                            lse_.ptr, nullptr);
         break;
       case Kernel::mma:
-        cuda::launch_sparse_attention_mma(d, meta_dev_, q_.ptr, kv_.ptr, comp_.ptr, sink_.ptr,
-                                          topk, out_.ptr, lse_.ptr, nullptr);
+        cuda::launch_sparse_attention_mma(d, meta_dev_, q, kv, comp, sink_.ptr, topk, out,
+                                          lse_.ptr, nullptr);
         break;
       case Kernel::baseline:
-        cuda::launch_sparse_attention_baseline(d, meta_dev_, q_.ptr, kv_.ptr, comp_.ptr,
-                                               sink_.ptr, topk, out_.ptr, lse_.ptr, nullptr);
+        cuda::launch_sparse_attention_baseline(d, meta_dev_, q, kv, comp, sink_.ptr, topk, out,
+                                               lse_.ptr, nullptr);
         break;
       case Kernel::dispatch:
-        cuda::launch_sparse_attention(d, meta_dev_, q_.ptr, kv_.ptr, comp_.ptr, sink_.ptr, topk,
-                                      out_.ptr, lse_.ptr, nullptr);
+        cuda::launch_sparse_attention(d, meta_dev_, q, kv, comp, sink_.ptr, topk, out, lse_.ptr,
+                                      nullptr);
         break;
     }
     CUDA_OK(cudaGetLastError());
@@ -343,6 +347,10 @@ void expect_close(const char* what, const Result& a, const std::vector<Ref>& ref
   EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), rel_l2) << what;
 }
 
+std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& param) {
+  return param.param.name;
+}
+
 class CudaAttentionForward : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(CudaAttentionForward, WgmmaMatchesReferenceMmaAndBaseline) {
@@ -399,7 +407,7 @@ INSTANTIATE_TEST_SUITE_P(
         // SWA: rows with 1..128 keys (fewer than a 64-key tile, one tile, two tiles).
         AttnCase{"SWA_H64", 64, 1, 128, 0, {5, 1, 77, 203, 130}, 210, 0, false},
         AttnCase{"SWA_H8", 8, 1, 128, 0, {200}, 210, 0, false}),
-    [](const ::testing::TestParamInfo<AttnCase>& info) { return info.param.name; });
+    attn_case_name);
 
 }  // namespace
 }  // namespace csattn
