@@ -1,11 +1,15 @@
 // Warp-specialised wgmma sparse attention for head_dim 512 (Hopper, sm_90a); the contract of
 // launch_sparse_attention (kernels.hpp), checked against sparse_attention_mma.cu.
 //
-// One CTA per (query token, block of 64 heads): the heads of a token share one K=V head, so
-// each gathered 64-key tile serves all 64 head rows. Three warpgroups:
-//   WG0, producer (40 registers): gathers key tiles (window rows contiguous, compressed rows
-//     by id) with 16-byte cp.async into a 2-stage ring, completion signalled on the stage's
-//     `full` mbarrier (cp.async.mbarrier.arrive.noinc); it waits on `empty` before reuse.
+// Work item = (query token, block of 64 heads): the heads of a token share one K=V head, so
+// each gathered 64-key tile serves all 64 head rows. Persistent grid (one CTA per SM walks the
+// items with stride gridDim.x). Three warpgroups:
+//   WG0, producer (40 registers): builds each item's key list (CSA: compacts the top-k row),
+//     gathers its key tiles (window rows contiguous, compressed rows by id) with 16-byte
+//     cp.async into a 2-stage ring, completion signalled on the stage's `full` mbarrier
+//     (cp.async.mbarrier.arrive.noinc); it waits on `empty` before reuse. It loads the item's Q
+//     (q_full) once the consumers' last S of the previous item has read Q (q_empty), so the
+//     next item's set-up overlaps the current item's last tiles and epilogue.
 //   WG1, WG2, consumers c = 0, 1 (232 registers): consumer c computes S for keys
 //     [32c, 32c + 32) of the tile over all 512 dims (32 x wgmma m64n32k16, A = Q, B = K tile,
 //     both K-major), and owns output dims [256c, 256c + 256) (O: 64 x 256 fp32 = 128
@@ -15,7 +19,7 @@
 //     read MN-major: V = K, its rows are keys = the reduction dim, dims contiguous = N).
 // Shared memory (1024-byte aligned, every operand in 128-byte-swizzle atoms, see wgmma.cuh):
 //   Q [64 x 512] 64 KB | 2 key stages [64 x 512] 128 KB | P [64 x 64] 8 KB | barriers, row
-//   maxima / sums | CSA: the compacted top-k ids of the row.
+//   maxima / sums, key counts | CSA: the compacted top-k ids of the producer's item.
 // A [R x 512] tile (R = 64 rows) is 8 column blocks of [R x 64 dims] (R x 128 bytes), row r at
 // r * 128, 16-byte chunk c at c ^ (r % 8). K-major operands (Q, keys for S, P) step 8 rows by
 // SBO = 1024; the MN-major V operand steps 8 keys by SBO = 1024 and 64 dims by LBO = 8 KB.
@@ -24,6 +28,7 @@
 // logit, its exp counted once per row), slots past the key list -inf, LSE natural-log with the
 // sink. Key order is the mma kernel's (window, then compressed: HCA all visible, CSA the valid
 // top-k ids in the order given). Head rows past H are zero and never written.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -54,11 +59,12 @@ constexpr int kTileBytes = (kDim / 64) * kBlockBytes;  // [64 x 512] bf16 = 64 K
 constexpr int kQOff = 0;
 constexpr int kKOff = kQOff + kTileBytes;
 constexpr int kPOff = kKOff + kStages * kTileBytes;
-constexpr int kBarOff = kPOff + kBlockBytes;                 // full[2], empty[2]
-constexpr int kMaxOff = kBarOff + 2 * kStages * 8;           // row maxima [2][64]
+constexpr int kBarOff = kPOff + kBlockBytes;         // full[2], empty[2], q_full, q_empty
+constexpr int kMaxOff = kBarOff + (2 * kStages + 2) * 8;     // row maxima [2][64]
 constexpr int kSumOff = kMaxOff + 2 * kRows * 4;             // row sums [2][64]
-constexpr int kCountOff = kSumOff + 2 * kRows * 4;           // per-warp counts [12]
-constexpr int kSelOff = kCountOff + (kThreads / 32) * 4;     // CSA ids [topk]
+constexpr int kCountOff = kSumOff + 2 * kRows * 4;           // producer warp counts [4]
+constexpr int kItemOff = kCountOff + (kProducerThreads / 32) * 4;  // key counts [2]
+constexpr int kSelOff = kItemOff + 2 * 4;                    // CSA ids [topk]
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -73,46 +79,53 @@ std::size_t wgmma_smem_bytes(const LayerDims& d) {
   return 1024 + kSelOff + (d.ratio == 4 ? sizeof(int) * static_cast<std::size_t>(d.topk) : 0);
 }
 
-// The valid (>= 0) entries of a top-k row in their order, written to `out`; all threads of the
-// block call it. Loads are batched so the row costs one global round trip per 4 x 384 ids.
+// The valid (>= 0) entries of a top-k row in their order, written to `out`; called by the
+// producer warpgroup (named barrier kProducerBar). Loads are batched: one global round trip
+// per 4 x 128 ids.
+constexpr int kProducerBar = 5;
 __device__ int compact_selection(const std::int32_t* sel, int K, int* out, int* warp_count) {
   constexpr int kBatch = 4;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int total = 0;
-  for (int base = 0; base < K; base += kBatch * kThreads) {
+  for (int base = 0; base < K; base += kBatch * kProducerThreads) {
     int v[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const int k = base + j * kThreads + tid;
+      const int k = base + j * kProducerThreads + tid;
       v[j] = k < K ? sel[k] : -1;
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      if (base + j * kThreads >= K) break;  // uniform across the block
+      if (base + j * kProducerThreads >= K) break;  // uniform across the warpgroup
       const bool ok = v[j] >= 0;
       const unsigned ballot = __ballot_sync(0xffffffffu, ok);
       if (lane == 0) warp_count[warp] = __popc(ballot);
-      __syncthreads();
+      named_barrier_sync(kProducerBar, kProducerThreads);
       int before = 0, all = 0;
 #pragma unroll
-      for (int w = 0; w < kThreads / 32; ++w) {
+      for (int w = 0; w < kProducerThreads / 32; ++w) {
         const int c = warp_count[w];
         before += w < warp ? c : 0;
         all += c;
       }
       if (ok) out[total + before + __popc(ballot & ((1u << lane) - 1u))] = v[j];
       total += all;
-      __syncthreads();  // warp_count is rewritten next
+      named_barrier_sync(kProducerBar, kProducerThreads);  // warp_count is rewritten next
     }
   }
   return total;
 }
 
+// Persistent: CTA i handles work items i, i + gridDim.x, ... (item = token * head_blocks +
+// head block). The producer runs ahead across items: it builds the next item's key list and
+// streams its tiles into the same ring while the consumers finish the current item, and loads
+// the next Q as soon as the consumers' last S of the current item has read Q (q_empty), so a
+// CTA's set-up latency (metadata, top-k compaction, Q, first tiles) hides behind compute.
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
                                   const std::int32_t* topk, bf16* out, float* lse,
-                                  int head_blocks) {
+                                  int head_blocks, int items) {
   extern __shared__ unsigned char smem_raw[];
   // wgmma's 128B swizzle is anchored at 1024-byte boundaries (descriptor base offset 0).
   const std::uint32_t raw = smem_addr(smem_raw);
@@ -121,75 +134,94 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* row_max = reinterpret_cast<float*>(smem + kMaxOff);
   float* row_sum = reinterpret_cast<float*>(smem + kSumOff);
   int* warp_count = reinterpret_cast<int*>(smem + kCountOff);
+  int* item_keys = reinterpret_cast<int*>(smem + kItemOff);  // key count per item, [2]
   int* sel_s = reinterpret_cast<int*>(smem + kSelOff);
   auto full_bar = [&](int s) { return base + kBarOff + 8u * s; };
   auto empty_bar = [&](int s) { return base + kBarOff + 8u * (kStages + s); };
+  const std::uint32_t q_full_bar = base + kBarOff + 8u * (2 * kStages);
+  const std::uint32_t q_empty_bar = q_full_bar + 8u;
 
   const int H = d.heads;
-  const int t = blockIdx.x / head_blocks, h0 = (blockIdx.x % head_blocks) * kRows;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-  // Q rows h0..h0+63 by the consumers' threads, in flight while the key list is built.
-  if (tid >= kProducerThreads) {
-    for (int i = tid - kProducerThreads; i < kRows * 64; i += kConsumerThreads) {
-      const int r = i >> 6, c = i & 63;
-      if (h0 + r < H)
-        cp_async_16(base + kQOff + tile_off(r, c),
-                    q + (static_cast<long>(t) * H + h0 + r) * kDim + c * 8);
-      else
-        *reinterpret_cast<uint4*>(smem + kQOff + tile_off(r, c)) = make_uint4(0u, 0u, 0u, 0u);
-    }
-    cp_async_commit();
-  }
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar(s), kProducerThreads);          // one cp.async arrival per thread
       mbar_init(empty_bar(s), kConsumerThreads / 32);    // one arrival per consumer warp
     }
+    mbar_init(q_full_bar, kProducerThreads + 1);  // cp.async arrivals + the key count's
+    mbar_init(q_empty_bar, kConsumerThreads / 32);
     mbar_init_fence();
   }
-
-  // The key list (same order as build_key_list): window rows, then compressed rows.
-  const int b = meta.row_segment[t], pos = meta.row_position[t];
-  const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
-  const int comp0 = meta.comp_start[b];
-  const bool csa = d.ratio == 4;
-  int n_comp;
-  if (csa)
-    n_comp = compact_selection(topk + static_cast<long>(t) * d.topk, d.topk, sel_s, warp_count);
-  else
-    n_comp = d.ratio > 1 ? min((pos + 1) / d.ratio, meta.comp_start[b + 1] - comp0) : 0;
-  const int n = n_win + n_comp;
-  const int tiles = (n + kKeys - 1) / kKeys;
-  __syncthreads();  // barriers initialised, sel_s complete
+  __syncthreads();
 
   if (warp < kProducerThreads / 32) {
-    // ---------------- producer: gather key tiles ----------------
+    // ---------------- producer: key lists, Q, key tiles ----------------
     setmaxnreg_dec<kProducerRegs>();
-    const bf16* win_base = kv + (static_cast<long>(meta.cu_padded[b]) + w0) * kDim;
-    const bf16* comp_base = comp + static_cast<long>(comp0) * kDim;
-    auto key_row = [&](int slot) -> const bf16* {
-      if (slot >= n) slot = 0;  // past the list: a real row (finite), masked by the consumers
-      if (slot < n_win) return win_base + static_cast<long>(slot) * kDim;
-      const int j = slot - n_win;
-      return comp_base + static_cast<long>(csa ? sel_s[j] : j) * kDim;
-    };
-    for (int tile = 0; tile < tiles; ++tile) {
-      const int s = tile % kStages;
-      mbar_wait(empty_bar(s), ((tile / kStages) & 1) ^ 1);
-      // Warp w gathers rows 16w..16w+15; lane j < 16 resolves row 16w + j.
-      const bf16* mine = key_row(tile * kKeys + warp * 16 + (lane & 15));
-      const std::uint32_t dst = base + kKOff + s * kTileBytes;
+    const bool csa = d.ratio == 4;
+    int ring = 0;  // tiles issued so far (ring slot and phase)
+    int local = 0;
+    for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
+      const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
+      // The key list (same order as build_key_list): window rows, then compressed rows.
+      const int b = meta.row_segment[t], pos = meta.row_position[t];
+      const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
+      const int comp0 = meta.comp_start[b];
+      int n_comp;
+      if (csa)
+        n_comp = compact_selection(topk + static_cast<long>(t) * d.topk, d.topk, sel_s, warp_count);
+      else
+        n_comp = d.ratio > 1 ? min((pos + 1) / d.ratio, meta.comp_start[b + 1] - comp0) : 0;
+      const int n = n_win + n_comp;
+      const int tiles = (n + kKeys - 1) / kKeys;
+      const bf16* win_base = kv + (static_cast<long>(meta.cu_padded[b]) + w0) * kDim;
+      const bf16* comp_base = comp + static_cast<long>(comp0) * kDim;
+
+      // Q of this item once the consumers' S no longer reads the previous one (issued after
+      // this item's first tile, so that tile's gather overlaps the wait); rows past H are
+      // zero-filled by the copy itself (source size 0).
+      auto load_q = [&]() {
+        mbar_wait(q_empty_bar, (local & 1) ^ 1);
+        for (int i = tid; i < kRows * 64; i += kProducerThreads) {
+          const int r = i >> 6, c = i & 63;
+          const bool real = h0 + r < H;
+          cp_async_16_zfill(base + kQOff + tile_off(r, c),
+                            q + (static_cast<long>(t) * H + (real ? h0 + r : 0)) * kDim + c * 8,
+                            real);
+        }
+        cp_async_mbar_arrive(q_full_bar);
+        if (tid == 0) {
+          item_keys[local & 1] = n;
+          mbar_arrive(q_full_bar);  // release: the key count is visible with the phase
+        }
+      };
+      if (tiles == 0) load_q();
+      auto key_row = [&](int slot) -> const bf16* {
+        if (slot >= n) slot = 0;  // past the list: a real row (finite), masked by the consumers
+        if (slot < n_win) return win_base + static_cast<long>(slot) * kDim;
+        const int j = slot - n_win;
+        return comp_base + static_cast<long>(csa ? sel_s[j] : j) * kDim;
+      };
+      for (int tile = 0; tile < tiles; ++tile, ++ring) {
+        const int s = ring % kStages;
+        mbar_wait(empty_bar(s), ((ring / kStages) & 1) ^ 1);
+        // Warp w gathers rows 16w..16w+15; lane j < 16 resolves row 16w + j.
+        const bf16* mine = key_row(tile * kKeys + warp * 16 + (lane & 15));
+        const std::uint32_t dst = base + kKOff + s * kTileBytes;
 #pragma unroll 4
-      for (int j = 0; j < 16; ++j) {
-        const bf16* src = reinterpret_cast<const bf16*>(
-            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), j));
-        const int r = warp * 16 + j;
-        // 32 lanes x 16 bytes = 512 contiguous bytes of the row per instruction.
-        cp_async_16(dst + tile_off(r, lane), src + lane * 8);
-        cp_async_16(dst + tile_off(r, lane + 32), src + (lane + 32) * 8);
+        for (int j = 0; j < 16; ++j) {
+          const bf16* src = reinterpret_cast<const bf16*>(
+              __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), j));
+          const int r = warp * 16 + j;
+          // 32 lanes x 16 bytes = 512 contiguous bytes of the row per instruction.
+          cp_async_16(dst + tile_off(r, lane), src + lane * 8);
+          cp_async_16(dst + tile_off(r, lane + 32), src + (lane + 32) * 8);
+        }
+        cp_async_mbar_arrive(full_bar(s));
+        if (tile == 0) load_q();
       }
-      cp_async_mbar_arrive(full_bar(s));
+      // sel_s is rewritten by the next item's compaction only after every lane of the
+      // warpgroup resolved its rows of this item.
+      named_barrier_sync(kProducerBar, kProducerThreads);
     }
     cp_async_wait_all();
   } else {
@@ -198,144 +230,154 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int c = warp / 4 - 1;           // consumer index: keys [32c, 32c+32), dims [256c, +256)
     const int g = lane >> 2, qd = lane & 3;
     const int row0 = 16 * (warp & 3) + g, row1 = row0 + 8;
-    cp_async_wait_all();       // this thread's Q chunks
-    fence_proxy_async_smem();  // generic-proxy writes (cp.async, zero rows) -> wgmma
-    named_barrier_sync(1, kConsumerThreads);
-
     const float scale2 = d.scale * kLog2e;
-    float m_run[2] = {(h0 + row0 < H ? sink[h0 + row0] : 0.0f) * kLog2e,
-                      (h0 + row1 < H ? sink[h0 + row1] : 0.0f) * kLog2e};
-    // The sink's exp(sigma - m) = 1 with m = sigma, counted by one thread of the row.
-    float l_part[2] = {c == 0 && qd == 0 ? 1.0f : 0.0f, c == 0 && qd == 0 ? 1.0f : 0.0f};
-    float o[128];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
     const std::uint32_t q_base = base + kQOff, p_base = base + kPOff;
+    unsigned char* p_s = smem + kPOff;
+    int ring = 0;
+    int local = 0;
+    for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
+      const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
+      mbar_wait(q_full_bar, local & 1);
+      fence_proxy_async_smem();  // the producer's cp.async writes of Q -> wgmma
+      const int n = item_keys[local & 1];
+      const int tiles = (n + kKeys - 1) / kKeys;
+      if (tiles == 0 && lane == 0) mbar_arrive(q_empty_bar);  // no S reads this Q
 
-    for (int tile = 0; tile < tiles; ++tile) {
-      const int s = tile % kStages;
-      mbar_wait(full_bar(s), (tile / kStages) & 1);
-      fence_proxy_async_smem();  // the producer's cp.async writes -> this warpgroup's wgmma
-      const std::uint32_t k_base = base + kKOff + s * kTileBytes;
+      float m_run[2] = {(h0 + row0 < H ? sink[h0 + row0] : 0.0f) * kLog2e,
+                        (h0 + row1 < H ? sink[h0 + row1] : 0.0f) * kLog2e};
+      // The sink's exp(sigma - m) = 1 with m = sigma, counted by one thread of the row.
+      float l_part[2] = {c == 0 && qd == 0 ? 1.0f : 0.0f, c == 0 && qd == 0 ? 1.0f : 0.0f};
+      float o[128];
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-      // S [64 rows x 32 keys] over 512 dims: 32 k16 steps, 4 per 64-dim column block.
-      float sacc[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) sacc[i] = 0.0f;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kDim / 16; ++kk) {
-        const std::uint32_t a = q_base + (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-        const std::uint32_t bk = k_base + (kk >> 2) * kBlockBytes + c * 32 * 128 + (kk & 3) * 32;
-        wgmma_m64n32k16_ss<0>(sacc, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(bk, 16, 1024),
-                              kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_pin(sacc);
+      for (int tile = 0; tile < tiles; ++tile, ++ring) {
+        const int s = ring % kStages;
+        mbar_wait(full_bar(s), (ring / kStages) & 1);
+        fence_proxy_async_smem();  // the producer's cp.async writes -> this warpgroup's wgmma
+        const std::uint32_t k_base = base + kKOff + s * kTileBytes;
 
-      // Online softmax in the log2 domain; slots past the key list are -inf.
-      float mx[2] = {-INFINITY, -INFINITY};
+        // S [64 rows x 32 keys] over 512 dims: 32 k16 steps, 4 per 64-dim column block.
+        float sacc[16];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < 16; ++i) sacc[i] = 0.0f;
+        wgmma_fence();
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int key = tile * kKeys + 32 * c + 8 * i + 2 * qd + (j & 1);
-          const float v = key < n ? sacc[4 * i + j] * scale2 : -INFINITY;
-          sacc[4 * i + j] = v;
-          mx[j >> 1] = fmaxf(mx[j >> 1], v);
+        for (int kk = 0; kk < kDim / 16; ++kk) {
+          const std::uint32_t a = q_base + (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+          const std::uint32_t bk = k_base + (kk >> 2) * kBlockBytes + c * 32 * 128 + (kk & 3) * 32;
+          wgmma_m64n32k16_ss<0>(sacc, wgmma_desc_sw128(a, 16, 1024),
+                                wgmma_desc_sw128(bk, 16, 1024), kk > 0 ? 1 : 0);
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_pin(sacc);
+        // The last S of the item has read Q: the producer may load the next item's.
+        if (tile == tiles - 1 && lane == 0) mbar_arrive(q_empty_bar);
+
+        // Online softmax in the log2 domain; slots past the key list are -inf.
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int key = tile * kKeys + 32 * c + 8 * i + 2 * qd + (j & 1);
+            const float v = key < n ? sacc[4 * i + j] * scale2 : -INFINITY;
+            sacc[4 * i + j] = v;
+            mx[j >> 1] = fmaxf(mx[j >> 1], v);
+          }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+        if (qd == 0) {
+          row_max[c * kRows + row0] = mx[0];
+          row_max[c * kRows + row1] = mx[1];
+        }
+        named_barrier_sync(2, kConsumerThreads);
+        // Same expression in both consumers (fixed operand order): identical m in both.
+        const float tmax[2] = {fmaxf(row_max[row0], row_max[kRows + row0]),
+                               fmaxf(row_max[row1], row_max[kRows + row1])};
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float m_new = fmaxf(m_run[r], tmax[r]);
+          corr[r] = exp2f(m_run[r] - m_new);
+          m_run[r] = m_new;
+        }
+        float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          sacc[i] = exp2f(sacc[i] - m_run[(i >> 1) & 1]);
+          sum[(i >> 1) & 1] += sacc[i];
+        }
+        l_part[0] = l_part[0] * corr[0] + sum[0];
+        l_part[1] = l_part[1] * corr[1] + sum[1];
+        // This consumer's half of P into the swizzled [64 x 64] bf16 tile (chunk 4c + i).
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int chunk = 4 * c + i;
+          *reinterpret_cast<std::uint32_t*>(p_s + row0 * 128 + ((chunk ^ (row0 & 7)) << 4) + qd * 4) =
+              pack_bf16(sacc[4 * i], sacc[4 * i + 1]);
+          *reinterpret_cast<std::uint32_t*>(p_s + row1 * 128 + ((chunk ^ (row1 & 7)) << 4) + qd * 4) =
+              pack_bf16(sacc[4 * i + 2], sacc[4 * i + 3]);
+        }
+        fence_proxy_async_smem();  // P's st.shared -> both consumers' wgmma
+        named_barrier_sync(3, kConsumerThreads);
+
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          o[4 * i] *= corr[0];
+          o[4 * i + 1] *= corr[0];
+          o[4 * i + 2] *= corr[1];
+          o[4 * i + 3] *= corr[1];
+        }
+        // O [64 x 256] += P [64 x 64 keys] V [64 keys x dims 256c..256c+255]: 4 k16 steps; V's
+        // step kk starts at key row 16 kk (2 KB), its 4 column blocks are LBO = 8 KB apart.
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          const std::uint32_t a = p_base + kk * 32;
+          const std::uint32_t bv = k_base + 4 * c * kBlockBytes + kk * 16 * 128;
+          wgmma_m64n256k16_ss<1>(o, wgmma_desc_sw128(a, 16, 1024),
+                                 wgmma_desc_sw128(bv, kBlockBytes, 1024), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_pin(o);
+        if (lane == 0) mbar_arrive(empty_bar(s));  // this warp is done with the stage
+      }
+
+      // Row sums: the four lanes of a row, then the two consumers (fixed order).
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 1);
+        l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 2);
       }
       if (qd == 0) {
-        row_max[c * kRows + row0] = mx[0];
-        row_max[c * kRows + row1] = mx[1];
+        row_sum[c * kRows + row0] = l_part[0];
+        row_sum[c * kRows + row1] = l_part[1];
       }
       named_barrier_sync(2, kConsumerThreads);
-      // Same expression in both consumers (fixed operand order): identical m in both.
-      const float tmax[2] = {fmaxf(row_max[row0], row_max[kRows + row0]),
-                             fmaxf(row_max[row1], row_max[kRows + row1])};
-      float corr[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float m_new = fmaxf(m_run[r], tmax[r]);
-        corr[r] = exp2f(m_run[r] - m_new);
-        m_run[r] = m_new;
-      }
-      float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        sacc[i] = exp2f(sacc[i] - m_run[(i >> 1) & 1]);
-        sum[(i >> 1) & 1] += sacc[i];
-      }
-      l_part[0] = l_part[0] * corr[0] + sum[0];
-      l_part[1] = l_part[1] * corr[1] + sum[1];
-      // This consumer's half of P into the swizzled [64 x 64] bf16 tile (chunk 4c + i).
-      unsigned char* p_s = smem + kPOff;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int chunk = 4 * c + i;
-        *reinterpret_cast<std::uint32_t*>(p_s + row0 * 128 + ((chunk ^ (row0 & 7)) << 4) + qd * 4) =
-            pack_bf16(sacc[4 * i], sacc[4 * i + 1]);
-        *reinterpret_cast<std::uint32_t*>(p_s + row1 * 128 + ((chunk ^ (row1 & 7)) << 4) + qd * 4) =
-            pack_bf16(sacc[4 * i + 2], sacc[4 * i + 3]);
-      }
-      fence_proxy_async_smem();  // P's st.shared -> both consumers' wgmma
-      named_barrier_sync(3, kConsumerThreads);
-
+      const float l0 = row_sum[row0] + row_sum[kRows + row0];
+      const float l1 = row_sum[row1] + row_sum[kRows + row1];
+      named_barrier_sync(3, kConsumerThreads);  // both have read row_sum before its reuse
+      const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        o[4 * i] *= corr[0];
-        o[4 * i + 1] *= corr[0];
-        o[4 * i + 2] *= corr[1];
-        o[4 * i + 3] *= corr[1];
+        const int dim = 256 * c + 8 * i + 2 * qd;
+        if (h0 + row0 < H)
+          *reinterpret_cast<__nv_bfloat162*>(out + (static_cast<long>(t) * H + h0 + row0) * kDim + dim) =
+              __floats2bfloat162_rn(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+        if (h0 + row1 < H)
+          *reinterpret_cast<__nv_bfloat162*>(out + (static_cast<long>(t) * H + h0 + row1) * kDim + dim) =
+              __floats2bfloat162_rn(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
       }
-      // O [64 x 256] += P [64 x 64 keys] V [64 keys x dims 256c..256c+255]: 4 k16 steps; V's
-      // step kk starts at key row 16 kk (2 KB), its 4 column blocks are LBO = 8 KB apart.
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        const std::uint32_t a = p_base + kk * 32;
-        const std::uint32_t bv = k_base + 4 * c * kBlockBytes + kk * 16 * 128;
-        wgmma_m64n256k16_ss<1>(o, wgmma_desc_sw128(a, 16, 1024),
-                               wgmma_desc_sw128(bv, kBlockBytes, 1024), 1);
+      if (c == 0 && qd == 0) {
+        if (h0 + row0 < H) lse[static_cast<long>(t) * H + h0 + row0] = (m_run[0] + log2f(l0)) * kLn2;
+        if (h0 + row1 < H) lse[static_cast<long>(t) * H + h0 + row1] = (m_run[1] + log2f(l1)) * kLn2;
       }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_pin(o);
-      if (lane == 0) mbar_arrive(empty_bar(s));  // this warp is done with the stage
-    }
-
-    // Row sums: the four lanes of a row, then the two consumers (fixed order).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 1);
-      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 2);
-    }
-    if (qd == 0) {
-      row_sum[c * kRows + row0] = l_part[0];
-      row_sum[c * kRows + row1] = l_part[1];
-    }
-    named_barrier_sync(2, kConsumerThreads);
-    const float l0 = row_sum[row0] + row_sum[kRows + row0];
-    const float l1 = row_sum[row1] + row_sum[kRows + row1];
-    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int dim = 256 * c + 8 * i + 2 * qd;
-      if (h0 + row0 < H)
-        *reinterpret_cast<__nv_bfloat162*>(out + (static_cast<long>(t) * H + h0 + row0) * kDim + dim) =
-            __floats2bfloat162_rn(o[4 * i] * inv0, o[4 * i + 1] * inv0);
-      if (h0 + row1 < H)
-        *reinterpret_cast<__nv_bfloat162*>(out + (static_cast<long>(t) * H + h0 + row1) * kDim + dim) =
-            __floats2bfloat162_rn(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
-    }
-    if (c == 0 && qd == 0) {
-      if (h0 + row0 < H) lse[static_cast<long>(t) * H + h0 + row0] = (m_run[0] + log2f(l0)) * kLn2;
-      if (h0 + row1 < H) lse[static_cast<long>(t) * H + h0 + row1] = (m_run[1] + log2f(l1)) * kLn2;
     }
   }
 }
@@ -359,9 +401,18 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
               " bytes of shared memory for top-k " + std::to_string(d.topk));
   allow_dynamic_smem(sparse_attention_wgmma_kernel, smem, "the wgmma attention kernel");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
-  const long blocks = static_cast<long>(d.rows) * head_blocks;
-  sparse_attention_wgmma_kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
-      d, meta, q, kv, comp, sink, topk, out, lse, head_blocks);
+  const long items = static_cast<long>(d.rows) * head_blocks;
+  require(items < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
+  // Persistent: one CTA per multiprocessor (the kernel's shared memory allows one).
+  static const int sms = [] {
+    int device = 0, count = 0;
+    CSATTN_CUDA_CHECK(cudaGetDevice(&device));
+    CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  const int grid = static_cast<int>(std::min<long>(items, sms));
+  sparse_attention_wgmma_kernel<<<grid, kThreads, smem, stream>>>(
+      d, meta, q, kv, comp, sink, topk, out, lse, head_blocks, static_cast<int>(items));
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 
