@@ -162,6 +162,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
       const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
+      // The next item's Q rows (64 KB, contiguous) and top-k row into L2 while this one runs:
+      // its set-up then waits on L2, not device memory.
+      if (item + static_cast<int>(gridDim.x) < items) {
+        const int nt = (item + gridDim.x) / head_blocks, nh = ((item + gridDim.x) % head_blocks) * kRows;
+        const char* qn = reinterpret_cast<const char*>(q + (static_cast<long>(nt) * H + nh) * kDim);
+        const int q_lines = min(kRows, H - nh) * (kDim * 2 / 128);
+        for (int i = tid; i < q_lines; i += kProducerThreads) prefetch_l2(qn + i * 128);
+        if (csa) {
+          const char* tn = reinterpret_cast<const char*>(topk + static_cast<long>(nt) * d.topk);
+          for (int i = tid; i < (d.topk * 4 + 127) / 128; i += kProducerThreads) prefetch_l2(tn + i * 128);
+        }
+      }
       // The key list (same order as build_key_list): window rows, then compressed rows.
       const int b = meta.row_segment[t], pos = meta.row_position[t];
       const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
@@ -363,16 +375,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float l0 = row_sum[row0] + row_sum[kRows + row0];
       const float l1 = row_sum[row1] + row_sum[kRows + row1];
       named_barrier_sync(3, kConsumerThreads);  // both have read row_sum before its reuse
-      const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+      const float inv[2] = {1.0f / l0, 1.0f / l1};
+      // 8-byte stores: lane pairs (qd, qd ^ 1) swap one bf16 pair so that the even lane holds
+      // dims 8i + 2qd .. +3 of column group i and the odd lane those of group i + 1.
+      const bool odd = (qd & 1) != 0;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int dim = 256 * c + 8 * i + 2 * qd;
-        if (h0 + row0 < H)
-          *reinterpret_cast<__nv_bfloat162*>(out + (static_cast<long>(t) * H + h0 + row0) * kDim + dim) =
-              __floats2bfloat162_rn(o[4 * i] * inv0, o[4 * i + 1] * inv0);
-        if (h0 + row1 < H)
-          *reinterpret_cast<__nv_bfloat162*>(out + (static_cast<long>(t) * H + h0 + row1) * kDim + dim) =
-              __floats2bfloat162_rn(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+      for (int r = 0; r < 2; ++r) {
+        const int row = r == 0 ? row0 : row1;
+        bf16* orow = out + (static_cast<long>(t) * H + h0 + row) * kDim + 256 * c;
+#pragma unroll
+        for (int i = 0; i < 32; i += 2) {
+          const std::uint32_t a = pack_bf16(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+          const std::uint32_t b =
+              pack_bf16(o[4 * (i + 1) + 2 * r] * inv[r], o[4 * (i + 1) + 2 * r + 1] * inv[r]);
+          const std::uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
+          const int dim = odd ? 8 * (i + 1) + 2 * (qd - 1) : 8 * i + 2 * qd;
+          if (h0 + row < H)
+            *reinterpret_cast<uint2*>(orow + dim) = odd ? make_uint2(got, b) : make_uint2(a, got);
+        }
       }
       if (c == 0 && qd == 0) {
         if (h0 + row0 < H) lse[static_cast<long>(t) * H + h0 + row0] = (m_run[0] + log2f(l0)) * kLn2;

@@ -45,6 +45,10 @@ __device__ __forceinline__ void cp_async_16_zfill(std::uint32_t dst, const void*
                "r"(real ? 16 : 0)
                : "memory");
 }
+// Hint: bring the 128-byte line holding `p` into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
