@@ -99,7 +99,7 @@ void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta,
                                  cudaStream_t stream);
 
 // The warp-specialised wgmma version for head_dim 512 (sparse_attention_wgmma.cu); same
-// contract. Supported while its shared memory (about 201 KB + 4 bytes per top-k id) fits.
+// contract. Supported while its shared memory (about 202 KB + 4 bytes per top-k id) fits.
 bool sparse_attention_wgmma_supported(const LayerDims& d);
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta,
                                    const bf16* q, const bf16* kv, const bf16* comp,
