@@ -94,7 +94,9 @@ void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const b
                          const float* w_eff, const bf16* keys, std::int32_t* topk,
                          cudaStream_t stream);
 
-// Sparse attention with the sink over window + compressed keys (sparse_attention.cu).
+// Sparse attention with the sink over window + compressed keys (sparse_attention.cu): the
+// wgmma kernel for head_dim 512 where it fits, else the mma kernel, else the CUDA-core
+// baseline; CSATTN_ATTENTION=wgmma|mma|baseline picks one (read once per process).
 void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                              const bf16* kv, const bf16* comp, const float* sink,
                              const std::int32_t* topk, bf16* out, float* lse,
@@ -106,5 +108,19 @@ void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta,
                                  const bf16* kv, const bf16* comp, const float* sink,
                                  const std::int32_t* topk, bf16* out, float* lse,
                                  cudaStream_t stream);
+
+// The warp-specialised wgmma version for head_dim 512 (sparse_attention_wgmma.cu); same
+// contract. Supported while its shared memory (about 202 KB + 4 bytes per top-k id) fits.
+bool sparse_attention_wgmma_supported(const LayerDims& d);
+void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta,
+                                   const bf16* q, const bf16* kv, const bf16* comp,
+                                   const float* sink, const std::int32_t* topk, bf16* out,
+                                   float* lse, cudaStream_t stream);
+
+// The CUDA-core reference kernel (any head_dim up to 1024; sparse_attention.cu).
+void launch_sparse_attention_baseline(const LayerDims& d, const DeviceMetadata& meta,
+                                      const bf16* q, const bf16* kv, const bf16* comp,
+                                      const float* sink, const std::int32_t* topk, bf16* out,
+                                      float* lse, cudaStream_t stream);
 
 }  // namespace csattn::cuda

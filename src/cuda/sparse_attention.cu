@@ -2,8 +2,9 @@
 // its window plus compressed rows (HCA: all visible; CSA: the top-k selection).
 //
 // This first kernel is the correctness baseline: one block per (query row, head), CUDA-core
-// dot products, keys read from L2. It is far from the Hopper target (wgmma, shared K tiles
-// across heads); docs/perf.md measures it.
+// dot products, keys read from L2. launch_sparse_attention dispatches head_dim 512 to the
+// tensor-core kernels (sparse_attention_wgmma.cu, sparse_attention_mma.cu); docs/perf.md
+// measures them.
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -93,16 +94,31 @@ void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, con
                              const std::int32_t* topk, bf16* out, float* lse,
                              cudaStream_t stream) {
   if (d.rows <= 0) return;
-  // head_dim 512 (every DeepSeek-V4 preset) takes the tensor-core kernel, unless
-  // CSATTN_ATTENTION=baseline asks for this one (benchmarks, bisecting).
-  static const bool force_baseline = [] {
+  // head_dim 512 (every DeepSeek-V4 preset) takes the wgmma kernel (the mma kernel where the
+  // wgmma one does not fit); CSATTN_ATTENTION=mma or =baseline forces the older kernels
+  // (benchmarks, bisecting).
+  enum class Choice { wgmma, mma, baseline };
+  static const Choice choice = [] {
     const char* v = std::getenv("CSATTN_ATTENTION");
-    return v != nullptr && std::string(v) == "baseline";
+    const std::string s = v != nullptr ? v : "";
+    return s == "baseline" ? Choice::baseline : s == "mma" ? Choice::mma : Choice::wgmma;
   }();
-  if (!force_baseline && sparse_attention_mma_supported(d)) {
+  if (choice == Choice::wgmma && sparse_attention_wgmma_supported(d)) {
+    launch_sparse_attention_wgmma(d, meta, q, kv, comp, sink, topk, out, lse, stream);
+    return;
+  }
+  if (choice != Choice::baseline && sparse_attention_mma_supported(d)) {
     launch_sparse_attention_mma(d, meta, q, kv, comp, sink, topk, out, lse, stream);
     return;
   }
+  launch_sparse_attention_baseline(d, meta, q, kv, comp, sink, topk, out, lse, stream);
+}
+
+void launch_sparse_attention_baseline(const LayerDims& d, const DeviceMetadata& meta,
+                                      const bf16* q, const bf16* kv, const bf16* comp,
+                                      const float* sink, const std::int32_t* topk, bf16* out,
+                                      float* lse, cudaStream_t stream) {
+  if (d.rows <= 0) return;
   require(d.head_dim <= kThreads * kMaxDimPerThread, ErrorKind::Unsupported,
           "the CUDA attention kernel supports head_dim up to 1024, got " +
               std::to_string(d.head_dim));
