@@ -168,8 +168,10 @@ __global__ void __launch_bounds__(kThreads, 2)
               float grp[2];
 #pragma unroll
               for (int wg = 0; wg < 2; ++wg) {
-                float v = head_pair_term(wr[16 * wg], acc[2 * wg][2 * i], wr[16 * wg + 8], acc[2 * wg + 1][2 * i]) +
-                          head_pair_term(wr[16 * wg + 1], acc[2 * wg][2 * i + 1], wr[16 * wg + 9], acc[2 * wg + 1][2 * i + 1]);
+                const float2 w0 = *reinterpret_cast<const float2*>(wr + 16 * wg);      // heads h, h + 1
+                const float2 w8 = *reinterpret_cast<const float2*>(wr + 16 * wg + 8);  // h + 8, h + 9
+                float v = head_pair_term(w0.x, acc[2 * wg][2 * i], w8.x, acc[2 * wg + 1][2 * i]) +
+                          head_pair_term(w0.y, acc[2 * wg][2 * i + 1], w8.y, acc[2 * wg + 1][2 * i + 1]);
                 v += __shfl_xor_sync(0xffffffffu, v, 1);
                 v += __shfl_xor_sync(0xffffffffu, v, 2);
                 grp[wg] = v;
