@@ -80,7 +80,7 @@ void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t strea
     launch_compressor_pool(d, m, DI, a.i_a, a.i_g, w.ic_ape, a.i_pooled, stream);
     launch_norm_rope(compressed_rows(d, w, m, a.i_pooled, a.i_keys, DI, w.ic_norm, true), stream);
     st.mark("indexer q/k");
-    if (!p.forced_topk) launch_indexer_topk(d, m, a.qi, a.w_eff, a.i_keys, a.topk, stream);
+    if (!p.forced_topk) launch_indexer_topk(d, m, a.qi, a.w_eff, a.i_keys, a.topk, a.topk_scratch, stream);
     st.mark("indexer top-k");
   }
 

@@ -1,13 +1,20 @@
-// The lightning indexer on the GPU: scores of one query row against the visible compressed
-// keys of its segment (kept in shared memory: the dense score matrix is never stored), then a
-// radix select of the k-th largest score and a deterministic selection (ties to the
-// smallest index), written in ascending index order then -1.
+// The lightning indexer on the GPU: the head weights, the dispatch between the indexer
+// kernels, and the two one-row kernels kept as references (CSATTN_INDEXER=baseline: CUDA
+// cores; CSATTN_INDEXER=mma1: tensor cores). A one-row kernel scores one query row against the
+// visible compressed keys of its segment (kept in shared memory, so its segments are limited
+// to about 160K tokens), then a radix select of the k-th largest score and a deterministic
+// selection (ties to the smallest index), written in ascending index order then -1. The
+// default is the tiled kernel (indexer_topk_tiled.cu): several rows per CTA, scores in a
+// bounded global scratch, any length.
 #include <cmath>
 #include <cstdlib>
 #include <string>
 
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
+#include "cuda/indexer_score.cuh"
+#include "cuda/indexer_topk_plan.hpp"
+#include "cuda/indexer_topk_tiled.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/mma_util.cuh"
 
@@ -23,14 +30,6 @@ __global__ void indexer_weights_kernel(int n, float head_scale, float dim_scale,
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   w_eff[i] = round_bf16(round_bf16(__bfloat162float(w_raw[i]) * head_scale) * dim_scale);
-}
-
-// Order-preserving map of a float to an unsigned key (larger float -> larger key); -0 is
-// mapped like +0 so the two tie as they do on the host.
-__device__ __forceinline__ unsigned order_key(float f) {
-  unsigned u = __float_as_uint(f);
-  if (u == 0x80000000u) u = 0u;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
 // Exclusive prefix of per-thread counts over the block (fixed thread order).
@@ -255,7 +254,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        float v = w0 * fmaxf(s[j][c], 0.0f) + w1 * fmaxf(s[j][2 + c], 0.0f);
+        float v = head_pair_term(w0, s[j][c], w1, s[j][2 + c]);
         v += __shfl_xor_sync(0xffffffffu, v, 4);
         v += __shfl_xor_sync(0xffffffffu, v, 8);
         v += __shfl_xor_sync(0xffffffffu, v, 16);
@@ -271,6 +270,32 @@ __global__ void __launch_bounds__(kThreads)
   select_topk(scores, n, K, out);
 }
 
+bool indexer_mma_supported(const LayerDims& d) {
+  return d.index_heads <= kIdxRows && d.index_dim % 64 == 0 && d.index_dim <= 256;
+}
+
+std::size_t indexer_topk_smem_bytes(const LayerDims& d, bool mma) {
+  const std::size_t n_max = static_cast<std::size_t>(d.max_seg_len / d.ratio);
+  if (mma)
+    return static_cast<std::size_t>(kIdxRows + 2 * kIdxKeys) * d.index_dim * 2 +
+           sizeof(float) * (kIdxRows + 4 * kIdxKeys + n_max);
+  return sizeof(float) * (static_cast<std::size_t>(d.index_heads) * d.index_dim + d.index_heads + n_max);
+}
+
+void launch_one_row(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
+                    const float* w_eff, const bf16* keys, std::int32_t* topk, bool mma,
+                    cudaStream_t stream) {
+  const std::size_t smem = indexer_topk_smem_bytes(d, mma);
+  require(smem <= 220 * 1024, ErrorKind::Unsupported,
+          "the one-row CUDA indexer keeps one row's scores in shared memory: max segment length " +
+              std::to_string(d.max_seg_len) + " needs " + std::to_string(smem) +
+              " bytes, more than 220 KiB (the tiled indexer has no such limit)");
+  auto kernel = mma ? indexer_topk_mma_kernel : indexer_topk_kernel;
+  allow_dynamic_smem(kernel, smem, "the CUDA indexer");
+  kernel<<<d.rows, kThreads, smem, stream>>>(d, meta, qi, w_eff, keys, topk);
+  CSATTN_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
@@ -284,38 +309,36 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 
-bool indexer_mma_supported(const LayerDims& d) {
-  return d.index_heads <= kIdxRows && d.index_dim % 64 == 0 && d.index_dim <= 256;
-}
-
-std::size_t indexer_topk_smem_bytes(const LayerDims& d) {
-  const std::size_t n_max = static_cast<std::size_t>(d.max_seg_len / d.ratio);
-  if (indexer_mma_supported(d))
-    return static_cast<std::size_t>(kIdxRows + 2 * kIdxKeys) * d.index_dim * 2 +
-           sizeof(float) * (kIdxRows + 4 * kIdxKeys + n_max);
-  return sizeof(float) * (static_cast<std::size_t>(d.index_heads) * d.index_dim + d.index_heads + n_max);
+IndexerKernel indexer_kernel_for(const LayerDims& d) {
+  static const std::string env = [] {
+    const char* v = std::getenv("CSATTN_INDEXER");
+    return std::string(v ? v : "");
+  }();
+  if (env == "baseline") return IndexerKernel::baseline;
+  if (env == "mma1") return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
+  if (indexer_tiled_supported(d)) return IndexerKernel::tiled;
+  return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
 }
 
 void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
-                         const float* w_eff, const bf16* keys, std::int32_t* topk,
-                         cudaStream_t stream) {
+                         const float* w_eff, const bf16* keys, std::int32_t* topk, void* scratch,
+                         cudaStream_t stream, IndexerKernel which) {
   if (d.rows <= 0) return;
   require(d.index_dim <= 256, ErrorKind::Unsupported,
           "the CUDA indexer supports index_head_dim up to 256, got " + std::to_string(d.index_dim));
-  const std::size_t smem = indexer_topk_smem_bytes(d);
-  require(smem <= 220 * 1024, ErrorKind::Unsupported,
-          "the CUDA indexer keeps one row's scores in shared memory: max segment length " +
-              std::to_string(d.max_seg_len) + " needs " + std::to_string(smem) +
-              " bytes, more than 220 KiB (a chunked kernel is future work)");
-  static const bool force_baseline = [] {
-    const char* v = std::getenv("CSATTN_INDEXER");
-    return v != nullptr && std::string(v) == "baseline";
-  }();
-  auto kernel = !force_baseline && indexer_mma_supported(d) ? indexer_topk_mma_kernel
-                                                            : indexer_topk_kernel;
-  allow_dynamic_smem(kernel, smem, "the CUDA indexer");
-  kernel<<<d.rows, kThreads, smem, stream>>>(d, meta, qi, w_eff, keys, topk);
-  CSATTN_CUDA_LAUNCH_CHECK();
+  if (which == IndexerKernel::automatic) which = indexer_kernel_for(d);
+  switch (which) {
+    case IndexerKernel::tiled:
+      launch_indexer_topk_tiled(d, meta, qi, w_eff, keys, topk, scratch, stream);
+      return;
+    case IndexerKernel::mma1:
+      require(indexer_mma_supported(d), ErrorKind::Unsupported,
+              "the one-row tensor-core indexer needs index_n_heads <= 64 and index_head_dim a multiple of 64");
+      launch_one_row(d, meta, qi, w_eff, keys, topk, true, stream);
+      return;
+    default:
+      launch_one_row(d, meta, qi, w_eff, keys, topk, false, stream);
+  }
 }
 
 }  // namespace csattn::cuda

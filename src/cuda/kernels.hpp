@@ -89,10 +89,17 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
                             cudaStream_t stream);
 
 // Index scores over the visible entries of each row and the deterministic top-k (ties to
-// the smallest index), written in ascending index order then -1 (indexer_topk.cu).
+// the smallest index), written in ascending index order then -1 (indexer_topk.cu). Kernels:
+// tiled (default where indexer_tiled_supported: several rows per CTA, any length, needs
+// `scratch` of indexer_topk_scratch_bytes(d) bytes, indexer_topk_plan.hpp), and the one-row
+// references mma1 (tensor cores) and baseline (CUDA cores), whose segments must fit one
+// row's scores in shared memory. automatic: CSATTN_INDEXER=baseline|mma1, else the best
+// supported one (indexer_kernel_for).
+enum class IndexerKernel { automatic, baseline, mma1, tiled };
+IndexerKernel indexer_kernel_for(const LayerDims& d);
 void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
-                         const float* w_eff, const bf16* keys, std::int32_t* topk,
-                         cudaStream_t stream);
+                         const float* w_eff, const bf16* keys, std::int32_t* topk, void* scratch,
+                         cudaStream_t stream, IndexerKernel which = IndexerKernel::automatic);
 
 // Sparse attention with the sink over window + compressed keys (sparse_attention.cu): the
 // wgmma kernel for head_dim 512 where it fits, else the mma kernel, else the CUDA-core

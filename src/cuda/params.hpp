@@ -70,6 +70,7 @@ struct DeviceActivations {
   bf16 *i_a = nullptr, *i_g = nullptr;         // [T, 2*D_I]
   bf16 *i_pooled = nullptr, *i_keys = nullptr; // [Nc_cap, D_I]
   std::int32_t* topk = nullptr;                // [T, K]
+  void* topk_scratch = nullptr;                // the tiled indexer's (indexer_topk_plan.hpp)
   bf16* attn = nullptr;                        // [T, H, D]
   float* lse = nullptr;                        // [T, H]
   bf16* attn_rot = nullptr;                    // [T, H*D]

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "csattn/weights.hpp"
+#include "cuda/indexer_topk_plan.hpp"
 
 namespace csattn::cuda {
 
@@ -79,6 +80,7 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
     p.i_pooled = take(Nc * d.index_dim * bf);
     p.i_keys = take(Nc * d.index_dim * bf);
     p.topk = take(T * d.topk * i32);
+    p.topk_scratch = take(indexer_topk_scratch_bytes(d));  // bounded: see the formula there
   }
   p.attn = take(T * HD * bf);
   p.lse = take(T * d.heads * f32);
@@ -215,6 +217,7 @@ DeviceActivations WorkspacePlan::activations(void* base) const {
     a.i_pooled = at<bf16>(base, i_pooled);
     a.i_keys = at<bf16>(base, i_keys);
     a.topk = at<std::int32_t>(base, topk);
+    a.topk_scratch = at<unsigned char>(base, topk_scratch);
   }
   a.attn = at<bf16>(base, attn);
   a.lse = at<float>(base, lse);

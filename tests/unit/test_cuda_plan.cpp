@@ -12,6 +12,7 @@
 
 #include "csattn/config.hpp"
 #include "csattn/weights.hpp"
+#include "cuda/indexer_topk_plan.hpp"
 #include "cuda/workspace.hpp"
 
 namespace csattn {
@@ -80,6 +81,7 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
           fp.push_back({"i_pooled", f.i_pooled, 2 * nc * cfg.index_head_dim});
           fp.push_back({"i_keys", f.i_keys, 2 * nc * cfg.index_head_dim});
           fp.push_back({"topk", f.topk, 4 * t * cfg.index_topk});
+          fp.push_back({"topk_scratch", f.topk_scratch, cuda::indexer_topk_scratch_bytes(f.dims)});
         }
         expect_disjoint_and_aligned(fp, f.bytes, what + " forward");
 

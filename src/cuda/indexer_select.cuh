@@ -1,0 +1,165 @@
+// A block-wide radix select of the top K of one row's fp32 scores (kept in global scratch),
+// in three digits of the order key (11, 11, 10 bits) instead of four bytes, with warp
+// scans in place of a serial bin loop, and the deterministic write: ids in ascending order,
+// every key above the K-th largest, then the equal ones with the smallest ids, K entries.
+// Identical selection to select_topk of indexer_topk.cu (the same threshold and tie rule).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/indexer_score.cuh"
+
+namespace csattn::cuda::idxsel {
+
+constexpr int kDigit0Bits = 11, kDigit1Bits = 11, kDigit2Bits = 10;
+constexpr int kBins = 1 << 11;  // the largest digit's histogram
+__device__ __forceinline__ unsigned digit0(unsigned key) { return key >> 21; }
+
+// Shared state of one select (the caller gives it in shared memory).
+struct SelectShared {
+  int warp_total[32][2];
+  int bin;
+  int need;
+};
+
+// Inclusive suffix sums over the block's threads (thread kThreads-1 is the highest) of two
+// counts at once; returns the sums of the threads strictly above in x/y of the result.
+template <int kThreads>
+__device__ __forceinline__ int2 block_suffix_above(int a, int b, SelectShared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int sa = a, sb = b;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int ua = __shfl_down_sync(0xffffffffu, sa, o), ub = __shfl_down_sync(0xffffffffu, sb, o);
+    if (lane + o < 32) { sa += ua; sb += ub; }
+  }
+  __syncthreads();
+  if (lane == 0) { sh.warp_total[warp][0] = sa; sh.warp_total[warp][1] = sb; }
+  __syncthreads();
+  int wa = 0, wb = 0;
+  for (int w = warp + 1; w < kThreads / 32; ++w) { wa += sh.warp_total[w][0]; wb += sh.warp_total[w][1]; }
+  return make_int2(sa - a + wa, sb - b + wb);
+}
+
+// Exclusive prefix sums (thread 0 first) of two counts at once.
+template <int kThreads>
+__device__ __forceinline__ int2 block_prefix_before(int a, int b, SelectShared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int sa = a, sb = b;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int ua = __shfl_up_sync(0xffffffffu, sa, o), ub = __shfl_up_sync(0xffffffffu, sb, o);
+    if (lane >= o) { sa += ua; sb += ub; }
+  }
+  __syncthreads();
+  if (lane == 31) { sh.warp_total[warp][0] = sa; sh.warp_total[warp][1] = sb; }
+  __syncthreads();
+  int wa = 0, wb = 0;
+  for (int w = 0; w < warp; ++w) { wa += sh.warp_total[w][0]; wb += sh.warp_total[w][1]; }
+  return make_int2(sa - a + wa, sb - b + wb);
+}
+
+// Finds, in hist[0..bins), the bin holding the need-th largest element (counting from the
+// top bin): sh.bin, and sh.need = how many of that bin still to take. Each thread owns
+// bins/kThreads consecutive bins. Ends with a barrier; sh is valid after it.
+template <int kThreads>
+__device__ void find_bin(const unsigned* hist, int bins, int need, SelectShared& sh) {
+  const int per = bins / kThreads;
+  const int lo = threadIdx.x * per;
+  int local = 0;
+  for (int i = 0; i < per; ++i) local += static_cast<int>(hist[lo + i]);
+  int above = block_suffix_above<kThreads>(local, 0, sh).x;
+  if (above < need && above + local >= need) {  // exactly one thread
+    for (int i = per - 1; i >= 0; --i) {
+      const int c = static_cast<int>(hist[lo + i]);
+      if (above + c >= need) {
+        sh.bin = lo + i;
+        sh.need = need - above;
+        break;
+      }
+      above += c;
+    }
+  }
+  __syncthreads();
+}
+
+// Histogram of the digit at `shift` (bits wide) of the keys whose bits above shift + bits
+// equal `prefix`'s; hist (kBins entries) is zeroed here first.
+template <int kThreads>
+__device__ void digit_histogram(const float* scores, int n, unsigned prefix, int shift, int bits,
+                                unsigned* hist) {
+  for (int i = threadIdx.x; i < kBins; i += kThreads) hist[i] = 0u;
+  __syncthreads();
+  const unsigned high = shift + bits;  // bits of the key above the digit must match
+  const unsigned digit_mask = (1u << bits) - 1u;
+  const float4* s4 = reinterpret_cast<const float4*>(scores);
+  const int n4 = (n + 3) / 4;
+  for (int i = threadIdx.x; i < n4; i += kThreads) {
+    const float4 v = s4[i];
+    const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (4 * i + c >= n) break;
+      const unsigned key = order_key(e[c]);
+      if ((key >> high) == (prefix >> high)) atomicAdd(&hist[(key >> shift) & digit_mask], 1u);
+    }
+  }
+  __syncthreads();
+}
+
+// Selects the top K of scores[0..n) (n > K; scores 16-byte aligned) and writes their ids in
+// ascending order to out[0..K). hist (kBins entries, shared) holds on entry the histogram of
+// digit0 over all n keys (built while scoring); it is overwritten.
+template <int kThreads>
+__device__ void select_topk_radix(const float* scores, int n, int K, unsigned* hist,
+                                  SelectShared& sh, std::int32_t* out) {
+  find_bin<kThreads>(hist, 1 << kDigit0Bits, K, sh);
+  unsigned prefix = static_cast<unsigned>(sh.bin) << (kDigit1Bits + kDigit2Bits);
+  int need = sh.need;
+  __syncthreads();  // everyone has read sh before it is rewritten
+  digit_histogram<kThreads>(scores, n, prefix, kDigit2Bits, kDigit1Bits, hist);
+  find_bin<kThreads>(hist, 1 << kDigit1Bits, need, sh);
+  prefix |= static_cast<unsigned>(sh.bin) << kDigit2Bits;
+  need = sh.need;
+  __syncthreads();
+  digit_histogram<kThreads>(scores, n, prefix, 0, kDigit2Bits, hist);
+  find_bin<kThreads>(hist, 1 << kDigit2Bits, need, sh);
+  const unsigned threshold = prefix | static_cast<unsigned>(sh.bin);
+  const int need_equal = sh.need;
+
+  // Each thread owns a contiguous chunk (a multiple of 4 entries), so ranks follow id order:
+  // count the keys above and equal to the threshold, prefix both over the block, write.
+  const int chunk = ((n + kThreads - 1) / kThreads + 3) / 4 * 4;
+  const int lo = min(n, static_cast<int>(threadIdx.x) * chunk), hi = min(n, lo + chunk);
+  int greater = 0, equal = 0;
+  for (int j = lo; j < hi; j += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(scores + j);
+    const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (j + c >= hi) break;
+      const unsigned key = order_key(e[c]);
+      greater += key > threshold;
+      equal += key == threshold;
+    }
+  }
+  const int2 before = block_prefix_before<kThreads>(greater, equal, sh);
+  int slot = before.x + min(before.y, need_equal);
+  int equal_rank = before.y;
+  for (int j = lo; j < hi; j += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(scores + j);
+    const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (j + c >= hi) break;
+      const unsigned key = order_key(e[c]);
+      bool take = key > threshold;
+      if (key == threshold) take = equal_rank++ < need_equal;
+      if (take) out[slot++] = j + c;
+    }
+  }
+  __syncthreads();  // hist and sh are reused by the next row
+}
+
+}  // namespace csattn::cuda::idxsel

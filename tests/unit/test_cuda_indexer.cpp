@@ -1,0 +1,467 @@
+// The tiled CUDA indexer (indexer_topk_tiled.cu) against the one-row kernels it replaces, on
+// the same device inputs: random inputs (vs mma1: ids exactly equal, the two sum each score in
+// the same tree; vs baseline: same sets up to one boundary id, its CUDA-core dots round
+// differently), exact-arithmetic inputs (every sum exact in fp32, so all kernels and the host
+// reference must agree id for id, ties included), all-equal keys (pure ties), rows with
+// n <= K, n = K + 1, padding rows, several segments whose boundaries cut the CTAs' row blocks,
+// and a 200K-token segment that the one-row kernels refuse. Outputs are poisoned before every
+// run (0x5A bytes: an id no row has; not 0xFF, which reads as the -1 padding) and the scratch
+// is filled with NaN. Skips without a GPU.
+#ifdef CSATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "csattn/error.hpp"
+#include "csattn/layer.hpp"
+#include "cuda/indexer_topk_plan.hpp"
+#include "cuda/kernels.hpp"
+
+namespace csattn {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                        \
+  do {                                                            \
+    std::string why;                                              \
+    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
+  } while (0)
+
+#define CU(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+std::uint16_t bf16_bits(float x) {  // round to nearest even (inputs are finite)
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+float bf16_value(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+template <class T>
+struct DeviceBuffer {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit DeviceBuffer(std::size_t count) : n(count) {
+    if (cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+enum class Values { random, exact, equal_keys };
+
+// One indexer problem: segments (real, padded lengths), shapes, host copies of the inputs.
+struct Problem {
+  int HI = 64, DI = 128, K = 512;
+  std::vector<int> real, padded;
+  std::vector<std::int32_t> cu_real, cu_padded, comp_start;
+  int T = 0, Nc = 0, max_seg = 0;
+  std::vector<float> q, w, k;  // bf16 values: [T, HI, DI], [T, HI], [Nc, DI]
+
+  Problem(int hi, int di, int k_top, std::vector<int> real_len, std::vector<int> padded_len,
+          Values values, std::uint64_t seed)
+      : HI(hi), DI(di), K(k_top), real(std::move(real_len)), padded(std::move(padded_len)) {
+    cu_real = {0};
+    cu_padded = {0};
+    comp_start = {0};
+    for (std::size_t b = 0; b < real.size(); ++b) {
+      cu_real.push_back(cu_real.back() + real[b]);
+      cu_padded.push_back(cu_padded.back() + padded[b]);
+      comp_start.push_back(comp_start.back() + padded[b] / 4);
+      max_seg = std::max(max_seg, padded[b]);
+    }
+    T = cu_padded.back();
+    Nc = comp_start.back();
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> small(-2, 2);
+    const float weights[5] = {-1.0f, -0.5f, 0.5f, 1.0f, 2.0f};
+    std::uniform_int_distribution<int> pick(0, 4);
+    auto fill = [&](std::vector<float>& v, std::size_t n, bool weight) {
+      v.resize(n);
+      for (float& x : v) {
+        if (values == Values::random) x = weight ? 0.1f * normal(rng) : normal(rng);
+        else x = weight ? weights[pick(rng)] : static_cast<float>(small(rng));
+        x = bf16_value(bf16_bits(x));
+      }
+    };
+    fill(q, static_cast<std::size_t>(T) * HI * DI, false);
+    fill(w, static_cast<std::size_t>(T) * HI, true);
+    fill(k, static_cast<std::size_t>(Nc) * DI, false);
+    if (values == Values::equal_keys)  // every key the same vector: every score ties
+      for (int j = 1; j < Nc; ++j) std::copy(k.begin(), k.begin() + DI, k.begin() + static_cast<long>(j) * DI);
+  }
+
+  cuda::LayerDims dims() const {
+    cuda::LayerDims d;
+    d.rows = T;
+    d.segments = static_cast<int>(real.size());
+    d.max_seg_len = max_seg;
+    d.ratio = 4;
+    d.coff = 2;
+    d.comp_capacity = T / 4;
+    d.index_heads = HI;
+    d.index_dim = DI;
+    d.topk = K;
+    return d;
+  }
+  int segment_of(int t) const {
+    int b = 0;
+    while (cu_padded[b + 1] <= t) ++b;
+    return b;
+  }
+  int visible(int t) const {
+    const int b = segment_of(t), pos = t - cu_padded[b];
+    if (pos >= real[b]) return 0;  // padding row
+    return std::min((pos + 1) / 4, padded[b] / 4);
+  }
+  // Host reference of row t (exact for Values::exact / equal_keys): ties to the smallest id.
+  std::vector<std::int32_t> reference_row(int t) const {
+    const int n = visible(t), base = comp_start[segment_of(t)];
+    std::vector<double> s(n);
+    for (int j = 0; j < n; ++j) {
+      double acc = 0.0;
+      for (int h = 0; h < HI; ++h) {
+        double dot = 0.0;
+        const float* qh = &q[(static_cast<std::size_t>(t) * HI + h) * DI];
+        const float* kj = &k[static_cast<std::size_t>(base + j) * DI];
+        for (int c = 0; c < DI; ++c) dot += static_cast<double>(qh[c]) * kj[c];
+        acc += w[static_cast<std::size_t>(t) * HI + h] * std::max(dot, 0.0);
+      }
+      s[j] = acc == 0.0 ? 0.0 : acc;  // -0 ties with +0
+    }
+    std::vector<std::int32_t> ids(n);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return s[a] > s[b]; });
+    ids.resize(std::min(n, K));
+    std::sort(ids.begin(), ids.end());
+    ids.resize(K, -1);
+    return ids;
+  }
+};
+
+// Device copies of a problem and one launcher per kernel.
+class DeviceProblem {
+ public:
+  explicit DeviceProblem(const Problem& p)
+      : p_(p), d_(p.dims()), cu_real_(p.cu_real.size()), cu_padded_(p.cu_padded.size()),
+        row_segment_(p.T), row_position_(p.T), row_is_padding_(p.T), comp_start_(p.cu_real.size()),
+        q_(p.q.size()), w_(p.w.size()), k_(std::max<std::size_t>(p.k.size(), 1)),
+        topk_(static_cast<std::size_t>(p.T) * p.K),
+        scratch_(std::max<std::size_t>(cuda::indexer_topk_scratch_bytes(d_), 1)) {}
+
+  bool ok() const {
+    return cu_real_.p && cu_padded_.p && row_segment_.p && row_position_.p && row_is_padding_.p &&
+           comp_start_.p && q_.p && w_.p && k_.p && topk_.p && scratch_.p;
+  }
+
+  void upload() {
+    auto up = [](void* dst, const void* src, std::size_t bytes) {
+      ASSERT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    };
+    up(cu_real_.p, p_.cu_real.data(), 4 * p_.cu_real.size());
+    up(cu_padded_.p, p_.cu_padded.data(), 4 * p_.cu_padded.size());
+    auto bits = [](const std::vector<float>& v) {
+      std::vector<std::uint16_t> b(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) b[i] = bf16_bits(v[i]);
+      return b;
+    };
+    const auto qb = bits(p_.q), kb = bits(p_.k);
+    up(q_.p, qb.data(), 2 * qb.size());
+    up(k_.p, kb.data(), 2 * kb.size());
+    up(w_.p, p_.w.data(), 4 * p_.w.size());
+    cuda::launch_metadata(d_, meta(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+
+  cuda::DeviceMetadata meta() {
+    cuda::DeviceMetadata m;
+    m.cu_real = cu_real_.p;
+    m.cu_padded = cu_padded_.p;
+    m.row_segment = row_segment_.p;
+    m.row_position = row_position_.p;
+    m.row_is_padding = row_is_padding_.p;
+    m.comp_start = comp_start_.p;
+    return m;
+  }
+
+  // Runs one kernel on poisoned outputs and NaN scratch; the [T, K] ids.
+  std::vector<std::int32_t> run(cuda::IndexerKernel which) {
+    std::vector<std::int32_t> out(topk_.n);
+    EXPECT_EQ(cudaMemset(topk_.p, 0x5A, 4 * topk_.n), cudaSuccess);
+    EXPECT_EQ(cudaMemset(scratch_.p, 0xFF, scratch_.n), cudaSuccess);
+    cuda::launch_indexer_topk(d_, meta(), reinterpret_cast<const cuda::bf16*>(q_.p), w_.p,
+                              reinterpret_cast<const cuda::bf16*>(k_.p), topk_.p, scratch_.p, nullptr, which);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(out.data(), topk_.p, 4 * out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+
+ private:
+  const Problem& p_;
+  cuda::LayerDims d_;
+  DeviceBuffer<std::int32_t> cu_real_, cu_padded_, row_segment_, row_position_;
+  DeviceBuffer<std::uint8_t> row_is_padding_;
+  DeviceBuffer<std::int32_t> comp_start_;
+  DeviceBuffer<std::uint16_t> q_;
+  DeviceBuffer<float> w_;
+  DeviceBuffer<std::uint16_t> k_;
+  DeviceBuffer<std::int32_t> topk_;
+  DeviceBuffer<unsigned char> scratch_;
+};
+
+// The output contract of every row: min(n, K) distinct ids in [0, n) ascending, then -1; rows
+// with n <= K hold exactly 0..n-1.
+void expect_contract(const Problem& p, const std::vector<std::int32_t>& ids, const std::string& what) {
+  int bad = 0;
+  for (int t = 0; t < p.T && bad < 5; ++t) {
+    const int n = p.visible(t), take = std::min(n, p.K);
+    const std::int32_t* r = &ids[static_cast<std::size_t>(t) * p.K];
+    bool good = true;
+    for (int i = 0; i < p.K; ++i) {
+      if (i < take) good &= r[i] >= 0 && r[i] < n && (i == 0 || r[i] > r[i - 1]) && (n > p.K || r[i] == i);
+      else good &= r[i] == -1;
+    }
+    if (!good) {
+      ++bad;
+      ADD_FAILURE() << what << ": row " << t << " (n = " << n << ") breaks the output contract";
+    }
+  }
+}
+
+void expect_equal_rows(const Problem& p, const std::vector<std::int32_t>& a,
+                       const std::vector<std::int32_t>& b, const std::string& what) {
+  int bad = 0;
+  for (int t = 0; t < p.T; ++t) {
+    const auto* ra = &a[static_cast<std::size_t>(t) * p.K];
+    const auto* rb = &b[static_cast<std::size_t>(t) * p.K];
+    if (!std::equal(ra, ra + p.K, rb) && ++bad <= 5)
+      ADD_FAILURE() << what << ": row " << t << " (n = " << p.visible(t) << ") differs";
+  }
+  EXPECT_EQ(bad, 0) << what << ": rows differing";
+}
+
+// expect_topk_close of test_cuda_forward.cpp: per row the same count and at least
+// max(1, n - 1) common ids; at most 1 row in 20 differs at all.
+void expect_close_rows(const Problem& p, const std::vector<std::int32_t>& a,
+                       const std::vector<std::int32_t>& b, const std::string& what) {
+  int differing = 0;
+  for (int t = 0; t < p.T; ++t) {
+    std::set<int> sa, sb;
+    for (int i = 0; i < p.K; ++i) {
+      if (a[static_cast<std::size_t>(t) * p.K + i] >= 0) sa.insert(a[static_cast<std::size_t>(t) * p.K + i]);
+      if (b[static_cast<std::size_t>(t) * p.K + i] >= 0) sb.insert(b[static_cast<std::size_t>(t) * p.K + i]);
+    }
+    ASSERT_EQ(sa.size(), sb.size()) << what << ": row " << t;
+    int common = 0;
+    for (int id : sa) common += sb.count(id) ? 1 : 0;
+    const int n = static_cast<int>(sb.size());
+    EXPECT_GE(common, std::max(n == 0 ? 0 : 1, n - 1)) << what << ": row " << t;
+    differing += common != n;
+  }
+  EXPECT_LE(differing, std::max(1, p.T / 20)) << what;
+}
+
+void expect_reference_rows(const Problem& p, const std::vector<std::int32_t>& ids,
+                           const std::vector<int>& rows, const std::string& what) {
+  for (int t : rows) {
+    const auto ref = p.reference_row(t);
+    const auto* r = &ids[static_cast<std::size_t>(t) * p.K];
+    EXPECT_TRUE(std::equal(ref.begin(), ref.end(), r))
+        << what << ": row " << t << " (n = " << p.visible(t) << ") differs from the host reference";
+  }
+}
+
+// Segment lengths (real, padded) around K: a tail past n = K + 1 with padding rows, a
+// 3-token segment, a long one, a 1-token one, one shorter than 4K (every n <= K), and odd
+// lengths so that the CTAs' 4-row blocks straddle segment boundaries.
+struct Shape {
+  int HI, DI, K;
+};
+Problem make_problem(const Shape& s, Values v, std::uint64_t seed) {
+  const int K = s.K;
+  return Problem(s.HI, s.DI, K, {4 * K + 5, 3, 9 * K + 13, 1, 4 * K - 1, 2 * K + 3},
+                 {4 * K + 8, 4, 9 * K + 17, 1, 4 * K + 1, 2 * K + 3}, v, seed);
+}
+
+// Sampled rows for the host reference: around n = K and n = K + 1, segment ends, padding.
+std::vector<int> sample_rows(const Problem& p) {
+  std::set<int> rows;
+  for (std::size_t b = 0; b + 1 < p.cu_padded.size(); ++b) {
+    const int s = p.cu_padded[b], e = p.cu_padded[b + 1];
+    for (int t : {s, s + 4 * p.K - 1, s + 4 * p.K + 3, s + 4 * p.K + 4, s + 4 * p.K + 7, e - 5, e - 2, e - 1})
+      if (t >= s && t < e) rows.insert(t);
+  }
+  return {rows.begin(), rows.end()};
+}
+
+class CudaIndexer : public ::testing::TestWithParam<Shape> {};
+
+// Random inputs: tiled == mma1 id for id (same score tree); tiled ~ baseline.
+TEST_P(CudaIndexer, TiledMatchesOneRowKernelsRandom) {
+  SKIP_WITHOUT_GPU();
+  const Problem p = make_problem(GetParam(), Values::random, 11);
+  DeviceProblem dev(p);
+  ASSERT_TRUE(dev.ok());
+  dev.upload();
+  const auto tiled = dev.run(cuda::IndexerKernel::tiled);
+  expect_contract(p, tiled, "tiled");
+  const auto base = dev.run(cuda::IndexerKernel::baseline);
+  expect_contract(p, base, "baseline");
+  expect_close_rows(p, tiled, base, "tiled vs baseline");
+  if (p.DI % 64 == 0) {
+    const auto mma1 = dev.run(cuda::IndexerKernel::mma1);
+    expect_equal_rows(p, tiled, mma1, "tiled vs mma1");
+  }
+  const auto again = dev.run(cuda::IndexerKernel::tiled);
+  expect_equal_rows(p, tiled, again, "tiled run twice");
+}
+
+// Exact-arithmetic inputs (small integers, weights in {-1, -1/2, 1/2, 1, 2}): every kernel
+// and the host reference agree id for id, the many ties included.
+TEST_P(CudaIndexer, TiledMatchesOneRowKernelsExact) {
+  SKIP_WITHOUT_GPU();
+  const Problem p = make_problem(GetParam(), Values::exact, 12);
+  DeviceProblem dev(p);
+  ASSERT_TRUE(dev.ok());
+  dev.upload();
+  const auto tiled = dev.run(cuda::IndexerKernel::tiled);
+  expect_contract(p, tiled, "tiled");
+  expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::baseline), "tiled vs baseline");
+  expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::mma1), "tiled vs mma1");
+  expect_reference_rows(p, tiled, sample_rows(p), "tiled");
+}
+
+// Every key equal: every row's scores tie, so the top K must be ids 0..K-1.
+TEST_P(CudaIndexer, AllTiesTakeTheSmallestIds) {
+  SKIP_WITHOUT_GPU();
+  const Problem p = make_problem(GetParam(), Values::equal_keys, 13);
+  DeviceProblem dev(p);
+  ASSERT_TRUE(dev.ok());
+  dev.upload();
+  const auto tiled = dev.run(cuda::IndexerKernel::tiled);
+  expect_contract(p, tiled, "tiled");
+  for (int t = 0; t < p.T; ++t) {
+    const int take = std::min(p.visible(t), p.K);
+    for (int i = 0; i < take; ++i)
+      ASSERT_EQ(tiled[static_cast<std::size_t>(t) * p.K + i], i) << "row " << t;
+  }
+  expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::mma1), "tiled vs mma1");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaIndexer,
+                         ::testing::Values(Shape{64, 128, 512}, Shape{64, 128, 64}, Shape{40, 128, 100},
+                                           Shape{8, 64, 32}),
+                         [](const ::testing::TestParamInfo<Shape>& i) {
+                           return "H" + std::to_string(i.param.HI) + "_D" + std::to_string(i.param.DI) +
+                                  "_K" + std::to_string(i.param.K);
+                         });
+
+// A 200K-token segment (50K compressed keys: more than one row's scores fit in shared
+// memory, so the one-row kernels refuse it) then a short one; exact inputs, host reference
+// on sampled rows.
+TEST(CudaIndexerLong, SegmentOf200KTokens) {
+  SKIP_WITHOUT_GPU();
+  const int K = 512;
+  const Problem p(8, 64, K, {200003, 3001}, {200004, 3004}, Values::exact, 14);
+  DeviceProblem dev(p);
+  ASSERT_TRUE(dev.ok());
+  dev.upload();
+  EXPECT_THROW(dev.run(cuda::IndexerKernel::mma1), Error);
+  const auto tiled = dev.run(cuda::IndexerKernel::tiled);
+  expect_contract(p, tiled, "tiled");
+  std::vector<int> rows = {0, 4 * K + 3, 4 * K + 4, 100000, 163839, 163840, 199999, 200000,
+                           200001, 200002, 200003, 200004, 200004 + 4 * K + 3, p.T - 4, p.T - 1};
+  expect_reference_rows(p, tiled, rows, "tiled");
+  expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::tiled), "tiled run twice");
+}
+
+
+// Timing, not a check (disabled by default; run with --gtest_also_run_disabled_tests
+// --gtest_filter=CudaIndexerTiming.*): the Flash indexer (64 heads x 128, top-512) on one
+// sequence of 32K / 64K / 128K tokens, every kernel that takes the length, median of 5 after
+// a warm-up. FLOPs = 2 * 64 * 128 per causally valid (query, key) pair, as in cuda_bench.
+TEST(CudaIndexerTiming, DISABLED_Flash) {
+  SKIP_WITHOUT_GPU();
+  const int HI = 64, DI = 128, K = 512;
+  std::uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next_bits = [&]() {  // sign, exponent 2^-6..2^1, random mantissa: a bf16 in +-[1/64, 4)
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const std::uint32_t r = static_cast<std::uint32_t>(state >> 33);
+    return static_cast<std::uint16_t>(((r & 1u) << 15) | ((121u + (r >> 1) % 8u) << 7) | ((r >> 4) & 0x7fu));
+  };
+  for (int tokens : {32768, 65536, 131072}) {
+    cuda::LayerDims d;
+    d.rows = tokens; d.segments = 1; d.max_seg_len = tokens; d.ratio = 4; d.coff = 2;
+    d.comp_capacity = tokens / 4; d.index_heads = HI; d.index_dim = DI; d.topk = K;
+    const int Nc = tokens / 4;
+    std::vector<std::int32_t> cu = {0, tokens};
+    DeviceBuffer<std::int32_t> cu_d(2), seg(tokens), pos(tokens), cs(2), topk(static_cast<std::size_t>(tokens) * K);
+    DeviceBuffer<std::uint8_t> pad(tokens);
+    DeviceBuffer<std::uint16_t> q(static_cast<std::size_t>(tokens) * HI * DI), k(static_cast<std::size_t>(Nc) * DI);
+    DeviceBuffer<float> w(static_cast<std::size_t>(tokens) * HI);
+    DeviceBuffer<unsigned char> scratch(cuda::indexer_topk_scratch_bytes(d));
+    ASSERT_TRUE(cu_d.p && seg.p && pos.p && cs.p && topk.p && pad.p && q.p && k.p && w.p && scratch.p);
+    std::vector<std::uint16_t> hq(q.n), hk(k.n);
+    for (auto& x : hq) x = next_bits();
+    for (auto& x : hk) x = next_bits();
+    std::vector<float> hw(w.n);
+    for (auto& x : hw) x = bf16_value(next_bits()) * 0.125f;
+    CU(cudaMemcpy(cu_d.p, cu.data(), 8, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(q.p, hq.data(), 2 * hq.size(), cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(k.p, hk.data(), 2 * hk.size(), cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(w.p, hw.data(), 4 * hw.size(), cudaMemcpyHostToDevice));
+    cuda::DeviceMetadata m;
+    m.cu_real = cu_d.p; m.cu_padded = cu_d.p; m.row_segment = seg.p; m.row_position = pos.p;
+    m.row_is_padding = pad.p; m.comp_start = cs.p;
+    cuda::launch_metadata(d, m, nullptr);
+    double pairs = 0;
+    for (int t = 0; t < tokens; ++t) pairs += std::min((t + 1) / 4, Nc);
+    std::vector<std::pair<const char*, cuda::IndexerKernel>> kernels = {{"tiled", cuda::IndexerKernel::tiled}};
+    kernels.push_back({"mma1", cuda::IndexerKernel::mma1});
+    std::vector<std::int32_t> first;
+    for (auto [name, which] : kernels) {
+      cudaEvent_t a, b;
+      CU(cudaEventCreate(&a));
+      CU(cudaEventCreate(&b));
+      std::vector<float> ms;
+      for (int i = 0; i < 6; ++i) {
+        CU(cudaEventRecord(a));
+        cuda::launch_indexer_topk(d, m, reinterpret_cast<const cuda::bf16*>(q.p), w.p,
+                                  reinterpret_cast<const cuda::bf16*>(k.p), topk.p, scratch.p, nullptr, which);
+        CU(cudaEventRecord(b));
+        CU(cudaEventSynchronize(b));
+        float x = 0;
+        CU(cudaEventElapsedTime(&x, a, b));
+        if (i > 0) ms.push_back(x);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2];
+      std::printf("indexer %-6s tokens %7d pairs %12.0f ms %9.3f TFLOPS %7.1f scratch %.1f MB\n", name, tokens,
+                  pairs, med, 2.0 * HI * DI * pairs / (med * 1e-3) / 1e12, scratch.n / 1e6);
+      std::vector<std::int32_t> ids(topk.n);
+      CU(cudaMemcpy(ids.data(), topk.p, 4 * ids.size(), cudaMemcpyDeviceToHost));
+      if (first.empty()) first = ids;
+      else EXPECT_TRUE(first == ids) << name << " selects differently from tiled at " << tokens;
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace csattn
+#endif  // CSATTN_HAVE_CUDA
