@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <string>
 
 #include "test_util.hpp"
@@ -29,6 +30,8 @@ struct DetCase {
   int ratio;
   bool sparse;
 };
+void PrintTo(const DetCase& c, std::ostream* os) { *os << c.preset << " ratio " << c.ratio; }
+
 
 class CudaDeterministic : public ::testing::TestWithParam<DetCase> {};
 

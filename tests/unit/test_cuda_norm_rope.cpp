@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ struct NrCase {
   int rope_sign;  // 0: no RoPE
   int per_token;
 };
+void PrintTo(const NrCase& c, std::ostream* os) { *os << c.name; }
+
 
 class CudaNormRope : public ::testing::TestWithParam<NrCase> {};
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,8 @@ struct Case {
   int topk;
   int width;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 
 template <class T>
 T* upload(const std::vector<T>& v) {
