@@ -44,36 +44,66 @@ T* device_alloc(std::size_t n) {
   return p;
 }
 
+// Metadata of one segment of `tokens` tokens, built by the layer's own kernels, in arrays
+// sized for the largest case.
+struct BenchBatch {
+  static constexpr int kMaxTokens = 262144;
+  DeviceMetadata m;
+  std::int32_t* cu = nullptr;  // {0, tokens}: cu_real = cu_padded
+  float* omega = nullptr;
+
+  explicit BenchBatch(const AttentionConfig& cfg) {
+    cu = device_alloc<std::int32_t>(2);
+    m.cu_real = cu;
+    m.cu_padded = cu;
+    m.row_segment = device_alloc<std::int32_t>(kMaxTokens);
+    m.row_position = device_alloc<std::int32_t>(kMaxTokens);
+    m.row_is_padding = device_alloc<std::uint8_t>(kMaxTokens);
+    m.comp_start = device_alloc<std::int32_t>(2);
+    m.rope_table = device_alloc<__nv_bfloat162>(static_cast<std::size_t>(kMaxTokens) * (cfg.rope_dim / 2));
+    const std::vector<float> om = rope_frequencies(cfg);
+    omega = device_alloc<float>(om.size());
+    CSATTN_CUDA_CHECK(cudaMemcpy(omega, om.data(), om.size() * 4, cudaMemcpyHostToDevice));
+  }
+  ~BenchBatch() {
+    for (void* p : {static_cast<void*>(cu), static_cast<void*>(m.row_segment),
+                    static_cast<void*>(m.row_position), static_cast<void*>(m.row_is_padding),
+                    static_cast<void*>(m.comp_start), static_cast<void*>(m.rope_table),
+                    static_cast<void*>(omega)})
+      cudaFree(p);
+  }
+  // Dims for `tokens` tokens of `cfg` (its ratio), metadata rebuilt for them.
+  LayerDims set(const AttentionConfig& cfg, int tokens) {
+    LayerDims d = make_dims(cfg, tokens, 1, tokens);
+    const std::int32_t cu_h[2] = {0, tokens};
+    CSATTN_CUDA_CHECK(cudaMemcpy(cu, cu_h, sizeof cu_h, cudaMemcpyHostToDevice));
+    launch_metadata(d, m, nullptr);
+    launch_rope_table(d, omega, m.rope_table, nullptr);
+    CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    return d;
+  }
+};
+
 }  // namespace
 
 json elementwise_benchmarks(double copy_tbps) {
-  const int T = 4096;
+  // Each kernel runs at the token count where it moves about 256 MiB: small passes (a few
+  // MB at 4K tokens) only measure launch latency, not the kernel's bandwidth.
+  constexpr double kTargetBytes = 256.0 * (1 << 20);
+  auto tokens_for = [&](double bytes_per_token) {
+    int t = 4096;
+    while (t < BenchBatch::kMaxTokens && t * bytes_per_token < kTargetBytes) t *= 2;
+    return t;
+  };
   AttentionConfig cfg = ModelConfig::preset("flash").base;
   cfg.compress_ratio = 4;
-  const std::vector<float> omega = rope_frequencies(cfg);
-  LayerDims d = make_dims(cfg, T, 1, T);
-  const int H = d.heads, D = d.head_dim, HI = d.index_heads, DI = d.index_dim;
-
-  // Metadata of one segment of T tokens, built by the layer's own kernels.
-  std::int32_t* cu = device_alloc<std::int32_t>(2);
-  const std::int32_t cu_h[2] = {0, T};
-  CSATTN_CUDA_CHECK(cudaMemcpy(cu, cu_h, sizeof cu_h, cudaMemcpyHostToDevice));
-  DeviceMetadata m;
-  m.cu_real = cu;
-  m.cu_padded = cu;
-  m.row_segment = device_alloc<std::int32_t>(T);
-  m.row_position = device_alloc<std::int32_t>(T);
-  m.row_is_padding = device_alloc<std::uint8_t>(T);
-  m.comp_start = device_alloc<std::int32_t>(2);
-  m.rope_table = device_alloc<__nv_bfloat162>(static_cast<std::size_t>(T) * (d.rope_dim / 2));
-  float* omega_dev = device_alloc<float>(omega.size());
-  CSATTN_CUDA_CHECK(cudaMemcpy(omega_dev, omega.data(), omega.size() * 4, cudaMemcpyHostToDevice));
-  launch_metadata(d, m, nullptr);
-  launch_rope_table(d, omega_dev, m.rope_table, nullptr);
+  BenchBatch batch(cfg);
+  const DeviceMetadata& m = batch.m;
   DeviceWeights w;
-  w.omega = omega_dev;
+  w.omega = batch.omega;
+  const int H = cfg.n_heads, D = cfg.head_dim, HI = cfg.index_n_heads, DI = cfg.index_head_dim;
 
-  const std::size_t big = static_cast<std::size_t>(T) * H * D;
+  const std::size_t big = static_cast<std::size_t>(kTargetBytes / 2) + (1u << 20);  // bf16 elements
   bf16* in = device_alloc<bf16>(big);
   bf16* out = device_alloc<bf16>(big);
   bf16* weight = device_alloc<bf16>(std::max(D, cfg.q_lora_rank));
@@ -83,70 +113,68 @@ json elementwise_benchmarks(double copy_tbps) {
   CSATTN_CUDA_CHECK(cudaMemset(ape, 0, sizeof(float) * 128 * 2 * D));
 
   json cases = json::array();
-  std::printf("\nelementwise kernels (flash shape, %d tokens; fraction of the %.2f TB/s copy)\n", T, copy_tbps);
-  std::printf("%-34s %9s %9s %8s %9s %8s\n", "kernel", "MB moved", "ms", "TB/s", "of copy", "ref ms");
-  auto report = [&](const std::string& name, double bytes, double ms, double ref_ms) {
+  std::printf("\nelementwise kernels (flash shape, one sequence; fraction of the %.2f TB/s copy)\n", copy_tbps);
+  std::printf("%-34s %7s %9s %9s %8s %9s %8s\n", "kernel", "tokens", "MB moved", "ms", "TB/s", "of copy",
+              "ref ms");
+  auto report = [&](const std::string& name, int tokens, double bytes, double ms, double ref_ms) {
     const double tbps = bytes / (ms * 1e-3) / 1e12;
-    json j{{"kernel", name}, {"bytes", bytes}, {"ms", ms}, {"tbps", tbps},
+    json j{{"kernel", name}, {"tokens", tokens}, {"bytes", bytes}, {"ms", ms}, {"tbps", tbps},
            {"fraction_of_copy", tbps / copy_tbps}};
-    if (ref_ms > 0) j["reference_kernel_ms"] = ref_ms;
-    std::printf("%-34s %9.1f %9.4f %8.2f %9.2f %8s\n", name.c_str(), bytes / 1e6, ms, tbps,
+    if (ref_ms > 0) {
+      j["reference_kernel_ms"] = ref_ms;
+      j["reference_fraction_of_copy"] = bytes / (ref_ms * 1e-3) / 1e12 / copy_tbps;
+    }
+    std::printf("%-34s %7d %9.1f %9.4f %8.2f %9.2f %8s\n", name.c_str(), tokens, bytes / 1e6, ms, tbps,
                 tbps / copy_tbps, ref_ms > 0 ? std::to_string(ref_ms).substr(0, 6).c_str() : "-");
     cases.push_back(j);
   };
-  auto norm_rope_case = [&](const std::string& name, NormRopeArgs a) {
+  // Norm / RoPE / Hadamard over [tokens * per_token, n] rows: read and write each once.
+  auto norm_rope_case = [&](const std::string& name, int per_token, int n, auto configure) {
+    const int T = tokens_for(2.0 * 2.0 * per_token * n);
+    const LayerDims d = batch.set(cfg, T);
+    NormRopeArgs a = token_rows_args(d, w, m, in, out, T * per_token, n, per_token);
+    configure(a, d);
     const double bytes = 2.0 * 2.0 * a.rows * static_cast<double>(a.n);
     const double ms = median_event_ms([&] { launch_norm_rope(a, nullptr); }, nullptr, 3, 20);
     const double ref = median_event_ms([&] { launch_norm_rope_reference(a, nullptr); }, nullptr, 3, 20);
-    report(name, bytes, ms, ref);
+    report(name, T, bytes, ms, ref);
   };
-  {
-    NormRopeArgs a = token_rows_args(d, w, m, in, out, T * H, D, H);
+  norm_rope_case("q: norm + RoPE [T*H, 512]", H, D, [](NormRopeArgs& a, const LayerDims& d) {
     a.norm = true;
     a.rope_dim = d.rope_dim;
-    norm_rope_case("q: norm + RoPE [T*H, 512]", a);
-  }
-  {
-    NormRopeArgs a = token_rows_args(d, w, m, in, out, T * H, D, H);
+  });
+  norm_rope_case("output: inverse RoPE [T*H, 512]", H, D, [](NormRopeArgs& a, const LayerDims& d) {
     a.rope_dim = d.rope_dim;
     a.rope_sign = -1;
-    norm_rope_case("output: inverse RoPE [T*H, 512]", a);
-  }
-  {
-    NormRopeArgs a = token_rows_args(d, w, m, in, out, T * HI, DI, HI);
+  });
+  norm_rope_case("indexer q: RoPE + Hadamard [T*64, 128]", HI, DI, [](NormRopeArgs& a, const LayerDims& d) {
     a.rope_dim = d.rope_dim;
     a.hadamard = true;
-    norm_rope_case("indexer q: RoPE + Hadamard [T*64, 128]", a);
-  }
-  {
-    NormRopeArgs a = token_rows_args(d, w, m, in, out, T, cfg.q_lora_rank, 1);
+  });
+  norm_rope_case("cq: norm [T, 1024]", 1, cfg.q_lora_rank, [&](NormRopeArgs& a, const LayerDims&) {
     a.norm = true;
     a.weight = weight;
-    norm_rope_case("cq: norm [T, 1024]", a);
-  }
-  // Gated pooling: reads the A / G projections once, writes the pooled rows.
+  });
+  // Gated pooling: reads the A / G projections once, writes the pooled rows (ape is a few
+  // KB and cached).
   for (auto [ratio, width_d, name] : {std::tuple{4, D, "compressor pool m=4 (D 512)"},
                                       std::tuple{128, D, "compressor pool m=128 (D 512)"},
                                       std::tuple{4, DI, "indexer compressor pool m=4 (128)"}}) {
-    LayerDims cd = d;
-    cd.ratio = ratio;
-    cd.coff = ratio == 4 ? 2 : 1;
-    cd.comp_capacity = T / ratio;
-    launch_metadata(cd, m, nullptr);
-    const int width = cd.coff * width_d;
-    const double bytes = 2.0 * 2.0 * T * width + 2.0 * cd.comp_capacity * width_d +
-                         4.0 * ratio * width;
-    const double ms = median_event_ms([&] {
-      launch_compressor_pool(cd, m, width_d, in, in + static_cast<std::size_t>(T) * width, ape,
-                             out, nullptr);
-    }, nullptr, 3, 20);
-    report(name, bytes, ms, -1.0);
+    AttentionConfig pc = cfg;
+    pc.compress_ratio = ratio;
+    const int width = (ratio == 4 ? 2 : 1) * width_d;
+    const int T = tokens_for(2.0 * 2.0 * width + 2.0 * width_d / ratio);
+    const LayerDims cd = batch.set(pc, T);
+    const double bytes = 2.0 * 2.0 * T * width + 2.0 * cd.comp_capacity * width_d + 4.0 * ratio * width;
+    const bf16* g = in + static_cast<std::size_t>(T) * width;
+    const double ms = median_event_ms([&] { launch_compressor_pool(cd, m, width_d, in, g, ape, out, nullptr); },
+                                      nullptr, 3, 20);
+    const double ref = median_event_ms(
+        [&] { launch_compressor_pool_reference(cd, m, width_d, in, g, ape, out, nullptr); }, nullptr, 3, 20);
+    report(name, T, bytes, ms, ref);
   }
-  for (void* p : {static_cast<void*>(cu), static_cast<void*>(m.row_segment),
-                  static_cast<void*>(m.row_position), static_cast<void*>(m.row_is_padding),
-                  static_cast<void*>(m.comp_start), static_cast<void*>(m.rope_table),
-                  static_cast<void*>(omega_dev), static_cast<void*>(in), static_cast<void*>(out),
-                  static_cast<void*>(weight), static_cast<void*>(ape)})
+  for (void* p : {static_cast<void*>(in), static_cast<void*>(out), static_cast<void*>(weight),
+                  static_cast<void*>(ape)})
     cudaFree(p);
   return cases;
 }

@@ -61,7 +61,7 @@ IndexerLossArgs loss_args(const ForwardParams& f, const BackwardParams& b) {
 }  // namespace
 
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream) {
-  launch_indexer_loss(f.dims, f.meta, loss_args(f, b), b.buf.loss_rows, b.buf.loss, false, 0.0f,
+  launch_indexer_loss(f.dims, f.meta, loss_args(f, b), f.act.loss_rows, f.act.loss, false, 0.0f,
                       nullptr, nullptr, nullptr, stream);
 }
 
@@ -171,12 +171,12 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
       const int chunk_rows = deterministic_chunk_rows(b, T, os.slots, DI);
       for (int r0 = 0; r0 < T; r0 += chunk_rows) {
         la.chunk = GradChunk{r0, std::min(chunk_rows, T - r0), b.det_scratch, os.slots, 1};
-        launch_indexer_loss(d, f.meta, la, b.loss_rows, b.loss, true, grad_scale, b.dqi, b.dweff,
+        launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, grad_scale, b.dqi, b.dweff,
                             b.dkeys_acc, stream);
         launch_ordered_scatter(d, f.meta, a.topk, os, r0, la.chunk.rows, b.det_scratch, stream);
       }
     } else {
-      launch_indexer_loss(d, f.meta, loss_args(f, p), b.loss_rows, b.loss, true, grad_scale, b.dqi,
+      launch_indexer_loss(d, f.meta, loss_args(f, p), a.loss_rows, a.loss, true, grad_scale, b.dqi,
                           b.dweff, b.dkeys_acc, stream);
     }
     st.mark("indexer loss");

@@ -26,7 +26,7 @@ struct BackwardParams {
 void run_backward(const ForwardParams& f, const BackwardParams& b, cublasHandle_t blas,
                   cudaStream_t stream, StageTimer* timer = nullptr);
 
-// The indexer loss value (forward): into b.loss_rows and b.loss[0].
+// The indexer loss value (forward): into f.act.loss_rows and f.act.loss[0].
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream);
 
 }  // namespace csattn::cuda

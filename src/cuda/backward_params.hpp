@@ -35,8 +35,6 @@ struct BackwardBuffers {
   float* dweff = nullptr;      // [T, H_I]
   bf16* dwraw = nullptr;       // [T, H_I]
   float* dkeys_acc = nullptr;  // [Nc, D_I]
-  float* loss_rows = nullptr;  // [T] per-row KL
-  float* loss = nullptr;       // [1] reduced loss
   // Deterministic mode: per-(row, copy, slot) key-gradient contributions of one row chunk
   // (grad_chunk.hpp); null and 0 in fast mode.
   float* det_scratch = nullptr;

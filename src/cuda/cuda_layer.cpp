@@ -202,17 +202,8 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   s.loss_scale = c.per_token_loss ? static_cast<float>(c.loss_coeff)
                  : real_rows > 0   ? static_cast<float>(c.loss_coeff / static_cast<double>(real_rows))
                                    : 0.0f;
-  // The backward's allocation also holds the per-row loss, so size it now (outside the run).
-  s.grad_plan = plan_backward(c, p.dims, s.deterministic);
-  if (s.grad_plan.bytes > s.grad_capacity) {
-    if (s.grad_workspace) CSATTN_CUDA_CHECK(cudaFree(s.grad_workspace));
-    s.grad_workspace = nullptr;
-    CSATTN_CUDA_CHECK(cudaMalloc(&s.grad_workspace, s.grad_plan.bytes));
-    s.grad_capacity = s.grad_plan.bytes;
-  }
   const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
-  BackwardParams bp;
-  bp.buf = s.grad_plan.buffers(s.grad_workspace);
+  BackwardParams bp;  // the loss reads only its scale and mode (its buffers are activations)
   bp.loss_scale = s.loss_scale;
   bp.sparse_loss = c.sparse_loss;
   bp.deterministic = s.deterministic;
@@ -228,7 +219,7 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
                                       out.topk_indices.nbytes(), cudaMemcpyDeviceToHost, s.stream));
   }
   if (with_loss)
-    CSATTN_CUDA_CHECK(cudaMemcpyAsync(&loss_value, bp.buf.loss, sizeof(float), cudaMemcpyDeviceToHost, s.stream));
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(&loss_value, p.act.loss, sizeof(float), cudaMemcpyDeviceToHost, s.stream));
   CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   out.output = Tensor(DType::f32, {T, c.d_model});
   float* y = out.output.ptr<float>();
@@ -249,13 +240,24 @@ LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer
   const AttentionConfig& c = s.cfg;
   const ForwardParams& f = s.last;
   const int T = f.dims.rows;
-  auto* gbase = static_cast<unsigned char*>(s.grad_workspace);
   require(!(s.deterministic && c.has_indexer() && c.loss_coeff > 0.0 && grad_indexer_loss != 0.0f) ||
               indexer_loss_mma_supported(f.dims),
           ErrorKind::Unsupported,
           "deterministic backward: the indexer loss gradient needs the tensor-core loss kernel "
           "(head_dim 512, index_head_dim 128, at most 64 heads and 64 index heads); use the "
           "fast (atomic) backward for this shape");
+  // The backward's buffers are sized here, outside the run (grow-only), so a forward-only
+  // caller never holds them.
+  s.grad_plan = plan_backward(c, f.dims, s.deterministic);
+  if (s.grad_plan.bytes > s.grad_capacity) {
+    if (s.grad_workspace) CSATTN_CUDA_CHECK(cudaFree(s.grad_workspace));
+    s.grad_workspace = nullptr;
+    s.grad_capacity = 0;
+    s.has_backward = false;
+    CSATTN_CUDA_CHECK(cudaMalloc(&s.grad_workspace, s.grad_plan.bytes));
+    s.grad_capacity = s.grad_plan.bytes;
+  }
+  auto* gbase = static_cast<unsigned char*>(s.grad_workspace);
   BackwardParams bp;
   bp.buf = s.grad_plan.buffers(s.grad_workspace);
   bp.grad = s.grad_plan.gradients(s.grad_workspace);

@@ -79,10 +79,15 @@ inline NormRopeArgs compressed_rows_args(const LayerDims& d, const DeviceWeights
   return a;
 }
 
-// Gated pooling of the compressor (compressor.cu): pooled[e, c] for every compressed row.
+// Gated pooling of the compressor (compressor.cu): pooled[e, c] for every compressed row
+// (rows past the batch's entries untouched). The layer's vectorised kernel, and the
+// one-thread-per-channel reference it falls back to (and is tested against).
 void launch_compressor_pool(const LayerDims& d, const DeviceMetadata& meta, int width_d,
                             const bf16* a, const bf16* g, const float* ape, bf16* pooled,
                             cudaStream_t stream);
+void launch_compressor_pool_reference(const LayerDims& d, const DeviceMetadata& meta, int width_d,
+                                      const bf16* a, const bf16* g, const float* ape,
+                                      bf16* pooled, cudaStream_t stream);
 
 // w_eff = bf16(bf16(w_raw * H_I^-1/2) * D_I^-1/2) (indexer_topk.cu).
 void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,

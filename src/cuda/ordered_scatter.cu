@@ -28,30 +28,72 @@ __device__ __forceinline__ int find_in_topk(const std::int32_t* sel, int K, int 
   return lo < K && sel[lo] == j ? lo : -1;
 }
 
-template <int kVec>  // float4s per lane: width = 128 * kVec
+// The floats of one contribution a lane owns. Widths that are multiples of 128 (every
+// DeepSeek-V4 shape) go as kVec float4s per lane; other multiples of 32 (small test and
+// sliced shapes) as kVec scalars per lane, element lane + 32 i, guarded by the width.
+template <int kVec, bool kFloat4>
+struct LaneSlice {
+  static constexpr int kFloats = kFloat4 ? 4 * kVec : kVec;
+  float v[kFloats];
+
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < kFloats; ++i) v[i] = 0.0f;
+  }
+  // v += row (or, with `store`, row += v and write back).
+  __device__ __forceinline__ void add_from(const float* row, int width) {
+    const int lane = threadIdx.x & 31;
+    if constexpr (kFloat4) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float4 x = reinterpret_cast<const float4*>(row)[lane + 32 * i];
+        v[4 * i] += x.x;
+        v[4 * i + 1] += x.y;
+        v[4 * i + 2] += x.z;
+        v[4 * i + 3] += x.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i)
+        if (lane + 32 * i < width) v[i] += row[lane + 32 * i];
+    }
+  }
+  __device__ __forceinline__ void add_into(float* row, int width) const {
+    const int lane = threadIdx.x & 31;
+    if constexpr (kFloat4) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        float4* p = reinterpret_cast<float4*>(row) + lane + 32 * i;
+        float4 x = *p;
+        x.x += v[4 * i];
+        x.y += v[4 * i + 1];
+        x.z += v[4 * i + 2];
+        x.w += v[4 * i + 3];
+        *p = x;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i)
+        if (lane + 32 * i < width) row[lane + 32 * i] += v[i];
+    }
+  }
+};
+
+template <class Slice>
 __device__ __forceinline__ void add_found(unsigned found, int slot, int base, int r0, int slots,
-                                          int copies, const float* scratch, float4 (&acc)[kVec]) {
-  const int lane = threadIdx.x & 31;
+                                          int copies, int width, const float* scratch, Slice& acc) {
   while (found) {
     const int src = __ffs(found) - 1;  // ascending rows
     found &= found - 1;
     const int s = __shfl_sync(0xffffffffu, slot, src);
     for (int c = 0; c < copies; ++c) {
-      const long off = ((static_cast<long>(base + src - r0) * copies + c) * slots + s) * (128 * kVec);
-      const float4* row = reinterpret_cast<const float4*>(scratch + off);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float4 v = row[lane + 32 * i];
-        acc[i].x += v.x;
-        acc[i].y += v.y;
-        acc[i].z += v.z;
-        acc[i].w += v.w;
-      }
+      const long off = ((static_cast<long>(base + src - r0) * copies + c) * slots + s) * width;
+      acc.add_from(scratch + off, width);
     }
   }
 }
 
-template <int kVec>
+template <int kVec, bool kFloat4>
 __global__ void __launch_bounds__(kThreads, 2)
     ordered_scatter_kernel(LayerDims d, DeviceMetadata meta, const std::int32_t* topk,
                            OrderedScatter s, int r0, int rows, int window_lo, int window_targets,
@@ -59,9 +101,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int lane = threadIdx.x & 31;
   const int target = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int r_end = r0 + rows;
-  float4 acc[kVec];
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  LaneSlice<kVec, kFloat4> acc;
+  acc.zero();
   bool any = false;
   float* dst = nullptr;
 
@@ -80,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       const unsigned found = __ballot_sync(0xffffffffu, slot >= 0);
       any |= found != 0u;
-      add_found<kVec>(found, slot, base, r0, s.slots, s.copies, scratch, acc);
+      add_found(found, slot, base, r0, s.slots, s.copies, s.width, scratch, acc);
     }
   } else {
     // A compressed row c = comp_start[b] + j: rows of segment b that selected / see entry j.
@@ -109,20 +150,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       const unsigned found = __ballot_sync(0xffffffffu, slot >= 0);
       any |= found != 0u;
-      add_found<kVec>(found, slot, base, r0, s.slots, s.copies, scratch, acc);
+      add_found(found, slot, base, r0, s.slots, s.copies, s.width, scratch, acc);
     }
   }
-  if (!any) return;
-  float4* out = reinterpret_cast<float4*>(dst);
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    float4 v = out[lane + 32 * i];
-    v.x += acc[i].x;
-    v.y += acc[i].y;
-    v.z += acc[i].z;
-    v.w += acc[i].w;
-    out[lane + 32 * i] = v;
-  }
+  if (any) acc.add_into(dst, s.width);
 }
 
 }  // namespace
@@ -138,8 +169,8 @@ void launch_ordered_scatter(const LayerDims& d, const DeviceMetadata& meta,
                             const std::int32_t* topk, const OrderedScatter& s, int r0, int rows,
                             const float* scratch, cudaStream_t stream) {
   if (rows <= 0) return;
-  require(s.width > 0 && s.width % 128 == 0 && s.width <= 512, ErrorKind::Unsupported,
-          "ordered scatter: width must be 128, 256, 384 or 512, got " + std::to_string(s.width));
+  require(s.width > 0 && s.width % 32 == 0 && s.width <= 1024, ErrorKind::Unsupported,
+          "ordered scatter: width must be a multiple of 32 up to 1024, got " + std::to_string(s.width));
   const bool window = s.layout == SlotLayout::attention && d.window > 0;
   const int window_lo = window ? std::max(0, r0 - d.window + 1) : 0;
   const int window_targets = window ? std::min(r0 + rows, d.rows) - window_lo : 0;
@@ -147,18 +178,22 @@ void launch_ordered_scatter(const LayerDims& d, const DeviceMetadata& meta,
   const long targets = static_cast<long>(window_targets) + comp_targets;
   if (targets <= 0) return;
   const unsigned blocks = static_cast<unsigned>((targets + kWarps - 1) / kWarps);
-  switch (s.width / 128) {
-#define CSATTN_SCATTER_CASE(V)                                                              \
-  case V:                                                                                   \
-    ordered_scatter_kernel<V><<<blocks, kThreads, 0, stream>>>(d, meta, topk, s, r0, rows, \
-                                                               window_lo, window_targets,  \
-                                                               scratch);                   \
-    break;
-    CSATTN_SCATTER_CASE(1)
-    CSATTN_SCATTER_CASE(2)
-    CSATTN_SCATTER_CASE(3)
-    CSATTN_SCATTER_CASE(4)
-#undef CSATTN_SCATTER_CASE
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks, kThreads, 0, stream>>>(d, meta, topk, s, r0, rows, window_lo, window_targets, scratch);
+  };
+  if (s.width % 128 == 0 && s.width <= 512) {
+    switch (s.width / 128) {
+      case 1: launch(ordered_scatter_kernel<1, true>); break;
+      case 2: launch(ordered_scatter_kernel<2, true>); break;
+      case 3: launch(ordered_scatter_kernel<3, true>); break;
+      default: launch(ordered_scatter_kernel<4, true>); break;
+    }
+  } else if (s.width <= 64) {
+    launch(ordered_scatter_kernel<2, false>);
+  } else if (s.width <= 256) {
+    launch(ordered_scatter_kernel<8, false>);
+  } else {
+    launch(ordered_scatter_kernel<32, false>);
   }
   CSATTN_CUDA_LAUNCH_CHECK();
 }

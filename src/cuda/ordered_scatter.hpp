@@ -28,7 +28,7 @@ enum class SlotLayout { attention, loss_sparse, loss_dense };
 struct OrderedScatter {
   SlotLayout layout = SlotLayout::attention;
   int slots = 0;   // slots per row in the scratch (its row stride / width)
-  int width = 0;   // floats per contribution: a multiple of 128
+  int width = 0;   // floats per contribution: a multiple of 32, at most 1024
   float* dst_window = nullptr;  // [T, width] raw key rows (attention only)
   float* dst_comp = nullptr;    // [Nc, width] compressed rows
   int copies = 1;  // contributions per (row, slot), summed in order: scratch rows

@@ -71,6 +71,8 @@ struct DeviceActivations {
   bf16 *i_pooled = nullptr, *i_keys = nullptr; // [Nc_cap, D_I]
   std::int32_t* topk = nullptr;                // [T, K]
   void* topk_scratch = nullptr;                // the tiled indexer's (indexer_topk_plan.hpp)
+  float* loss_rows = nullptr;                  // [T] per-row indexer KL (CSA)
+  float* loss = nullptr;                       // [1] the reduced indexer loss (CSA)
   bf16* attn = nullptr;                        // [T, H, D]
   float* lse = nullptr;                        // [T, H]
   bf16* attn_rot = nullptr;                    // [T, H*D]

@@ -81,6 +81,8 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
     p.i_keys = take(Nc * d.index_dim * bf);
     p.topk = take(T * d.topk * i32);
     p.topk_scratch = take(indexer_topk_scratch_bytes(d));  // bounded: see the formula there
+    p.loss_rows = take(T * f32);
+    p.loss = take(f32);
   }
   p.attn = take(T * HD * bf);
   p.lse = take(T * d.heads * f32);
@@ -128,8 +130,6 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
   p.dweff = take(T * HI * f32);
   p.dwraw = take(T * HI * bf);
   p.dkeys_acc = take(Nc * DI * f32);
-  p.loss_rows = take(T * f32);
-  p.loss = take(f32);
   if (deterministic) {
     // The largest per-row need: the attention's (every slot of every head block, D wide) or
     // the loss's (its candidates, D_I wide); chunks of rows share the scratch in turn.
@@ -218,6 +218,8 @@ DeviceActivations WorkspacePlan::activations(void* base) const {
     a.i_keys = at<bf16>(base, i_keys);
     a.topk = at<std::int32_t>(base, topk);
     a.topk_scratch = at<unsigned char>(base, topk_scratch);
+    a.loss_rows = at<float>(base, loss_rows);
+    a.loss = at<float>(base, loss);
   }
   a.attn = at<bf16>(base, attn);
   a.lse = at<float>(base, lse);
@@ -253,8 +255,6 @@ BackwardBuffers BackwardPlan::buffers(void* base) const {
   b.dweff = at<float>(base, dweff);
   b.dwraw = at<bf16>(base, dwraw);
   b.dkeys_acc = at<float>(base, dkeys_acc);
-  b.loss_rows = at<float>(base, loss_rows);
-  b.loss = at<float>(base, loss);
   return b;
 }
 

@@ -18,7 +18,7 @@ struct WorkspacePlan {
   std::size_t x = 0, q_proj = 0, cq = 0, qb_proj = 0, q = 0, kv_proj = 0, kv = 0;
   std::size_t c_a = 0, c_g = 0, c_pooled = 0, comp = 0;
   std::size_t qi_proj = 0, qi = 0, w_raw = 0, w_eff = 0, i_a = 0, i_g = 0, i_pooled = 0,
-              i_keys = 0, topk = 0, topk_scratch = 0;
+              i_keys = 0, topk = 0, topk_scratch = 0, loss_rows = 0, loss = 0;
   std::size_t attn = 0, lse = 0, attn_rot = 0, u = 0, y = 0;
   std::size_t blas = 0;  // cuBLAS scratch (kBlasWorkspaceBytes)
   static constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;  // cuBLAS's Hopper guidance
@@ -29,8 +29,8 @@ struct WorkspacePlan {
 };
 
 // The backward's buffers and fp32 weight gradients, in a second caller-owned allocation
-// (the forward's workspace keeps the activations the backward reads). The per-row loss and
-// the reduced loss live here too, so the forward can compute the loss value.
+// (the forward's workspace keeps the activations the backward reads, and the indexer loss,
+// so a forward-only caller never needs this one).
 struct BackwardPlan {
   std::size_t bytes = 0;
   std::size_t grads_offset = 0, grads_bytes = 0;  // the weight gradients, zeroed per backward
@@ -40,7 +40,7 @@ struct BackwardPlan {
   std::size_t dy = 0, du = 0, dattn = 0, dq_acc = 0, dq = 0, dkv_acc = 0, dcomp_acc = 0,
               dsink_part = 0, dkv = 0, dnormed = 0, dqb = 0, dcq = 0, rstd = 0, dx = 0,
               dcomp = 0, dpooled = 0, da = 0, dg = 0, dqi = 0, dweff = 0, dwraw = 0,
-              dkeys_acc = 0, loss_rows = 0, loss = 0, det_scratch = 0, det_scratch_bytes = 0;
+              dkeys_acc = 0, det_scratch = 0, det_scratch_bytes = 0;
   static constexpr std::size_t kDeterministicScratchBytes = 256u << 20;
   std::size_t g_wq_a = 0, g_q_norm = 0, g_wq_b = 0, g_wkv = 0, g_kv_norm = 0, g_wo_a = 0,
               g_wo_b = 0, g_sink = 0, g_c_wkv = 0, g_c_wgate = 0, g_c_norm = 0, g_c_ape = 0,

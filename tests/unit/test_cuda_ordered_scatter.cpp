@@ -202,7 +202,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"attention_csa", SlotLayout::attention, 4, 16, 8, 512},
                       Case{"attention_hca", SlotLayout::attention, 8, 16, 0, 128},
                       Case{"loss_sparse", SlotLayout::loss_sparse, 4, 16, 8, 128},
-                      Case{"loss_dense", SlotLayout::loss_dense, 4, 16, 0, 256}),
+                      Case{"loss_dense", SlotLayout::loss_dense, 4, 16, 0, 256},
+                      // widths off the float4 path: scalar lanes, guarded tails
+                      Case{"attention_hca_width64", SlotLayout::attention, 8, 16, 0, 64},
+                      Case{"attention_csa_width96", SlotLayout::attention, 4, 16, 8, 96},
+                      Case{"loss_dense_width640", SlotLayout::loss_dense, 4, 16, 0, 640}),
     [](const auto& param_info) { return param_info.param.name; });
 
 }  // namespace

@@ -82,6 +82,8 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
           fp.push_back({"i_keys", f.i_keys, 2 * nc * cfg.index_head_dim});
           fp.push_back({"topk", f.topk, 4 * t * cfg.index_topk});
           fp.push_back({"topk_scratch", f.topk_scratch, cuda::indexer_topk_scratch_bytes(f.dims)});
+          fp.push_back({"loss_rows", f.loss_rows, 4 * t});
+          fp.push_back({"loss", f.loss, 4});
         }
         expect_disjoint_and_aligned(fp, f.bytes, what + " forward");
 
@@ -102,8 +104,7 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
             {"dpooled", b.dpooled, 2 * nc * std::max<std::size_t>(cfg.head_dim, di)},
             {"da", b.da, 2 * t * pw}, {"dg", b.dg, 2 * t * pw}, {"dqi", b.dqi, 2 * t * hi * di},
             {"dweff", b.dweff, 4 * t * hi}, {"dwraw", b.dwraw, 2 * t * hi},
-            {"dkeys_acc", b.dkeys_acc, 4 * nc * di}, {"loss_rows", b.loss_rows, 4 * t},
-            {"loss", b.loss, 4}};
+            {"dkeys_acc", b.dkeys_acc, 4 * nc * di}};
         expect_disjoint_and_aligned(bp, b.grads_offset, what + " backward buffers");
         EXPECT_LE(b.grads_offset + b.grads_bytes, b.bytes) << what;
         std::size_t params = 0;

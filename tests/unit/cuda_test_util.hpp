@@ -1,0 +1,108 @@
+// Device scaffolding of the kernel-level GPU tests: an owning device array and the layer's
+// per-run metadata (built by the layer's own kernels) for a ragged THD batch.
+// Include only under CSATTN_HAVE_CUDA.
+#pragma once
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "csattn/config.hpp"
+#include "core/rope_table.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/workspace.hpp"
+
+namespace csattn::testing_util {
+
+inline void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// An owning device array of n elements (never a null pointer, so kernels may take it).
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t n = 0) { resize(n); }
+  explicit DeviceArray(const std::vector<T>& host) { upload(host); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(p_); }
+
+  void resize(std::size_t n) {
+    cudaFree(p_);
+    p_ = nullptr;
+    n_ = n;
+    cuda_ok(cudaMalloc(&p_, sizeof(T) * (n ? n : 1)), "cudaMalloc");
+  }
+  void upload(const std::vector<T>& host) {
+    resize(host.size());
+    if (n_) cuda_ok(cudaMemcpy(p_, host.data(), sizeof(T) * n_, cudaMemcpyHostToDevice), "upload");
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (n_) cuda_ok(cudaMemcpy(host.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost), "download");
+    return host;
+  }
+  void fill_bytes(int byte) {
+    if (n_) cuda_ok(cudaMemset(p_, byte, sizeof(T) * n_), "memset");
+  }
+  T* get() const { return p_; }
+  std::size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+// Dims and device metadata of a THD batch with the given real and padded lengths, as the
+// layer builds them (launch_metadata, launch_rope_table).
+class DeviceBatch {
+ public:
+  DeviceBatch(const AttentionConfig& cfg, const std::vector<int>& real, const std::vector<int>& padded) {
+    std::vector<std::int32_t> cu_real(1, 0), cu_padded(1, 0);
+    int max_len = 1;
+    for (std::size_t b = 0; b < real.size(); ++b) {
+      cu_real.push_back(cu_real.back() + real[b]);
+      cu_padded.push_back(cu_padded.back() + padded[b]);
+      max_len = std::max(max_len, padded[b]);
+    }
+    const int T = cu_padded.back(), B = static_cast<int>(real.size());
+    dims = cuda::make_dims(cfg, T, B, max_len);
+    cu_real_.upload(cu_real);
+    cu_padded_.upload(cu_padded);
+    row_segment_.resize(static_cast<std::size_t>(T));
+    row_position_.resize(static_cast<std::size_t>(T));
+    row_is_padding_.resize(static_cast<std::size_t>(T));
+    comp_start_.resize(static_cast<std::size_t>(B) + 1);
+    omega_.upload(rope_frequencies(cfg));
+    rope_table_.resize(static_cast<std::size_t>(max_len) * std::max(cfg.rope_dim / 2, 1));
+    meta.cu_real = cu_real_.get();
+    meta.cu_padded = cu_padded_.get();
+    meta.row_segment = row_segment_.get();
+    meta.row_position = row_position_.get();
+    meta.row_is_padding = row_is_padding_.get();
+    meta.comp_start = comp_start_.get();
+    meta.rope_table = rope_table_.get();
+    cuda::launch_metadata(dims, meta, nullptr);
+    cuda::launch_rope_table(dims, omega_.get(), rope_table_.get(), nullptr);
+    cuda_ok(cudaDeviceSynchronize(), "metadata");
+    host_cu_padded = cu_padded;
+    host_comp_start = comp_start_.download();
+  }
+
+  cuda::LayerDims dims;
+  cuda::DeviceMetadata meta;
+  std::vector<std::int32_t> host_cu_padded, host_comp_start;
+  const float* omega() const { return omega_.get(); }
+
+ private:
+  DeviceArray<std::int32_t> cu_real_, cu_padded_, row_segment_, row_position_, comp_start_;
+  DeviceArray<std::uint8_t> row_is_padding_;
+  DeviceArray<float> omega_;
+  DeviceArray<__nv_bfloat162> rope_table_;
+};
+
+}  // namespace csattn::testing_util
