@@ -418,7 +418,7 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
       std::printf("\nlayer forward + backward (flash shape, one sequence)\n");
       std::printf("%5s %7s %10s %10s %12s %9s  forward stages (ms)\n", "type", "tokens", "fwd ms", "bwd ms",
                   "tokens/s", "peak GiB");
-      for (int tokens : {4096, 16384})
+      for (int tokens : {4096, 16384, 65536})
         for (int ratio : {0, 4, 128}) {
           std::fprintf(stderr, "cuda_bench: layer ratio %d tokens %d\n", ratio, tokens);
           json j = layer_case("flash", ratio, tokens, true);

@@ -2,14 +2,14 @@
 // over the candidates k of compressed row e: m = 4, the previous block through the A half
 // (columns [0, d)) and the block through the B half ([d, 2d)); m = 128, the block.
 //
-// The layer's kernel (pool_vec_kernel) is bandwidth-bound: a thread owns 8 consecutive
-// channels (16-byte loads of A and G, float4 loads of ape, one 16-byte store) and kTok
-// candidates, and keeps its G in registers between the max pass and the exp-sum pass, so A
-// and G are read once. m = 128 splits the 128 tokens over kSplit = 8 thread groups of a
-// block (16 each, enough loads in flight) and merges their (max, sum, acc) in shared memory
-// in split order. The reference kernel (one thread per channel, three passes) is kept for
-// shapes the vector kernel does not take (d % 8 != 0, d > 512 at m = 128) and as the test's
-// second opinion.
+// The layer's kernel (compressor_pool_vec_kernel) is bandwidth-bound: a thread owns 4
+// consecutive channels (8-byte loads of A and G, a float4 of ape, one 8-byte store) and
+// kTok candidates, loads A and G of 8 candidates at once and keeps them in registers for the
+// max pass and the exp-sum pass, so A and G are read once with many loads in flight. m = 128
+// splits the 128 tokens over kSplit = 4 thread groups of a block and merges their (max, sum,
+// acc) in shared memory in split order. The reference kernel (one thread per channel, three
+// passes) is kept for shapes the vector kernel does not take (d % 4 != 0, d > 512 at
+// m = 128) and as the test's second opinion.
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
 #include "cuda/kernels.hpp"
@@ -59,27 +59,22 @@ __global__ void compressor_pool_reference_kernel(int capacity, int segments, int
   pooled[static_cast<long>(e) * d + c] = __float2bfloat16_rn(acc);
 }
 
-// Geometry of the vector kernel per ratio: candidates per thread and token splits per row.
+// Geometry of the vector kernel per ratio: candidates per thread, token splits per row, and
+// candidates whose A and G a thread loads at once (all in flight together).
 template <int kM> struct PoolShape;
-// kChunk: candidates whose G a thread holds in registers at once.
 template <> struct PoolShape<4> { static constexpr int kTok = 8, kSplit = 1, kChunk = 8; };
-template <> struct PoolShape<128> { static constexpr int kTok = 16, kSplit = 8, kChunk = 4; };
+template <> struct PoolShape<128> { static constexpr int kTok = 32, kSplit = 4, kChunk = 8; };
+constexpr int kPoolCh = 4;  // channels per thread: 8-byte bf16 loads, one float4 of ape
 
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __bfloat1622float2(h[i]);
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
-  }
+__device__ __forceinline__ void unpack4(const uint2& v, float (&f)[kPoolCh]) {
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+  f[0] = lo.x; f[1] = lo.y; f[2] = hi.x; f[3] = hi.y;
 }
 
-__device__ __forceinline__ void load_ape8(const float* ape, float (&f)[8]) {
-  const float4 lo = __ldg(reinterpret_cast<const float4*>(ape));
-  const float4 hi = __ldg(reinterpret_cast<const float4*>(ape) + 1);
-  f[0] = lo.x; f[1] = lo.y; f[2] = lo.z; f[3] = lo.w;
-  f[4] = hi.x; f[5] = hi.y; f[6] = hi.z; f[7] = hi.w;
+__device__ __forceinline__ void load_ape4(const float* ape, float (&f)[kPoolCh]) {
+  const float4 x = __ldg(reinterpret_cast<const float4*>(ape));
+  f[0] = x.x; f[1] = x.y; f[2] = x.z; f[3] = x.w;
 }
 
 template <int kM>
@@ -88,8 +83,10 @@ __global__ void __launch_bounds__(512)
                                const std::int32_t* comp_start, const bf16* a, const bf16* g,
                                const float* ape, bf16* pooled) {
   constexpr int kTok = PoolShape<kM>::kTok, kSplit = PoolShape<kM>::kSplit;
+  constexpr int kChunk = PoolShape<kM>::kChunk;
+  static_assert(kTok % kChunk == 0, "whole chunks");
   constexpr bool kOverlap = kM == 4;
-  const int vecs = d / 8;  // 8-channel groups per row
+  const int vecs = d / kPoolCh;  // channel groups per row
   int e, v, split;
   if constexpr (kSplit == 1) {
     const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -106,54 +103,53 @@ __global__ void __launch_bounds__(512)
   if (kSplit == 1 && e >= total) return;  // split blocks return together below
   const bool live = e < total;
   const int width = kOverlap ? 2 * d : d;
-  const int c0 = 8 * v;
+  const int c0 = kPoolCh * v;
 
-  float mx[8], z[8], acc[8];
+  float mx[kPoolCh], z[kPoolCh], acc[kPoolCh];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    mx[i] = -INFINITY;
-    z[i] = 0.0f;
-    acc[i] = 0.0f;
+  for (int c = 0; c < kPoolCh; ++c) {
+    mx[c] = -INFINITY;
+    z[c] = 0.0f;
+    acc[c] = 0.0f;
   }
   if (live) {
     const int b = compressed_segment(comp_start, segments, e);
     const int j = e - comp_start[b];
     const long block0 = static_cast<long>(cu_padded[b]) + static_cast<long>(j) * kM;
-    // Candidate k of this thread (k0 + i): token, column and ape slot.
+    // Candidate k of this thread: token, column and ape slot.
     const int k0 = split * kTok;
     const bool has_prev = kOverlap && j > 0;
     auto token = [&](int k) { return kOverlap ? (k < kM ? block0 - kM + k : block0 + (k - kM)) : block0 + k; };
     auto col = [&](int k) { return kOverlap && k >= kM ? d + c0 : c0; };
     auto slot = [&](int k) { return kOverlap && k >= kM ? k - kM : k; };
     auto valid = [&](int k) { return !kOverlap || k >= kM || has_prev; };
-    // Chunks of 8 candidates: G of a chunk stays in registers between its max pass and its
-    // exp-sum pass; the running (max, sum, acc) is rescaled when a chunk raises the max.
-    constexpr int kChunk = PoolShape<kM>::kChunk;
-    static_assert(kTok % kChunk == 0, "whole chunks");
+    // Per chunk: A and G loaded together, the chunk max, the running (max, sum, acc)
+    // rescaled when the max rises, then the exp-sum.
 #pragma unroll 1
     for (int k1 = k0; k1 < k0 + kTok; k1 += kChunk) {
-      uint4 graw[kChunk];
+      uint2 graw[kChunk], araw[kChunk];
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
         const int k = k1 + i;
-        graw[i] = valid(k) ? __ldg(reinterpret_cast<const uint4*>(g + token(k) * width + col(k)))
-                           : make_uint4(0u, 0u, 0u, 0u);
+        const long at = token(k) * width + col(k);
+        graw[i] = valid(k) ? __ldg(reinterpret_cast<const uint2*>(g + at)) : make_uint2(0u, 0u);
+        araw[i] = valid(k) ? __ldg(reinterpret_cast<const uint2*>(a + at)) : make_uint2(0u, 0u);
       }
-      float cm[8];
+      float cm[kPoolCh];
 #pragma unroll
-      for (int c = 0; c < 8; ++c) cm[c] = mx[c];
+      for (int c = 0; c < kPoolCh; ++c) cm[c] = mx[c];
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
         const int k = k1 + i;
         if (!valid(k)) continue;
-        float gs[8], ap[8];
-        unpack8(graw[i], gs);
-        load_ape8(ape + slot(k) * width + col(k), ap);
+        float gs[kPoolCh], ap[kPoolCh];
+        unpack4(graw[i], gs);
+        load_ape4(ape + slot(k) * width + col(k), ap);
 #pragma unroll
-        for (int c = 0; c < 8; ++c) cm[c] = fmaxf(cm[c], gs[c] + ap[c]);
+        for (int c = 0; c < kPoolCh; ++c) cm[c] = fmaxf(cm[c], gs[c] + ap[c]);
       }
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
+      for (int c = 0; c < kPoolCh; ++c) {
         if (k1 != k0) {  // the first chunk starts from zero sums
           const float f = expf(mx[c] - cm[c]);
           z[c] *= f;
@@ -165,13 +161,12 @@ __global__ void __launch_bounds__(512)
       for (int i = 0; i < kChunk; ++i) {
         const int k = k1 + i;
         if (!valid(k)) continue;
-        const uint4 araw = __ldg(reinterpret_cast<const uint4*>(a + token(k) * width + col(k)));
-        float gs[8], ap[8], av[8];
-        unpack8(graw[i], gs);
-        unpack8(araw, av);
-        load_ape8(ape + slot(k) * width + col(k), ap);
+        float gs[kPoolCh], ap[kPoolCh], av[kPoolCh];
+        unpack4(graw[i], gs);
+        unpack4(araw[i], av);
+        load_ape4(ape + slot(k) * width + col(k), ap);
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
+        for (int c = 0; c < kPoolCh; ++c) {
           const float p = expf(gs[c] + ap[c] - mx[c]);
           z[c] += p;
           acc[c] += p * av[c];
@@ -186,17 +181,17 @@ __global__ void __launch_bounds__(512)
     float* rz = red;
     float* racc = red + kSplit * d;
 #pragma unroll
-    for (int c = 0; c < 8; ++c) rz[split * d + c0 + c] = mx[c];
+    for (int c = 0; c < kPoolCh; ++c) rz[split * d + c0 + c] = mx[c];
     __syncthreads();
-    float row_mx[8];
+    float row_mx[kPoolCh];
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
+    for (int c = 0; c < kPoolCh; ++c) {
       row_mx[c] = -INFINITY;
       for (int s2 = 0; s2 < kSplit; ++s2) row_mx[c] = fmaxf(row_mx[c], rz[s2 * d + c0 + c]);
     }
     __syncthreads();
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
+    for (int c = 0; c < kPoolCh; ++c) {
       const float f = mx[c] == -INFINITY ? 0.0f : expf(mx[c] - row_mx[c]);
       rz[split * d + c0 + c] = z[c] * f;
       racc[split * d + c0 + c] = acc[c] * f;
@@ -204,7 +199,7 @@ __global__ void __launch_bounds__(512)
     __syncthreads();
     if (split != 0 || !live) return;
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
+    for (int c = 0; c < kPoolCh; ++c) {
       z[c] = 0.0f;
       acc[c] = 0.0f;
       for (int s2 = 0; s2 < kSplit; ++s2) {
@@ -213,17 +208,16 @@ __global__ void __launch_bounds__(512)
       }
     }
   }
-  __align__(16) __nv_bfloat162 outv[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    outv[i] = __floats2bfloat162_rn(acc[2 * i] / z[2 * i], acc[2 * i + 1] / z[2 * i + 1]);
-  *reinterpret_cast<uint4*>(pooled + static_cast<long>(e) * d + c0) = *reinterpret_cast<const uint4*>(outv);
+  uint2 out;
+  *reinterpret_cast<__nv_bfloat162*>(&out.x) = __floats2bfloat162_rn(acc[0] / z[0], acc[1] / z[1]);
+  *reinterpret_cast<__nv_bfloat162*>(&out.y) = __floats2bfloat162_rn(acc[2] / z[2], acc[3] / z[3]);
+  *reinterpret_cast<uint2*>(pooled + static_cast<long>(e) * d + c0) = out;
 }
 
 bool pool_vec_supported(const LayerDims& d, int width_d) {
-  if (width_d % 8 != 0) return false;
+  if (width_d % kPoolCh != 0) return false;
   if (d.ratio == 4) return true;
-  return d.ratio == 128 && width_d <= 512;
+  return d.ratio == 128 && width_d / kPoolCh * PoolShape<128>::kSplit <= 512;
 }
 
 }  // namespace
@@ -237,13 +231,13 @@ void launch_compressor_pool(const LayerDims& d, const DeviceMetadata& meta, int 
     return;
   }
   if (d.ratio == 4) {
-    const long threads = static_cast<long>(d.comp_capacity) * (width_d / 8);
+    const long threads = static_cast<long>(d.comp_capacity) * (width_d / kPoolCh);
     compressor_pool_vec_kernel<4><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
         d.comp_capacity, d.segments, width_d, meta.cu_padded, meta.comp_start, a, g, ape, pooled);
   } else {
     constexpr int kSplit = PoolShape<128>::kSplit;
     const std::size_t smem = 2 * sizeof(float) * kSplit * static_cast<std::size_t>(width_d);
-    compressor_pool_vec_kernel<128><<<static_cast<unsigned>(d.comp_capacity), (width_d / 8) * kSplit, smem, stream>>>(
+    compressor_pool_vec_kernel<128><<<static_cast<unsigned>(d.comp_capacity), (width_d / kPoolCh) * kSplit, smem, stream>>>(
         d.comp_capacity, d.segments, width_d, meta.cu_padded, meta.comp_start, a, g, ape, pooled);
   }
   CSATTN_CUDA_LAUNCH_CHECK();

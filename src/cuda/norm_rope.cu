@@ -58,24 +58,27 @@ __device__ __forceinline__ int row_position_of(const NormRopeArgs& a, int row) {
   return a.rope_dim > 0 ? a.row_position[row / a.rows_per_token] : 0;
 }
 
-constexpr int kRowsPerBlock = 4;  // one warp per row
+constexpr int kWarpsPerBlock = 4;
 
-template <int E>  // elements per lane: n = 32 * E
-__global__ void __launch_bounds__(32 * kRowsPerBlock) norm_rope_warp_kernel(NormRopeArgs a) {
-  constexpr int n = 32 * E;
-  const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
-  if (row >= a.rows) return;
-  const int position = row_position_of(a, row);
-  if (position < 0) return;
-  const int first = lane * E;
-
-  float v[E];
-  {
-    const bf16* in = a.in + static_cast<long>(row) * n + first;
+// E contiguous bf16 of a lane: 16-byte pieces where E allows, else 8-byte ones.
+template <int E>
+__device__ __forceinline__ void load_lane(const bf16* p, float (&v)[E]) {
+  if constexpr (E % 8 == 0) {
 #pragma unroll
-    for (int c = 0; c < E; c += 4) {  // 8-byte pieces: 4 bf16
-      const uint2 raw = *reinterpret_cast<const uint2*>(in + c);
+    for (int c = 0; c < E; c += 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p + c);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(h[i]);
+        v[c + 2 * i] = f.x;
+        v[c + 2 * i + 1] = f.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < E; c += 4) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(p + c);
       const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
       const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
       v[c] = lo.x;
@@ -84,17 +87,50 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) norm_rope_warp_kernel(Norm
       v[c + 3] = hi.y;
     }
   }
+}
 
+template <int E>
+__device__ __forceinline__ void store_lane(bf16* p, const float (&v)[E]) {
+  if constexpr (E % 8 == 0) {
+#pragma unroll
+    for (int c = 0; c < E; c += 8) {
+      uint4 raw;
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[c + 2 * i], v[c + 2 * i + 1]);
+      *reinterpret_cast<uint4*>(p + c) = raw;
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < E; c += 4) {
+      uint2 raw;
+      *reinterpret_cast<__nv_bfloat162*>(&raw.x) = __floats2bfloat162_rn(v[c], v[c + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(&raw.y) = __floats2bfloat162_rn(v[c + 2], v[c + 3]);
+      *reinterpret_cast<uint2*>(p + c) = raw;
+    }
+  }
+}
+
+// Norm, RoPE and Hadamard of one row held by a warp (lane: elements [lane*E, lane*E + E)).
+template <int E>
+__device__ __forceinline__ void transform_row(const NormRopeArgs& a, int position, int lane,
+                                              float (&v)[E]) {
+  constexpr int n = 32 * E;
+  const int first = lane * E;
   if (a.norm) {
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < E; ++i) ss += v[i] * v[i];
     ss = warp_sum(ss);
     const float r = 1.0f / sqrtf(ss / n + a.eps);
+    if (a.weight) {
+      float w[E];
+      load_lane<E>(a.weight + first, w);
 #pragma unroll
-    for (int i = 0; i < E; ++i) {
-      const float w = a.weight ? __bfloat162float(a.weight[first + i]) : 1.0f;
-      v[i] = round_bf16(v[i] * r * w);
+      for (int i = 0; i < E; ++i) v[i] = round_bf16(v[i] * r * w[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < E; ++i) v[i] = round_bf16(v[i] * r);
     }
   }
 
@@ -138,14 +174,29 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) norm_rope_warp_kernel(Norm
 #pragma unroll
     for (int i = 0; i < E; ++i) v[i] = round_bf16(v[i] * scale);
   }
+}
 
-  bf16* out = a.out + static_cast<long>(row) * n + first;
+// R rows per warp, all loaded before any is transformed: narrow rows (n = 128: 256 bytes a
+// row) need several per warp to keep enough loads in flight. Row validity is warp-uniform,
+// so the warp's shuffles always have every lane.
+template <int E, int R>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_warp_kernel(NormRopeArgs a) {
+  constexpr int n = 32 * E;
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
+  float v[R][E];
+  int position[R];
 #pragma unroll
-  for (int c = 0; c < E; c += 4) {
-    uint2 raw;
-    *reinterpret_cast<__nv_bfloat162*>(&raw.x) = __floats2bfloat162_rn(v[c], v[c + 1]);
-    *reinterpret_cast<__nv_bfloat162*>(&raw.y) = __floats2bfloat162_rn(v[c + 2], v[c + 3]);
-    *reinterpret_cast<uint2*>(out + c) = raw;
+  for (int r = 0; r < R; ++r) {
+    const int row = row0 + r;
+    position[r] = row < a.rows ? row_position_of(a, row) : -1;  // -1: nothing to do
+    if (position[r] >= 0) load_lane<E>(a.in + static_cast<long>(row) * n + lane * E, v[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (position[r] < 0) continue;
+    transform_row<E>(a, position[r], lane, v[r]);
+    store_lane<E>(a.out + static_cast<long>(row0 + r) * n + lane * E, v[r]);
   }
 }
 
@@ -220,24 +271,24 @@ void launch_rope_table(const LayerDims& d, const float* omega, __nv_bfloat162* t
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
   if (a.rows <= 0) return;
   // The warp kernel: n = 32 * E with E in {4, 8, 16, 32} (E even, so RoPE pairs stay inside
-  // a lane), 8-byte aligned rows, and the RoPE table when it rotates.
-  const unsigned warp_blocks = static_cast<unsigned>((a.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  // a lane), 16-byte aligned rows and weight, and the RoPE table when it rotates.
   const bool rope_ok = a.rope_dim == 0 || (a.rope_table && a.rope_dim % 2 == 0 && a.rope_dim <= a.n);
-  if (rope_ok && static_cast<std::uintptr_t>(reinterpret_cast<std::uintptr_t>(a.in) |
-                                             reinterpret_cast<std::uintptr_t>(a.out)) % 8 == 0) {
+  const std::uintptr_t addr_bits = reinterpret_cast<std::uintptr_t>(a.in) |
+                                   reinterpret_cast<std::uintptr_t>(a.out) |
+                                   reinterpret_cast<std::uintptr_t>(a.weight);
+  if (rope_ok && addr_bits % 16 == 0) {
+    auto launch = [&](auto kernel, int rows_per_warp) {
+      const int rows_per_block = kWarpsPerBlock * rows_per_warp;
+      kernel<<<static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block), 32 * kWarpsPerBlock, 0,
+               stream>>>(a);
+      CSATTN_CUDA_LAUNCH_CHECK();
+    };
     switch (a.n) {
-#define CSATTN_NORM_ROPE_CASE(N)                                                   \
-  case N:                                                                          \
-    norm_rope_warp_kernel<N / 32><<<warp_blocks, 32 * kRowsPerBlock, 0, stream>>>(a); \
-    CSATTN_CUDA_LAUNCH_CHECK();                                                    \
-    return;
-      CSATTN_NORM_ROPE_CASE(128)
-      CSATTN_NORM_ROPE_CASE(256)
-      CSATTN_NORM_ROPE_CASE(512)
-      CSATTN_NORM_ROPE_CASE(1024)
-#undef CSATTN_NORM_ROPE_CASE
-      default:
-        break;
+      case 128: launch(norm_rope_warp_kernel<4, 4>, 4); return;
+      case 256: launch(norm_rope_warp_kernel<8, 2>, 2); return;
+      case 512: launch(norm_rope_warp_kernel<16, 1>, 1); return;
+      case 1024: launch(norm_rope_warp_kernel<32, 1>, 1); return;
+      default: break;
     }
   }
   launch_norm_rope_reference(a, stream);

@@ -2,7 +2,7 @@
 // one-thread-per-channel reference kernel against an fp64 evaluation of the equation on the
 // same bf16 inputs, for both ratios (m = 4 with its overlapping A / B halves, m = 128 with
 // its split-and-merge), the main (512) and indexer (128) widths, and widths the vector kernel
-// does not take (fallback). Ragged padded batches: segments shorter than the ratio, tails,
+// does not take (the fallback). Ragged padded batches: segments shorter than the ratio, tails,
 // padding rows. Outputs are NaN-poisoned; capacity rows without an entry must stay so.
 // Skips where no GPU is present.
 #ifdef CSATTN_HAVE_CUDA
@@ -116,7 +116,7 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaCompressorPool,
     ::testing::Values(PoolCase{"csa_main_512", 4, 512}, PoolCase{"csa_indexer_128", 4, 128},
                       PoolCase{"hca_main_512", 128, 512}, PoolCase{"hca_width_64", 128, 64},
-                      PoolCase{"csa_width_60_fallback", 4, 60},
+                      PoolCase{"csa_width_60", 4, 60}, PoolCase{"csa_width_62_fallback", 4, 62},
                       PoolCase{"hca_width_1024_fallback", 128, 1024}),
     [](const auto& info) { return info.param.name; });
 

@@ -158,7 +158,10 @@ INSTANTIATE_TEST_SUITE_P(
                       NrCase{"indexer_q_rope_hadamard", 128, false, false, true, false, 1, 8},
                       NrCase{"indexer_keys_compressed", 128, true, true, true, true, 1, 1},
                       NrCase{"main_keys_compressed", 512, true, true, false, true, 1, 1},
-                      NrCase{"hadamard_256_transpose", 256, false, false, true, false, -1, 2}),
+                      NrCase{"hadamard_256_transpose", 256, false, false, true, false, -1, 2},
+                      // several rows per warp with a partial last group (353 rows)
+                      NrCase{"rows_128_partial_group", 128, true, true, true, false, 1, 1},
+                      NrCase{"rows_256_partial_group", 256, true, false, false, false, 1, 1}),
     [](const auto& param_info) { return param_info.param.name; });
 
 }  // namespace
