@@ -12,23 +12,12 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-TP=${CSATTN_THIRD_PARTY_DIR:-$PWD/.device/third_party}
-export PATH=/usr/local/cuda/bin:$PATH
 start=$(date +%s)
 # At most 8 files come back: summary.txt collects the short outputs.
 SUMMARY="$OUT/summary.txt"
 { nvidia-smi; nvcc --version; cmake --version; g++ --version; } > "$SUMMARY" 2>&1
 
-echo "== configure + build"
-if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCSATTN_THIRD_PARTY_DIR="$TP" > "$OUT/build.log" 2>&1 ||
-   ! cmake --build build-gpu -j "$(nproc)" >> "$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"
-  echo "gpu-check: build failed (log: build.log)"
-  exit 1
-fi
-grep -E "ptxas (info|warning)|bytes stack frame" "$OUT/build.log" | sed 's/^ *//' | sort -u | tail -40
-echo "build: $(( $(date +%s) - start )) s"
+source scripts/device-build.sh
 
 tests_rc=skipped
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
