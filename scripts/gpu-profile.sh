@@ -33,11 +33,12 @@ if [ "${PROFILE_NCU:-1}" != 0 ]; then
     CSATTN_BENCH_SECTIONS=$section timeout 240 ncu --clock-control none -k "regex:$kernel" \
       --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      build-gpu/csattn_cuda_bench "$OUT/ncu_bench_$section.json" > "$OUT/ncu_$kernel.txt" 2> "$OUT/ncu_$kernel.err"
+      build-gpu/csattn_cuda_bench "/tmp/ncu_bench_$section.json" > "/tmp/ncu_$kernel.txt" 2>&1
     echo "ncu rc $?"
+    cat "/tmp/ncu_$kernel.txt" >> "$OUT/ncu.txt"  # few files come back: one report
     grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Executed Ipc A|L1/TEX Hit|L2 Hit|DRAM Throughput|Warp Cycles Per Issued|Issue Slots Busy" \
-      "$OUT/ncu_$kernel.txt" | sed 's/^ */  /' | head -16
-    grep -E "^    (OPT|WRN)" -A2 "$OUT/ncu_$kernel.txt" | head -12
+      "/tmp/ncu_$kernel.txt" | sed 's/^ */  /' | head -16
+    grep -E "^    (OPT|WRN)" -A2 "/tmp/ncu_$kernel.txt" | head -12
   done
 fi
 echo "gpu-profile: $(( $(date +%s) - start )) s"
