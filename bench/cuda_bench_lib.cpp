@@ -282,7 +282,8 @@ json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double
   return j;
 }
 
-json layer_case(const std::string& preset, int ratio, int tokens, bool backward = false) {
+json layer_case(const std::string& preset, int ratio, int tokens, bool backward = false,
+                bool deterministic = false) {
   AttentionConfig cfg = ModelConfig::preset(preset).base;
   cfg.compress_ratio = ratio;
   const LayerWeights w = LayerWeights::random(cfg, 11);
@@ -292,6 +293,7 @@ json layer_case(const std::string& preset, int ratio, int tokens, bool backward 
   CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
   CSATTN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total_mem));
   CudaLayer layer(cfg, w);
+  layer.set_deterministic(deterministic);
   std::mt19937_64 rng(12);
   std::normal_distribution<float> dist;
   std::vector<float> xv(static_cast<std::size_t>(tokens) * cfg.d_model);
@@ -366,8 +368,8 @@ void write_svg(const json& report, const std::string& path) {
 namespace csattn::bench {
 
 int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
-  // CSATTN_BENCH_SECTIONS (comma list of attention, attention_backward, layer, indexer,
-  // elementwise, indexer_loss) runs a subset; default all.
+  // CSATTN_BENCH_SECTIONS (comma list of attention, attention_backward, layer,
+  // deterministic, indexer, elementwise, indexer_loss) runs a subset; default all.
   const char* sections_env = std::getenv("CSATTN_BENCH_SECTIONS");
   const std::string sections = sections_env ? "," + std::string(sections_env) + "," : "";
   auto want = [&](const char* name) {
@@ -433,6 +435,24 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
             bstages += k + " " + std::to_string(v.get<double>()).substr(0, 6) + "; ";
           std::printf("%5s %7s %10s %10s %12s %9s  backward stages (ms): %s\n", "", "", "", "", "", "", bstages.c_str());
           report["layer_forward"].push_back(j);
+        }
+    }
+    if (want("deterministic")) {
+      // What the fixed-order key-gradient sums cost: the same backward in both modes.
+      std::printf("\nbackward, fast (atomic) vs deterministic mode (flash shape, one sequence)\n");
+      std::printf("%5s %7s %12s %12s %8s %10s\n", "type", "tokens", "fast ms", "determ. ms", "ratio", "peak GiB");
+      for (int tokens : {4096, 16384})
+        for (int ratio : {0, 4, 128}) {
+          std::fprintf(stderr, "cuda_bench: deterministic backward ratio %d tokens %d\n", ratio, tokens);
+          json fast = layer_case("flash", ratio, tokens, true, false);
+          json det = layer_case("flash", ratio, tokens, true, true);
+          const double f = fast["backward_ms"].get<double>(), dt = det["backward_ms"].get<double>();
+          std::printf("%5s %7d %12.2f %12.2f %8.2f %10.2f\n", fast["type"].get<std::string>().c_str(), tokens, f, dt,
+                      dt / f, det["measured_peak_bytes"].get<double>() / (1u << 30));
+          report["deterministic_backward"].push_back(
+              json{{"type", fast["type"]}, {"tokens", tokens}, {"fast_ms", f}, {"deterministic_ms", dt},
+                   {"deterministic_stages_ms", det["backward_stages_ms"]},
+                   {"deterministic_peak_bytes", det["measured_peak_bytes"]}});
         }
     }
     if (want("indexer")) {

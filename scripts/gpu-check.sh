@@ -7,8 +7,8 @@
 # Options (environment): GPU_CHECK_TESTS=0 skips the tests, GPU_CHECK_BENCH=0 the benchmarks,
 # GPU_CHECK_TORCH=0 the PyTorch eager comparison, GPU_CHECK_RUN=0 the `csattn run` jobs;
 # GPU_CHECK_FILTER=<gtest filter> runs only those test cases; CSATTN_BENCH_SECTIONS picks
-# benchmark sections (attention, attention_backward, layer, indexer, elementwise,
-# indexer_loss).
+# benchmark sections (attention, attention_backward, layer, deterministic, indexer,
+# elementwise, indexer_loss).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"

@@ -1,9 +1,9 @@
 // Communicator: the point-to-point and collective operations context parallelism needs, with
 // non-blocking handles. Backends: an in-process group (one thread per rank, for tests and
-// single-process runs) and MPI (ranks launched by mpirun). Buffers carry their dtype and
-// device and every operation takes an optional stream, so a device backend (NCCL, with the
-// CUDA context-parallel issue) fits behind the same interface: it will accept Device::cuda
-// buffers and enqueue on the stream, where host backends accept Device::cpu only.
+// single-process runs), MPI (ranks launched by mpirun) and NCCL (device buffers on the
+// caller's stream, bootstrapped through either). Buffers carry their dtype and device and
+// every operation takes an optional stream; `accepts(device)` says which buffers a backend
+// takes.
 //
 // Rules every backend keeps:
 // - Collectives are matched by call order: every rank issues the same collectives in the
@@ -84,7 +84,7 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "local", "mpi"
+  virtual std::string backend() const = 0;  // "local", "mpi", "nccl"
   virtual bool accepts(Device device) const { return device == Device::cpu; }
 
   // Posts every send and receive of one exchange together (MPI Isend/Irecv, later
@@ -144,6 +144,19 @@ class LocalCommGroup {
 // hanging); after every thread has finished, the exception of the rank that failed first
 // is rethrown.
 void run_local_ranks(int size, const std::function<void(Communicator&)>& fn);
+
+// ---- NCCL backend ----
+
+// This build has the NCCL backend (CUDA toolkit with libnccl).
+bool nccl_available();
+// A communicator over NCCL for the ranks of `bootstrap` (a host communicator: MPI across
+// nodes, or an in-process group with one thread per GPU), this rank on GPU `device`.
+// Collective: every rank of `bootstrap` calls it. Rank 0's NCCL unique id travels through
+// bootstrap's all-gather. Buffers must be Device::cuda; operations are enqueued on the
+// caller's stream, and wait() blocks the host until the operation is complete (a no-op
+// while the stream is being captured: stream order is enough there). NVLink multicast is
+// off (NCCL_NVLS_ENABLE=0 unless set). Throws csattn::Error(Unsupported) without NCCL.
+std::unique_ptr<Communicator> nccl_communicator(Communicator& bootstrap, int device);
 
 // ---- MPI backend ----
 

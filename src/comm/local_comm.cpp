@@ -6,6 +6,13 @@
 // output (reductions add in rank order) and marks it done, so a rank's wait() never needs
 // another rank to be waiting too. A group can be aborted: every blocked and later call then
 // throws, which is how a failing rank releases the others.
+//
+// Device buffers (builds with CUDA): P ranks sharing one GPU in one process. A rank's
+// device inputs are complete when it posts (its stream is synchronised first); data moves
+// with cudaMemcpy (synchronous, so outputs are in place when the collective is marked
+// done), and reductions stage device inputs on the host and add there in rank order - the
+// same order and result as host buffers. Meant for testing the device code paths of
+// context parallelism on one GPU, not for speed.
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -15,6 +22,10 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+
+#ifdef CSATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include "csattn/comm.hpp"
 #include "csattn/error.hpp"
@@ -33,6 +44,34 @@ const char* kind_name(CollKind k) {
     case CollKind::barrier: return "barrier";
   }
   return "?";
+}
+
+// Copies n bytes between any two buffers (host or device).
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t n) {
+  if (n == 0) return;
+  if (dst_dev == Device::cpu && src_dev == Device::cpu) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+#ifdef CSATTN_HAVE_CUDA
+  const cudaError_t rc = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+  if (rc != cudaSuccess)
+    throw Error(ErrorKind::Internal, std::string("local communicator: cudaMemcpy failed: ") + cudaGetErrorString(rc));
+#else
+  throw Error(ErrorKind::Unsupported, "local communicator: device buffers need a CUDA build");
+#endif
+}
+
+// The stream-ordered work that produced a device input must be complete before another
+// rank's thread reads it.
+void sync_stream(CommStream stream) {
+#ifdef CSATTN_HAVE_CUDA
+  const cudaError_t rc = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  if (rc != cudaSuccess)
+    throw Error(ErrorKind::Internal, std::string("local communicator: stream sync failed: ") + cudaGetErrorString(rc));
+#else
+  (void)stream;
+#endif
 }
 
 template <class T>
@@ -125,7 +164,7 @@ class ExchangeRequest : public CommRequest::Impl {
                   std::to_string(m.buffer.bytes()) + " bytes from rank " +
                   std::to_string(m.peer) + " but the message has " +
                   std::to_string(msg.size()));
-      if (!msg.empty()) std::memcpy(m.buffer.data, msg.data(), msg.size());
+      copy_bytes(m.buffer.data, m.buffer.device, msg.data(), Device::cpu, msg.size());
     }
   }
 
@@ -154,35 +193,58 @@ class CollectiveRequest : public CommRequest::Impl {
   std::uint64_t seq_;
 };
 
+// Host views of the inputs of a reduction: device inputs copied to `staged`.
+std::vector<CommBuffer> host_inputs(const std::vector<CommBuffer>& in,
+                                    std::vector<std::vector<unsigned char>>& staged) {
+  std::vector<CommBuffer> host = in;
+  staged.resize(in.size());
+  for (std::size_t r = 0; r < in.size(); ++r) {
+    if (in[r].device == Device::cpu) continue;
+    staged[r].resize(in[r].bytes());
+    copy_bytes(staged[r].data(), Device::cpu, in[r].data, in[r].device, in[r].bytes());
+    host[r].data = staged[r].data();
+    host[r].device = Device::cpu;
+  }
+  return host;
+}
+
 // Runs a complete collective: every rank has posted. Called with the lock held.
 void complete(State& st, State::Collective& c) {
   const int P = st.size;
   if (c.error.empty()) {
-    const std::size_t esz = dtype_size(c.dtype);
-    switch (c.kind) {
-      case CollKind::barrier: break;
-      case CollKind::all_gather:
-        for (int r = 0; r < P; ++r)
-          for (int src = 0; src < P; ++src)
-            if (c.count)
-              std::memcpy(static_cast<unsigned char*>(c.out[r].data) + src * c.count * esz,
-                          c.in[src].data, c.count * esz);
-        break;
-      case CollKind::reduce_scatter: {
-        const std::size_t block = c.count / static_cast<std::size_t>(P);
-        for (int r = 0; r < P; ++r)
-          reduce_typed(c.dtype, c.in, static_cast<std::size_t>(r) * block, block, ReduceOp::sum,
-                       c.out[r].data);
-        break;
+    try {
+      const std::size_t esz = dtype_size(c.dtype);
+      switch (c.kind) {
+        case CollKind::barrier: break;
+        case CollKind::all_gather:
+          for (int r = 0; r < P; ++r)
+            for (int src = 0; src < P; ++src)
+              copy_bytes(static_cast<unsigned char*>(c.out[r].data) + src * c.count * esz, c.out[r].device,
+                         c.in[src].data, c.in[src].device, c.count * esz);
+          break;
+        case CollKind::reduce_scatter: {
+          const std::size_t block = c.count / static_cast<std::size_t>(P);
+          std::vector<std::vector<unsigned char>> staged;
+          const std::vector<CommBuffer> in = host_inputs(c.in, staged);
+          std::vector<unsigned char> tmp(block * esz);
+          for (int r = 0; r < P; ++r) {
+            reduce_typed(c.dtype, in, static_cast<std::size_t>(r) * block, block, ReduceOp::sum, tmp.data());
+            copy_bytes(c.out[r].data, c.out[r].device, tmp.data(), Device::cpu, tmp.size());
+          }
+          break;
+        }
+        case CollKind::all_reduce: {
+          // Reduce into a temporary first: the inputs are also the outputs.
+          std::vector<std::vector<unsigned char>> staged;
+          const std::vector<CommBuffer> in = host_inputs(c.in, staged);
+          std::vector<unsigned char> tmp(c.count * esz);
+          reduce_typed(c.dtype, in, 0, c.count, c.op, tmp.data());
+          for (int r = 0; r < P; ++r) copy_bytes(c.out[r].data, c.out[r].device, tmp.data(), Device::cpu, tmp.size());
+          break;
+        }
       }
-      case CollKind::all_reduce: {
-        // Reduce into a temporary first: the inputs are also the outputs.
-        std::vector<unsigned char> tmp(c.count * esz);
-        reduce_typed(c.dtype, c.in, 0, c.count, c.op, tmp.data());
-        for (int r = 0; r < P; ++r)
-          if (c.count) std::memcpy(c.out[r].data, tmp.data(), tmp.size());
-        break;
-      }
+    } catch (const Error& e) {  // every rank's wait() reports it
+      c.error = e.what();
     }
   }
   c.done = true;
@@ -195,28 +257,41 @@ class LocalComm : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return st_->size; }
   std::string backend() const override { return "local"; }
+#ifdef CSATTN_HAVE_CUDA
+  bool accepts(Device) const override { return true; }
+#endif
 
  protected:
   CommRequest post_exchange(const std::vector<P2PMessage>& sends,
-                            const std::vector<P2PMessage>& receives, CommStream) override {
+                            const std::vector<P2PMessage>& receives, CommStream stream) override {
+    bool device = false;
+    for (const P2PMessage& m : sends) device |= m.buffer.device == Device::cuda;
+    if (device) sync_stream(stream);
     {
+      // Device payloads are copied out before taking the lock.
+      std::vector<std::vector<unsigned char>> payloads;
+      for (const P2PMessage& m : sends) {
+        payloads.emplace_back(m.buffer.bytes());
+        copy_bytes(payloads.back().data(), Device::cpu, m.buffer.data, m.buffer.device, m.buffer.bytes());
+      }
       std::lock_guard<std::mutex> lock(st_->mu);
       st_->throw_if_aborted();
-      for (const P2PMessage& m : sends) {
-        const auto* p = static_cast<const unsigned char*>(m.buffer.data);
-        st_->mail[{rank_, m.peer}].emplace_back(p, p + m.buffer.bytes());
-      }
+      for (std::size_t i = 0; i < sends.size(); ++i)
+        st_->mail[{rank_, sends[i].peer}].push_back(std::move(payloads[i]));
       st_->cv.notify_all();
     }
     return CommRequest(std::make_unique<ExchangeRequest>(st_, rank_, receives));
   }
-  CommRequest post_all_gather(CommBuffer in, CommBuffer out, CommStream) override {
+  CommRequest post_all_gather(CommBuffer in, CommBuffer out, CommStream stream) override {
+    if (in.device == Device::cuda || out.device == Device::cuda) sync_stream(stream);
     return post(CollKind::all_gather, in, out, ReduceOp::sum);
   }
-  CommRequest post_reduce_scatter_sum(CommBuffer in, CommBuffer out, CommStream) override {
+  CommRequest post_reduce_scatter_sum(CommBuffer in, CommBuffer out, CommStream stream) override {
+    if (in.device == Device::cuda || out.device == Device::cuda) sync_stream(stream);
     return post(CollKind::reduce_scatter, in, out, ReduceOp::sum);
   }
-  CommRequest post_all_reduce(CommBuffer inout, ReduceOp op, CommStream) override {
+  CommRequest post_all_reduce(CommBuffer inout, ReduceOp op, CommStream stream) override {
+    if (inout.device == Device::cuda) sync_stream(stream);
     return post(CollKind::all_reduce, inout, inout, op);
   }
   void do_barrier() override { post(CollKind::barrier, {}, {}, ReduceOp::sum).wait(); }

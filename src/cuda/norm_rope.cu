@@ -287,7 +287,7 @@ void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
       case 128: launch(norm_rope_warp_kernel<4, 4>, 4); return;
       case 256: launch(norm_rope_warp_kernel<8, 2>, 2); return;
       case 512: launch(norm_rope_warp_kernel<16, 1>, 1); return;
-      case 1024: launch(norm_rope_warp_kernel<32, 1>, 1); return;
+      case 1024: launch(norm_rope_warp_kernel<32, 2>, 2); return;
       default: break;
     }
   }

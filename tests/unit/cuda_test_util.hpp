@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -21,7 +22,8 @@ inline void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// An owning device array of n elements (never a null pointer, so kernels may take it).
+// An owning device array of n elements (never a null pointer, so kernels may take it; an
+// empty array still holds one element). Errors throw std::runtime_error.
 template <class T>
 class DeviceArray {
  public:
@@ -37,8 +39,10 @@ class DeviceArray {
     n_ = n;
     cuda_ok(cudaMalloc(&p_, sizeof(T) * (n ? n : 1)), "cudaMalloc");
   }
+  // Copies host in; reallocates only when the size changes, so pointers taken from get()
+  // before an upload of the same size stay valid.
   void upload(const std::vector<T>& host) {
-    resize(host.size());
+    if (!p_ || host.size() != n_) resize(host.size());
     if (n_) cuda_ok(cudaMemcpy(p_, host.data(), sizeof(T) * n_, cudaMemcpyHostToDevice), "upload");
   }
   std::vector<T> download() const {
@@ -56,6 +60,14 @@ class DeviceArray {
   T* p_ = nullptr;
   std::size_t n_ = 0;
 };
+
+// The array's storage as another element type of the same size, e.g. a bf16 view of an
+// array uploaded as raw 16-bit patterns: dev_cast<cuda::bf16>(a).
+template <class U, class T>
+U* dev_cast(const DeviceArray<T>& a) {
+  static_assert(sizeof(U) == sizeof(T), "dev_cast: element sizes differ");
+  return reinterpret_cast<U*>(a.get());
+}
 
 // Dims and device metadata of a THD batch with the given real and padded lengths, as the
 // layer builds them (launch_metadata, launch_rope_table).

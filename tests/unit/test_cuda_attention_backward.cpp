@@ -24,45 +24,16 @@
 #include "cuda/kernels.hpp"
 #include "cuda/ordered_scatter.hpp"
 #include "cuda/workspace.hpp"
+#include "cuda_test_util.hpp"
+#include "test_util.hpp"
 
 namespace csattn {
 namespace {
 
 using namespace csattn::cuda;
+using testing_util::dev_cast;
+using testing_util::DeviceArray;
 
-#define SKIP_WITHOUT_GPU()                                            \
-  do {                                                                \
-    std::string why;                                                  \
-    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;     \
-  } while (0)
-
-// One device allocation, freed on scope exit.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-    CSATTN_CUDA_CHECK(cudaMalloc(&p_, std::max<std::size_t>(bytes, 256)));
-  }
-  ~DeviceBuffer() { cudaFree(p_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const { return static_cast<T*>(p_); }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-template <class T>
-void upload(const DeviceBuffer& dst, const std::vector<T>& v) {
-  CSATTN_CUDA_CHECK(cudaMemcpy(dst.as<void>(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-std::vector<float> download_f32(const DeviceBuffer& src, std::size_t n) {
-  std::vector<float> v(n);
-  CSATTN_CUDA_CHECK(cudaMemcpy(v.data(), src.as<void>(), n * sizeof(float), cudaMemcpyDeviceToHost));
-  return v;
-}
 std::vector<std::uint16_t> random_bf16(std::size_t n, std::uint64_t seed, float sd = 1.0f) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist(0.0f, sd);
@@ -132,35 +103,32 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   ASSERT_TRUE(attention_backward_mma_supported(d));
 
   // Metadata on the device (the forward's kernel builds the per-row part).
-  DeviceBuffer cu_real_d(sizeof(std::int32_t) * (B + 1)), cu_padded_d(sizeof(std::int32_t) * (B + 1)),
-      comp_start_d(sizeof(std::int32_t) * (B + 1)), row_segment_d(sizeof(std::int32_t) * T),
-      row_position_d(sizeof(std::int32_t) * T), row_padding_d(T);
-  upload(cu_real_d, cu_real);
-  upload(cu_padded_d, cu_padded);
+  DeviceArray<std::int32_t> cu_real_d(cu_real), cu_padded_d(cu_padded), comp_start_d(B + 1),
+      row_segment_d(T), row_position_d(T);
+  DeviceArray<std::uint8_t> row_padding_d(T);
   DeviceMetadata meta;
-  meta.cu_real = cu_real_d.as<std::int32_t>();
-  meta.cu_padded = cu_padded_d.as<std::int32_t>();
-  meta.comp_start = comp_start_d.as<std::int32_t>();
-  meta.row_segment = row_segment_d.as<std::int32_t>();
-  meta.row_position = row_position_d.as<std::int32_t>();
-  meta.row_is_padding = row_padding_d.as<std::uint8_t>();
+  meta.cu_real = cu_real_d.get();
+  meta.cu_padded = cu_padded_d.get();
+  meta.comp_start = comp_start_d.get();
+  meta.row_segment = row_segment_d.get();
+  meta.row_position = row_position_d.get();
+  meta.row_is_padding = row_padding_d.get();
   launch_metadata(d, meta, nullptr);
 
   // Inputs. Logits ~ N(0, 1) after the 512^-1/2 scale, so P spreads over many keys.
   const std::size_t rowsHD = static_cast<std::size_t>(T) * H * D;
-  DeviceBuffer q(rowsHD * 2), kv(static_cast<std::size_t>(T) * D * 2),
-      comp(static_cast<std::size_t>(Nc) * D * 2), dout(rowsHD * 2), out(rowsHD * 2),
-      lse(sizeof(float) * T * H), sink(sizeof(float) * H),
-      topk(sizeof(std::int32_t) * std::max<std::size_t>(1, static_cast<std::size_t>(T) * K));
-  upload(q, random_bf16(rowsHD, 1));
-  upload(kv, random_bf16(static_cast<std::size_t>(T) * D, 2));
-  upload(comp, random_bf16(static_cast<std::size_t>(Nc) * D, 3));
-  upload(dout, random_bf16(rowsHD, 4));
+  // bf16 tensors as raw 16-bit patterns; the kernels take them through dev_cast<bf16>.
+  DeviceArray<std::uint16_t> q(random_bf16(rowsHD, 1)),
+      kv(random_bf16(static_cast<std::size_t>(T) * D, 2)),
+      comp(random_bf16(static_cast<std::size_t>(Nc) * D, 3)), dout(random_bf16(rowsHD, 4)),
+      out(rowsHD);
+  DeviceArray<float> lse(static_cast<std::size_t>(T) * H), sink(H);
+  DeviceArray<std::int32_t> topk(std::max<std::size_t>(1, static_cast<std::size_t>(T) * K));
   std::mt19937_64 rng(5);
   std::normal_distribution<float> nd;
   std::vector<float> sink_h(H);
   for (float& s : sink_h) s = nd(rng);
-  upload(sink, sink_h);
+  sink.upload(sink_h);
   if (K > 0) {
     // Per row: distinct causally visible ids, ascending, then -1; about one in eight of the
     // selectable ids left out so rows below top-k have -1 slots too.
@@ -177,28 +145,25 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
         std::copy(pool.begin(), pool.begin() + keep,
                   sel.begin() + static_cast<long>(cu_padded[b] + pos) * K);
       }
-    upload(topk, sel);
+    topk.upload(sel);
   }
-  launch_sparse_attention(d, meta, q.as<bf16>(), kv.as<bf16>(), comp.as<bf16>(), sink.as<float>(),
-                          topk.as<std::int32_t>(), out.as<bf16>(), lse.as<float>(), nullptr);
+  launch_sparse_attention(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
+                          sink.get(), topk.get(), dev_cast<bf16>(out), lse.get(), nullptr);
 
-  DeviceBuffer dq(sizeof(float) * rowsHD), dkv(sizeof(float) * T * D),
-      dcomp(sizeof(float) * static_cast<std::size_t>(Nc) * D), dsink(sizeof(float) * T * H);
+  DeviceArray<float> dq(rowsHD), dkv(static_cast<std::size_t>(T) * D),
+      dcomp(static_cast<std::size_t>(Nc) * D), dsink(static_cast<std::size_t>(T) * H);
   auto run = [&](bool mma) {
     // dq and dsink_part are written: NaN first. The key gradients are accumulated: zero.
-    CSATTN_CUDA_CHECK(cudaMemset(dq.as<void>(), 0xFF, dq.bytes()));
-    CSATTN_CUDA_CHECK(cudaMemset(dsink.as<void>(), 0xFF, dsink.bytes()));
-    CSATTN_CUDA_CHECK(cudaMemset(dkv.as<void>(), 0, dkv.bytes()));
-    CSATTN_CUDA_CHECK(cudaMemset(dcomp.as<void>(), 0, dcomp.bytes()));
+    dq.fill_bytes(0xFF);
+    dsink.fill_bytes(0xFF);
+    dkv.fill_bytes(0);
+    dcomp.fill_bytes(0);
     auto launch = mma ? launch_attention_backward_mma : launch_attention_backward_baseline;
-    launch(d, meta, q.as<bf16>(), kv.as<bf16>(), comp.as<bf16>(), sink.as<float>(),
-           topk.as<std::int32_t>(), out.as<bf16>(), lse.as<float>(), dout.as<bf16>(),
-           dq.as<float>(), dkv.as<float>(), dcomp.as<float>(), dsink.as<float>(), nullptr,
-           GradChunk{});
+    launch(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
+           topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(), dkv.get(),
+           dcomp.get(), dsink.get(), nullptr, GradChunk{});
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
-    return Grads{download_f32(dq, rowsHD), download_f32(dkv, static_cast<std::size_t>(T) * D),
-                 download_f32(dcomp, static_cast<std::size_t>(Nc) * D),
-                 download_f32(dsink, static_cast<std::size_t>(T) * H)};
+    return Grads{dq.download(), dkv.download(), dcomp.download(), dsink.download()};
   };
   const Grads ref = run(false), got = run(true);
 
@@ -206,33 +171,30 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   // NaN-poisoned scratch (a slot the kernel forgot stays NaN and poisons the sum), then the
   // ordered scatter adds them per key row in row order.
   auto run_deterministic = [&](bool mma, int chunk_rows) {
-    CSATTN_CUDA_CHECK(cudaMemset(dq.as<void>(), 0xFF, dq.bytes()));
-    CSATTN_CUDA_CHECK(cudaMemset(dsink.as<void>(), 0xFF, dsink.bytes()));
-    CSATTN_CUDA_CHECK(cudaMemset(dkv.as<void>(), 0, dkv.bytes()));
-    CSATTN_CUDA_CHECK(cudaMemset(dcomp.as<void>(), 0, dcomp.bytes()));
+    dq.fill_bytes(0xFF);
+    dsink.fill_bytes(0xFF);
+    dkv.fill_bytes(0);
+    dcomp.fill_bytes(0);
     const int copies = mma ? (H + 63) / 64 : 1, slots = max_keys_per_query(d);
-    DeviceBuffer scratch(sizeof(float) * static_cast<std::size_t>(chunk_rows) * copies * slots * D);
-    CSATTN_CUDA_CHECK(cudaMemset(scratch.as<void>(), 0xFF, scratch.bytes()));
+    DeviceArray<float> scratch(static_cast<std::size_t>(chunk_rows) * copies * slots * D);
+    scratch.fill_bytes(0xFF);
     OrderedScatter os;
     os.layout = SlotLayout::attention;
     os.slots = slots;
     os.width = D;
-    os.dst_window = dkv.as<float>();
-    os.dst_comp = dcomp.as<float>();
+    os.dst_window = dkv.get();
+    os.dst_comp = dcomp.get();
     os.copies = copies;
     auto launch = mma ? launch_attention_backward_mma : launch_attention_backward_baseline;
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
-      const GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.as<float>(), slots, copies};
-      launch(d, meta, q.as<bf16>(), kv.as<bf16>(), comp.as<bf16>(), sink.as<float>(),
-             topk.as<std::int32_t>(), out.as<bf16>(), lse.as<float>(), dout.as<bf16>(),
-             dq.as<float>(), dkv.as<float>(), dcomp.as<float>(), dsink.as<float>(), nullptr, chunk);
-      launch_ordered_scatter(d, meta, topk.as<std::int32_t>(), os, chunk.r0, chunk.rows, scratch.as<float>(),
-                             nullptr);
+      const GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.get(), slots, copies};
+      launch(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
+             topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(), dkv.get(),
+             dcomp.get(), dsink.get(), nullptr, chunk);
+      launch_ordered_scatter(d, meta, topk.get(), os, chunk.r0, chunk.rows, scratch.get(), nullptr);
     }
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
-    return Grads{download_f32(dq, rowsHD), download_f32(dkv, static_cast<std::size_t>(T) * D),
-                 download_f32(dcomp, static_cast<std::size_t>(Nc) * D),
-                 download_f32(dsink, static_cast<std::size_t>(T) * H)};
+    return Grads{dq.download(), dkv.download(), dcomp.download(), dsink.download()};
   };
   for (bool mma : {true, false}) {
     SCOPED_TRACE(mma ? "deterministic tensor-core kernel" : "deterministic baseline kernel");

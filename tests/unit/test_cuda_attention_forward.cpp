@@ -16,13 +16,14 @@
 #include <cstring>
 #include <numeric>
 #include <random>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "csattn/layer.hpp"
 #include "csattn/tensor.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda_test_util.hpp"
+#include "test_util.hpp"
 
 namespace csattn {
 namespace {
@@ -30,39 +31,8 @@ namespace {
 using cuda::bf16;
 using cuda::DeviceMetadata;
 using cuda::LayerDims;
-
-#define SKIP_WITHOUT_GPU()                                        \
-  do {                                                            \
-    std::string why;                                              \
-    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
-  } while (0)
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-#define CUDA_OK(call) cuda_ok((call), #call)
-
-// A device buffer freed on scope exit.
-template <class T>
-struct DeviceArray {
-  T* ptr = nullptr;
-  std::size_t n = 0;
-  explicit DeviceArray(std::size_t count) : n(std::max<std::size_t>(count, 1)) {
-    CUDA_OK(cudaMalloc(&ptr, sizeof(T) * n));
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { cudaFree(ptr); }
-  void upload(const std::vector<T>& v) {
-    CUDA_OK(cudaMemcpy(ptr, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(n);
-    CUDA_OK(cudaMemcpy(v.data(), ptr, sizeof(T) * n, cudaMemcpyDeviceToHost));
-    return v;
-  }
-  void poison() { CUDA_OK(cudaMemset(ptr, 0xFF, sizeof(T) * n)); }  // NaN for bf16 and fp32
-};
+using testing_util::cuda_ok;
+using testing_util::DeviceArray;
 
 struct AttnCase {
   std::string name;
@@ -250,9 +220,9 @@ class DeviceProblem {
     h.insert(h.end(), p.q_seg.begin(), p.q_seg.end());
     h.insert(h.end(), p.q_pos.begin(), p.q_pos.end());
     const std::size_t flags_at = h.size();
-    h.resize(meta_.n, 0);  // row_is_padding: zero bytes
+    h.resize(meta_.size(), 0);  // row_is_padding: zero bytes
     meta_.upload(h);
-    std::int32_t* m = meta_.ptr;
+    std::int32_t* m = meta_.get();
     const std::size_t B1 = p.cu.size(), T = p.q_pos.size();
     meta_dev_.cu_real = m;
     meta_dev_.cu_padded = m;
@@ -263,34 +233,34 @@ class DeviceProblem {
   }
 
   Result run(Kernel k) {
-    const bf16* q = reinterpret_cast<const bf16*>(q_.ptr);
-    const bf16* kv = reinterpret_cast<const bf16*>(kv_.ptr);
-    const bf16* comp = reinterpret_cast<const bf16*>(comp_.ptr);
-    bf16* out = reinterpret_cast<bf16*>(out_.ptr);
-    out_.poison();
-    lse_.poison();
+    const bf16* q = reinterpret_cast<const bf16*>(q_.get());
+    const bf16* kv = reinterpret_cast<const bf16*>(kv_.get());
+    const bf16* comp = reinterpret_cast<const bf16*>(comp_.get());
+    bf16* out = reinterpret_cast<bf16*>(out_.get());
+    out_.fill_bytes(0xFF);  // NaN for bf16 and fp32
+    lse_.fill_bytes(0xFF);
     const LayerDims& d = p_.d;
-    const std::int32_t* topk = p_.topk.empty() ? nullptr : topk_.ptr;
+    const std::int32_t* topk = p_.topk.empty() ? nullptr : topk_.get();
     switch (k) {
       case Kernel::wgmma:
-        cuda::launch_sparse_attention_wgmma(d, meta_dev_, q, kv, comp, sink_.ptr, topk, out,
-                                            lse_.ptr, nullptr);
+        cuda::launch_sparse_attention_wgmma(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
+                                            lse_.get(), nullptr);
         break;
       case Kernel::mma:
-        cuda::launch_sparse_attention_mma(d, meta_dev_, q, kv, comp, sink_.ptr, topk, out,
-                                          lse_.ptr, nullptr);
+        cuda::launch_sparse_attention_mma(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
+                                          lse_.get(), nullptr);
         break;
       case Kernel::baseline:
-        cuda::launch_sparse_attention_baseline(d, meta_dev_, q, kv, comp, sink_.ptr, topk, out,
-                                               lse_.ptr, nullptr);
+        cuda::launch_sparse_attention_baseline(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
+                                               lse_.get(), nullptr);
         break;
       case Kernel::dispatch:
-        cuda::launch_sparse_attention(d, meta_dev_, q, kv, comp, sink_.ptr, topk, out, lse_.ptr,
-                                      nullptr);
+        cuda::launch_sparse_attention(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
+                                      lse_.get(), nullptr);
         break;
     }
-    CUDA_OK(cudaGetLastError());
-    CUDA_OK(cudaDeviceSynchronize());
+    cuda_ok(cudaGetLastError(), "cudaGetLastError()");
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize()");
     Result r;
     r.out_bits = out_.download();
     r.out.resize(r.out_bits.size());

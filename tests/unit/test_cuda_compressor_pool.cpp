@@ -118,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(
                       PoolCase{"hca_main_512", 128, 512}, PoolCase{"hca_width_64", 128, 64},
                       PoolCase{"csa_width_60", 4, 60}, PoolCase{"csa_width_62_fallback", 4, 62},
                       PoolCase{"hca_width_1024_fallback", 128, 1024}),
-    [](const auto& info) { return info.param.name; });
+    [](const auto& param_info) { return param_info.param.name; });
 
 }  // namespace
 }  // namespace csattn

@@ -14,12 +14,6 @@ namespace {
 
 using namespace testing_util;
 
-#define SKIP_WITHOUT_GPU()                                  \
-  do {                                                      \
-    std::string why;                                        \
-    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
-  } while (0)
-
 struct CudaCase {
   std::string preset;
   int ratio;

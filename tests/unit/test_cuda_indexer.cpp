@@ -24,15 +24,13 @@
 #include "csattn/layer.hpp"
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda_test_util.hpp"
+#include "test_util.hpp"
 
 namespace csattn {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                        \
-  do {                                                            \
-    std::string why;                                              \
-    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
-  } while (0)
+using testing_util::DeviceArray;
 
 #define CU(call) ASSERT_EQ((call), cudaSuccess) << #call
 
@@ -48,18 +46,6 @@ float bf16_value(std::uint16_t b) {
   std::memcpy(&x, &u, 4);
   return x;
 }
-
-template <class T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit DeviceBuffer(std::size_t count) : n(count) {
-    if (cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 enum class Values { random, exact, equal_keys };
 
@@ -153,7 +139,7 @@ struct Problem {
   }
 };
 
-// Device copies of a problem and one launcher per kernel.
+// Device copies of a problem and one launcher per kernel (a failed allocation throws).
 class DeviceProblem {
  public:
   explicit DeviceProblem(const Problem& p)
@@ -163,64 +149,54 @@ class DeviceProblem {
         topk_(static_cast<std::size_t>(p.T) * p.K),
         scratch_(std::max<std::size_t>(cuda::indexer_topk_scratch_bytes(d_), 1)) {}
 
-  bool ok() const {
-    return cu_real_.p && cu_padded_.p && row_segment_.p && row_position_.p && row_is_padding_.p &&
-           comp_start_.p && q_.p && w_.p && k_.p && topk_.p && scratch_.p;
-  }
-
   void upload() {
-    auto up = [](void* dst, const void* src, std::size_t bytes) {
-      ASSERT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    };
-    up(cu_real_.p, p_.cu_real.data(), 4 * p_.cu_real.size());
-    up(cu_padded_.p, p_.cu_padded.data(), 4 * p_.cu_padded.size());
+    cu_real_.upload(p_.cu_real);
+    cu_padded_.upload(p_.cu_padded);
     auto bits = [](const std::vector<float>& v) {
       std::vector<std::uint16_t> b(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) b[i] = bf16_bits(v[i]);
       return b;
     };
     const auto qb = bits(p_.q), kb = bits(p_.k);
-    up(q_.p, qb.data(), 2 * qb.size());
-    up(k_.p, kb.data(), 2 * kb.size());
-    up(w_.p, p_.w.data(), 4 * p_.w.size());
+    q_.upload(qb);
+    k_.upload(kb);
+    w_.upload(p_.w);
     cuda::launch_metadata(d_, meta(), nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
 
   cuda::DeviceMetadata meta() {
     cuda::DeviceMetadata m;
-    m.cu_real = cu_real_.p;
-    m.cu_padded = cu_padded_.p;
-    m.row_segment = row_segment_.p;
-    m.row_position = row_position_.p;
-    m.row_is_padding = row_is_padding_.p;
-    m.comp_start = comp_start_.p;
+    m.cu_real = cu_real_.get();
+    m.cu_padded = cu_padded_.get();
+    m.row_segment = row_segment_.get();
+    m.row_position = row_position_.get();
+    m.row_is_padding = row_is_padding_.get();
+    m.comp_start = comp_start_.get();
     return m;
   }
 
   // Runs one kernel on poisoned outputs and NaN scratch; the [T, K] ids.
   std::vector<std::int32_t> run(cuda::IndexerKernel which) {
-    std::vector<std::int32_t> out(topk_.n);
-    EXPECT_EQ(cudaMemset(topk_.p, 0x5A, 4 * topk_.n), cudaSuccess);
-    EXPECT_EQ(cudaMemset(scratch_.p, 0xFF, scratch_.n), cudaSuccess);
-    cuda::launch_indexer_topk(d_, meta(), reinterpret_cast<const cuda::bf16*>(q_.p), w_.p,
-                              reinterpret_cast<const cuda::bf16*>(k_.p), topk_.p, scratch_.p, nullptr, which);
+    topk_.fill_bytes(0x5A);
+    scratch_.fill_bytes(0xFF);
+    cuda::launch_indexer_topk(d_, meta(), reinterpret_cast<const cuda::bf16*>(q_.get()), w_.get(),
+                              reinterpret_cast<const cuda::bf16*>(k_.get()), topk_.get(), scratch_.get(), nullptr, which);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(out.data(), topk_.p, 4 * out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    return out;
+    return topk_.download();
   }
 
  private:
   const Problem& p_;
   cuda::LayerDims d_;
-  DeviceBuffer<std::int32_t> cu_real_, cu_padded_, row_segment_, row_position_;
-  DeviceBuffer<std::uint8_t> row_is_padding_;
-  DeviceBuffer<std::int32_t> comp_start_;
-  DeviceBuffer<std::uint16_t> q_;
-  DeviceBuffer<float> w_;
-  DeviceBuffer<std::uint16_t> k_;
-  DeviceBuffer<std::int32_t> topk_;
-  DeviceBuffer<unsigned char> scratch_;
+  DeviceArray<std::int32_t> cu_real_, cu_padded_, row_segment_, row_position_;
+  DeviceArray<std::uint8_t> row_is_padding_;
+  DeviceArray<std::int32_t> comp_start_;
+  DeviceArray<std::uint16_t> q_;
+  DeviceArray<float> w_;
+  DeviceArray<std::uint16_t> k_;
+  DeviceArray<std::int32_t> topk_;
+  DeviceArray<unsigned char> scratch_;
 };
 
 // The output contract of every row: min(n, K) distinct ids in [0, n) ascending, then -1; rows
@@ -315,7 +291,6 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsRandom) {
   SKIP_WITHOUT_GPU();
   const Problem p = make_problem(GetParam(), Values::random, 11);
   DeviceProblem dev(p);
-  ASSERT_TRUE(dev.ok());
   dev.upload();
   const auto tiled = dev.run(cuda::IndexerKernel::tiled);
   expect_contract(p, tiled, "tiled");
@@ -336,7 +311,6 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsExact) {
   SKIP_WITHOUT_GPU();
   const Problem p = make_problem(GetParam(), Values::exact, 12);
   DeviceProblem dev(p);
-  ASSERT_TRUE(dev.ok());
   dev.upload();
   const auto tiled = dev.run(cuda::IndexerKernel::tiled);
   expect_contract(p, tiled, "tiled");
@@ -350,7 +324,6 @@ TEST_P(CudaIndexer, AllTiesTakeTheSmallestIds) {
   SKIP_WITHOUT_GPU();
   const Problem p = make_problem(GetParam(), Values::equal_keys, 13);
   DeviceProblem dev(p);
-  ASSERT_TRUE(dev.ok());
   dev.upload();
   const auto tiled = dev.run(cuda::IndexerKernel::tiled);
   expect_contract(p, tiled, "tiled");
@@ -378,7 +351,6 @@ TEST(CudaIndexerLong, SegmentOf200KTokens) {
   const int K = 512;
   const Problem p(8, 64, K, {200003, 3001}, {200004, 3004}, Values::exact, 14);
   DeviceProblem dev(p);
-  ASSERT_TRUE(dev.ok());
   dev.upload();
   EXPECT_THROW(dev.run(cuda::IndexerKernel::mma1), Error);
   const auto tiled = dev.run(cuda::IndexerKernel::tiled);
@@ -409,24 +381,23 @@ TEST(CudaIndexerTiming, DISABLED_Flash) {
     d.comp_capacity = tokens / 4; d.index_heads = HI; d.index_dim = DI; d.topk = K;
     const int Nc = tokens / 4;
     std::vector<std::int32_t> cu = {0, tokens};
-    DeviceBuffer<std::int32_t> cu_d(2), seg(tokens), pos(tokens), cs(2), topk(static_cast<std::size_t>(tokens) * K);
-    DeviceBuffer<std::uint8_t> pad(tokens);
-    DeviceBuffer<std::uint16_t> q(static_cast<std::size_t>(tokens) * HI * DI), k(static_cast<std::size_t>(Nc) * DI);
-    DeviceBuffer<float> w(static_cast<std::size_t>(tokens) * HI);
-    DeviceBuffer<unsigned char> scratch(cuda::indexer_topk_scratch_bytes(d));
-    ASSERT_TRUE(cu_d.p && seg.p && pos.p && cs.p && topk.p && pad.p && q.p && k.p && w.p && scratch.p);
-    std::vector<std::uint16_t> hq(q.n), hk(k.n);
+    DeviceArray<std::int32_t> cu_d(2), seg(tokens), pos(tokens), cs(2), topk(static_cast<std::size_t>(tokens) * K);
+    DeviceArray<std::uint8_t> pad(tokens);
+    DeviceArray<std::uint16_t> q(static_cast<std::size_t>(tokens) * HI * DI), k(static_cast<std::size_t>(Nc) * DI);
+    DeviceArray<float> w(static_cast<std::size_t>(tokens) * HI);
+    DeviceArray<unsigned char> scratch(cuda::indexer_topk_scratch_bytes(d));
+    std::vector<std::uint16_t> hq(q.size()), hk(k.size());
     for (auto& x : hq) x = next_bits();
     for (auto& x : hk) x = next_bits();
-    std::vector<float> hw(w.n);
+    std::vector<float> hw(w.size());
     for (auto& x : hw) x = bf16_value(next_bits()) * 0.125f;
-    CU(cudaMemcpy(cu_d.p, cu.data(), 8, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(q.p, hq.data(), 2 * hq.size(), cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(k.p, hk.data(), 2 * hk.size(), cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(w.p, hw.data(), 4 * hw.size(), cudaMemcpyHostToDevice));
+    cu_d.upload(cu);
+    q.upload(hq);
+    k.upload(hk);
+    w.upload(hw);
     cuda::DeviceMetadata m;
-    m.cu_real = cu_d.p; m.cu_padded = cu_d.p; m.row_segment = seg.p; m.row_position = pos.p;
-    m.row_is_padding = pad.p; m.comp_start = cs.p;
+    m.cu_real = cu_d.get(); m.cu_padded = cu_d.get(); m.row_segment = seg.get(); m.row_position = pos.get();
+    m.row_is_padding = pad.get(); m.comp_start = cs.get();
     cuda::launch_metadata(d, m, nullptr);
     double pairs = 0;
     for (int t = 0; t < tokens; ++t) pairs += std::min((t + 1) / 4, Nc);
@@ -440,8 +411,8 @@ TEST(CudaIndexerTiming, DISABLED_Flash) {
       std::vector<float> ms;
       for (int i = 0; i < 6; ++i) {
         CU(cudaEventRecord(a));
-        cuda::launch_indexer_topk(d, m, reinterpret_cast<const cuda::bf16*>(q.p), w.p,
-                                  reinterpret_cast<const cuda::bf16*>(k.p), topk.p, scratch.p, nullptr, which);
+        cuda::launch_indexer_topk(d, m, reinterpret_cast<const cuda::bf16*>(q.get()), w.get(),
+                                  reinterpret_cast<const cuda::bf16*>(k.get()), topk.get(), scratch.get(), nullptr, which);
         CU(cudaEventRecord(b));
         CU(cudaEventSynchronize(b));
         float x = 0;
@@ -451,9 +422,8 @@ TEST(CudaIndexerTiming, DISABLED_Flash) {
       std::sort(ms.begin(), ms.end());
       const double med = ms[ms.size() / 2];
       std::printf("indexer %-6s tokens %7d pairs %12.0f ms %9.3f TFLOPS %7.1f scratch %.1f MB\n", name, tokens,
-                  pairs, med, 2.0 * HI * DI * pairs / (med * 1e-3) / 1e12, scratch.n / 1e6);
-      std::vector<std::int32_t> ids(topk.n);
-      CU(cudaMemcpy(ids.data(), topk.p, 4 * ids.size(), cudaMemcpyDeviceToHost));
+                  pairs, med, 2.0 * HI * DI * pairs / (med * 1e-3) / 1e12, scratch.size() / 1e6);
+      const std::vector<std::int32_t> ids = topk.download();
       if (first.empty()) first = ids;
       else EXPECT_TRUE(first == ids) << name << " selects differently from tiled at " << tokens;
       cudaEventDestroy(a);

@@ -21,45 +21,17 @@
 #include "csattn/tensor.hpp"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda_test_util.hpp"
+#include "test_util.hpp"
 
 namespace csattn {
 namespace {
 
 using namespace csattn::cuda;
-
-#define SKIP_WITHOUT_GPU()                                        \
-  do {                                                            \
-    std::string why;                                              \
-    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
-  } while (0)
+using testing_util::dev_cast;
+using testing_util::DeviceArray;
 
 void check(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
-
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit Dev(std::size_t count = 0) { resize(count); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-  void resize(std::size_t count) {
-    cudaFree(p);
-    p = nullptr;
-    n = count;
-    if (n) check(cudaMalloc(&p, sizeof(T) * n));
-  }
-  void upload(const std::vector<T>& v) {
-    resize(v.size());
-    if (n) check(cudaMemcpy(p, v.data(), sizeof(T) * n, cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(n);
-    if (n) check(cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
-    return v;
-  }
-  void fill_bytes(int byte) { if (n) check(cudaMemset(p, byte, sizeof(T) * n)); }
-};
 
 // Cheap deterministic noise (xorshift), uniform with unit variance.
 struct Noise {
@@ -91,10 +63,10 @@ struct LossCase {
 // and the forward attention's LSE over them.
 struct Inputs {
   LayerDims d;
-  Dev<std::int32_t> cu_real, cu_padded, row_segment, row_position, comp_start, topk;
-  Dev<std::uint8_t> padding;
-  Dev<std::uint16_t> q, kv, comp, qi, keys, attn;
-  Dev<float> w_eff, sink, lse;
+  DeviceArray<std::int32_t> cu_real, cu_padded, row_segment, row_position, comp_start, topk;
+  DeviceArray<std::uint8_t> padding;
+  DeviceArray<std::uint16_t> q, kv, comp, qi, keys, attn;
+  DeviceArray<float> w_eff, sink, lse;
   DeviceMetadata meta;
   IndexerLossArgs args;
   std::vector<int> host_vis;  // candidates per row (0: none)
@@ -127,12 +99,12 @@ struct Inputs {
     row_position.resize(T);
     padding.resize(T);
     comp_start.resize(B + 1);
-    meta.cu_real = cu_real.p;
-    meta.cu_padded = cu_padded.p;
-    meta.row_segment = row_segment.p;
-    meta.row_position = row_position.p;
-    meta.row_is_padding = padding.p;
-    meta.comp_start = comp_start.p;
+    meta.cu_real = cu_real.get();
+    meta.cu_padded = cu_padded.get();
+    meta.row_segment = row_segment.get();
+    meta.row_position = row_position.get();
+    meta.row_is_padding = padding.get();
+    meta.comp_start = comp_start.get();
     launch_metadata(d, meta, nullptr);
 
     const int H = c.heads, HI = c.index_heads;
@@ -179,22 +151,23 @@ struct Inputs {
     // The forward attention's LSE over sink + window + top-k (its output is not needed).
     attn.resize(static_cast<std::size_t>(T) * H * 512);
     lse.resize(static_cast<std::size_t>(T) * H);
-    launch_sparse_attention(d, meta, bf(q), bf(kv), bf(comp), sink.p, topk.p, bf(attn), lse.p, nullptr);
+    launch_sparse_attention(d, meta, bf(q), bf(kv), bf(comp), sink.get(), topk.get(), bf(attn), lse.get(),
+                            nullptr);
     check(cudaDeviceSynchronize());
 
     args.qi = bf(qi);
-    args.w_eff = w_eff.p;
+    args.w_eff = w_eff.get();
     args.keys = bf(keys);
     args.q = bf(q);
     args.kv = bf(kv);
     args.comp = bf(comp);
-    args.sink = sink.p;
-    args.topk = topk.p;
-    args.lse = c.sparse && c.with_lse ? lse.p : nullptr;
+    args.sink = sink.get();
+    args.topk = topk.get();
+    args.lse = c.sparse && c.with_lse ? lse.get() : nullptr;
     args.sparse = c.sparse;
     args.scale = 0.25f;
   }
-  static bf16* bf(const Dev<std::uint16_t>& v) { return reinterpret_cast<bf16*>(v.p); }
+  static bf16* bf(const DeviceArray<std::uint16_t>& v) { return dev_cast<bf16>(v); }
 };
 
 struct Outputs {
@@ -206,16 +179,16 @@ struct Outputs {
 Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_scale) {
   const LayerDims& d = in.d;
   const int T = d.rows, HI = d.index_heads;
-  Dev<float> loss_rows(T), loss(1), dweff(static_cast<std::size_t>(T) * HI),
+  DeviceArray<float> loss_rows(T), loss(1), dweff(static_cast<std::size_t>(T) * HI),
       dkeys(static_cast<std::size_t>(d.comp_capacity) * 128);
-  Dev<std::uint16_t> dqi(static_cast<std::size_t>(T) * HI * 128);
+  DeviceArray<std::uint16_t> dqi(static_cast<std::size_t>(T) * HI * 128);
   loss_rows.fill_bytes(0xFF);
   loss.fill_bytes(0xFF);
   dweff.fill_bytes(0xFF);
   dqi.fill_bytes(0xFF);
   dkeys.fill_bytes(0);
-  launch_indexer_loss(d, in.meta, in.args, loss_rows.p, loss.p, grads, grad_scale,
-                      reinterpret_cast<bf16*>(dqi.p), dweff.p, dkeys.p, nullptr, kernel);
+  launch_indexer_loss(d, in.meta, in.args, loss_rows.get(), loss.get(), grads, grad_scale,
+                      dev_cast<bf16>(dqi), dweff.get(), dkeys.get(), nullptr, kernel);
   check(cudaDeviceSynchronize());
   Outputs o;
   o.loss_rows = loss_rows.download();

@@ -16,15 +16,16 @@
 #include <string>
 #include <vector>
 
-#include "core/rope_table.hpp"
 #include "csattn/layer.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/workspace.hpp"
+#include "cuda_test_util.hpp"
 
 namespace csattn {
 namespace {
 
-#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
+using testing_util::dev_cast;
+using testing_util::DeviceArray;
 
 struct NrCase {
   std::string name;
@@ -35,7 +36,6 @@ struct NrCase {
 };
 void PrintTo(const NrCase& c, std::ostream* os) { *os << c.name; }
 
-
 class CudaNormRope : public ::testing::TestWithParam<NrCase> {};
 
 TEST_P(CudaNormRope, WarpKernelMatchesTheBlockKernel) {
@@ -45,41 +45,13 @@ TEST_P(CudaNormRope, WarpKernelMatchesTheBlockKernel) {
   AttentionConfig cfg = ModelConfig::preset("flash").base;
   cfg.compress_ratio = 4;
   const std::vector<int> real = {37, 1, 300, 9}, padded = {40, 1, 303, 9};
-  std::vector<std::int32_t> cu_real(1, 0), cu_padded(1, 0);
-  for (std::size_t b = 0; b < real.size(); ++b) {
-    cu_real.push_back(cu_real.back() + real[b]);
-    cu_padded.push_back(cu_padded.back() + padded[b]);
-  }
-  const int T = cu_padded.back(), B = static_cast<int>(real.size());
-  cuda::LayerDims d = cuda::make_dims(cfg, T, B, 303);
-  const std::vector<float> omega = rope_frequencies(cfg);
-  std::int32_t *dcr, *dcp, *seg, *pos, *cs;
-  std::uint8_t* pad;
-  float* om;
-  __nv_bfloat162* table;
-  CK(cudaMalloc(&dcr, 4 * (B + 1)));
-  CK(cudaMalloc(&dcp, 4 * (B + 1)));
-  CK(cudaMalloc(&seg, 4 * T));
-  CK(cudaMalloc(&pos, 4 * T));
-  CK(cudaMalloc(&pad, T));
-  CK(cudaMalloc(&cs, 4 * (B + 1)));
-  CK(cudaMalloc(&om, 4 * omega.size()));
-  CK(cudaMalloc(&table, 4 * 303 * (cfg.rope_dim / 2)));
-  CK(cudaMemcpy(dcr, cu_real.data(), 4 * (B + 1), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dcp, cu_padded.data(), 4 * (B + 1), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(om, omega.data(), 4 * omega.size(), cudaMemcpyHostToDevice));
-  cuda::DeviceMetadata m;
-  m.cu_real = dcr;
-  m.cu_padded = dcp;
-  m.row_segment = seg;
-  m.row_position = pos;
-  m.row_is_padding = pad;
-  m.comp_start = cs;
-  m.rope_table = table;
-  cuda::launch_metadata(d, m, nullptr);
-  cuda::launch_rope_table(d, om, table, nullptr);
+  // Dims (max_seg_len 303, the longest padded segment), metadata and the RoPE table.
+  const testing_util::DeviceBatch batch(cfg, real, padded);
+  const cuda::LayerDims& d = batch.dims;
+  const cuda::DeviceMetadata& m = batch.meta;
+  const int T = d.rows, B = d.segments;
   cuda::DeviceWeights w;
-  w.omega = om;
+  w.omega = batch.omega();
 
   const int rows = c.compressed ? d.comp_capacity : T * c.per_token;
   const std::size_t count = static_cast<std::size_t>(rows) * c.n;
@@ -88,39 +60,33 @@ TEST_P(CudaNormRope, WarpKernelMatchesTheBlockKernel) {
   std::vector<std::uint16_t> x(count), wt(c.n);
   for (auto& v : x) v = float_to_bf16_bits(dist(rng));
   for (auto& v : wt) v = float_to_bf16_bits(1.0f + 0.1f * dist(rng));
-  cuda::bf16 *in, *out_fast, *out_ref, *out_notable, *weight;
-  CK(cudaMalloc(&in, 2 * count));
-  CK(cudaMalloc(&out_fast, 2 * count));
-  CK(cudaMalloc(&out_ref, 2 * count));
-  CK(cudaMalloc(&out_notable, 2 * count));
-  CK(cudaMalloc(&weight, 2 * c.n));
-  CK(cudaMemcpy(in, x.data(), 2 * count, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(weight, wt.data(), 2 * c.n, cudaMemcpyHostToDevice));
-  for (cuda::bf16* o : {out_fast, out_ref, out_notable}) CK(cudaMemset(o, 0xFF, 2 * count));
+  const DeviceArray<std::uint16_t> in(x), weight(wt);
+  DeviceArray<std::uint16_t> out_fast(count), out_ref(count), out_notable(count);
+  out_fast.fill_bytes(0xFF);
+  out_ref.fill_bytes(0xFF);
+  out_notable.fill_bytes(0xFF);
 
-  cuda::NormRopeArgs a = c.compressed ? cuda::compressed_rows_args(d, w, m, in, out_fast, c.n)
-                                      : cuda::token_rows_args(d, w, m, in, out_fast, rows, c.n, c.per_token);
+  const cuda::bf16* in_p = dev_cast<cuda::bf16>(in);
+  cuda::bf16* fast_p = dev_cast<cuda::bf16>(out_fast);
+  cuda::NormRopeArgs a = c.compressed ? cuda::compressed_rows_args(d, w, m, in_p, fast_p, c.n)
+                                      : cuda::token_rows_args(d, w, m, in_p, fast_p, rows, c.n, c.per_token);
   a.norm = c.norm;
-  a.weight = c.weight ? weight : nullptr;
+  a.weight = c.weight ? dev_cast<cuda::bf16>(weight) : nullptr;
   a.hadamard = c.hadamard;
   a.rope_dim = c.rope_sign != 0 ? cfg.rope_dim : 0;
   a.rope_sign = c.rope_sign != 0 ? c.rope_sign : 1;
   cuda::launch_norm_rope(a, nullptr);
-  a.out = out_ref;
+  a.out = dev_cast<cuda::bf16>(out_ref);
   cuda::launch_norm_rope_reference(a, nullptr);
-  a.out = out_notable;
+  a.out = dev_cast<cuda::bf16>(out_notable);
   a.rope_table = nullptr;
   cuda::launch_norm_rope_reference(a, nullptr);
-  CK(cudaDeviceSynchronize());
-  std::vector<std::uint16_t> f(count), r(count), nt(count);
-  CK(cudaMemcpy(f.data(), out_fast, 2 * count, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(r.data(), out_ref, 2 * count, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(nt.data(), out_notable, 2 * count, cudaMemcpyDeviceToHost));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "cudaDeviceSynchronize()";
+  const std::vector<std::uint16_t> f = out_fast.download(), r = out_ref.download(),
+                                   nt = out_notable.download();
   EXPECT_EQ(std::memcmp(r.data(), nt.data(), 2 * count), 0) << "the RoPE table differs from per-row cos / sin";
 
-  std::vector<std::int32_t> comp_start(B + 1);
-  CK(cudaMemcpy(comp_start.data(), cs, 4 * (B + 1), cudaMemcpyDeviceToHost));
-  const int written_rows = c.compressed ? comp_start[B] : rows;
+  const int written_rows = c.compressed ? batch.host_comp_start[B] : rows;
   ASSERT_GT(written_rows, 0);
   std::size_t differ = 0;
   for (int row = 0; row < rows; ++row)
@@ -141,12 +107,6 @@ TEST_P(CudaNormRope, WarpKernelMatchesTheBlockKernel) {
     }
   const std::size_t allowed = static_cast<std::size_t>(written_rows) * c.n / (c.hadamard ? 10 : 100);
   EXPECT_LE(differ, allowed) << "too many elements differ";
-  for (void* p : {static_cast<void*>(dcr), static_cast<void*>(dcp), static_cast<void*>(seg),
-                  static_cast<void*>(pos), static_cast<void*>(pad), static_cast<void*>(cs),
-                  static_cast<void*>(om), static_cast<void*>(table), static_cast<void*>(in),
-                  static_cast<void*>(out_fast), static_cast<void*>(out_ref),
-                  static_cast<void*>(out_notable), static_cast<void*>(weight)})
-    cudaFree(p);
 }
 
 INSTANTIATE_TEST_SUITE_P(

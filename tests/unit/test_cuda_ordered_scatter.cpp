@@ -20,13 +20,13 @@
 #include "csattn/layer.hpp"
 #include "cuda/ordered_scatter.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda_test_util.hpp"
 
 namespace csattn {
 namespace {
 
 using cuda::SlotLayout;
-
-#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
+using testing_util::DeviceArray;
 
 struct Case {
   std::string name;
@@ -37,15 +37,6 @@ struct Case {
   int width;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-
-template <class T>
-T* upload(const std::vector<T>& v) {
-  T* p = nullptr;
-  if (cudaMalloc(&p, std::max<std::size_t>(1, v.size()) * sizeof(T)) != cudaSuccess) return nullptr;
-  cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return p;
-}
 
 class OrderedScatter : public ::testing::TestWithParam<Case> {};
 
@@ -117,42 +108,38 @@ TEST_P(OrderedScatter, MatchesTheFixedOrderHostSumBitwise) {
   for (float& v : dst_w) v = uni(rng);
   for (float& v : dst_c) v = uni(rng);
 
-  std::int32_t *d_cu_real = upload(cu_real), *d_cu_padded = upload(cu_padded),
-               *d_comp_start = upload(comp_start), *d_topk = upload(topk);
-  std::int32_t *d_seg = nullptr, *d_pos = nullptr;
-  std::uint8_t* d_pad = nullptr;
-  CK(cudaMalloc(&d_seg, T * 4));
-  CK(cudaMalloc(&d_pos, T * 4));
-  CK(cudaMalloc(&d_pad, T));
+  DeviceArray<std::int32_t> d_cu_real(cu_real), d_cu_padded(cu_padded), d_comp_start(comp_start),
+      d_topk(topk), d_seg(T), d_pos(T);
+  DeviceArray<std::uint8_t> d_pad(T);
   cuda::DeviceMetadata meta;
-  meta.cu_real = d_cu_real;
-  meta.cu_padded = d_cu_padded;
-  meta.row_segment = d_seg;
-  meta.row_position = d_pos;
-  meta.row_is_padding = d_pad;
-  meta.comp_start = d_comp_start;
+  meta.cu_real = d_cu_real.get();
+  meta.cu_padded = d_cu_padded.get();
+  meta.row_segment = d_seg.get();
+  meta.row_position = d_pos.get();
+  meta.row_is_padding = d_pad.get();
+  meta.comp_start = d_comp_start.get();
   cuda::launch_metadata(d, meta, nullptr);
   // The device's comp_start must equal the host's (this test's layout assumption).
-  std::vector<std::int32_t> dev_cs(B + 1);
-  CK(cudaMemcpy(dev_cs.data(), d_comp_start, (B + 1) * 4, cudaMemcpyDeviceToHost));
+  const std::vector<std::int32_t> dev_cs = d_comp_start.download();
   ASSERT_EQ(dev_cs, std::vector<std::int32_t>(comp_start.begin(), comp_start.end()));
 
-  float *d_dst_w = upload(dst_w), *d_dst_c = upload(dst_c);
+  // Reset before every chunk size by an upload of the same size: same allocation, so s keeps
+  // pointing at it.
+  DeviceArray<float> d_dst_w(dst_w), d_dst_c(dst_c);
   cuda::OrderedScatter s;
   s.layout = c.layout;
   s.slots = slots;
   s.width = c.width;
-  s.dst_window = d_dst_w;
-  s.dst_comp = d_dst_c;
+  s.dst_window = d_dst_w.get();
+  s.dst_comp = d_dst_c.get();
 
   for (int chunk : {1, 7, 64, T}) {
     SCOPED_TRACE("chunk rows " + std::to_string(chunk));
     std::vector<float> ew = dst_w, ec = dst_c;
-    CK(cudaMemcpy(d_dst_w, dst_w.data(), dst_w.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_dst_c, dst_c.data(), dst_c.size() * 4, cudaMemcpyHostToDevice));
-    float* d_scratch = nullptr;
+    d_dst_w.upload(dst_w);
+    d_dst_c.upload(dst_c);
     const std::size_t per_chunk = static_cast<std::size_t>(chunk) * slots * c.width;
-    CK(cudaMalloc(&d_scratch, per_chunk * 4));
+    DeviceArray<float> d_scratch(per_chunk);
     std::vector<float> scratch(per_chunk);
     for (int r0 = 0; r0 < T; r0 += chunk) {
       const int rows = std::min(chunk, T - r0);
@@ -162,9 +149,9 @@ TEST_P(OrderedScatter, MatchesTheFixedOrderHostSumBitwise) {
         for (std::size_t k = 0; k < keys[r].size(); ++k)
           for (int i = 0; i < c.width; ++i)
             scratch[((static_cast<std::size_t>(r - r0) * slots) + k) * c.width + i] = uni(rng);
-      CK(cudaMemcpy(d_scratch, scratch.data(), per_chunk * 4, cudaMemcpyHostToDevice));
-      cuda::launch_ordered_scatter(d, meta, d_topk, s, r0, rows, d_scratch, nullptr);
-      CK(cudaDeviceSynchronize());
+      d_scratch.upload(scratch);
+      cuda::launch_ordered_scatter(d, meta, d_topk.get(), s, r0, rows, d_scratch.get(), nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "cudaDeviceSynchronize()";
       // Host: per target, sum in ascending row order, then add to the destination.
       std::vector<std::vector<float>> acc_w(T), acc_c(Nc);
       for (int r = r0; r < r0 + rows; ++r)
@@ -182,18 +169,10 @@ TEST_P(OrderedScatter, MatchesTheFixedOrderHostSumBitwise) {
         if (!acc_c[e].empty())
           for (int i = 0; i < c.width; ++i) ec[static_cast<std::size_t>(e) * c.width + i] += acc_c[e][i];
     }
-    std::vector<float> gw(ew.size()), gc(ec.size());
-    CK(cudaMemcpy(gw.data(), d_dst_w, gw.size() * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(gc.data(), d_dst_c, gc.size() * 4, cudaMemcpyDeviceToHost));
+    const std::vector<float> gw = d_dst_w.download(), gc = d_dst_c.download();
     EXPECT_EQ(std::memcmp(gw.data(), ew.data(), ew.size() * 4), 0) << "raw key rows differ";
     EXPECT_EQ(std::memcmp(gc.data(), ec.data(), ec.size() * 4), 0) << "compressed rows differ";
-    cudaFree(d_scratch);
   }
-  for (void* p : {static_cast<void*>(d_cu_real), static_cast<void*>(d_cu_padded),
-                  static_cast<void*>(d_comp_start), static_cast<void*>(d_topk), static_cast<void*>(d_seg),
-                  static_cast<void*>(d_pos), static_cast<void*>(d_pad), static_cast<void*>(d_dst_w),
-                  static_cast<void*>(d_dst_c)})
-    cudaFree(p);
 }
 
 INSTANTIATE_TEST_SUITE_P(

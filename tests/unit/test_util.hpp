@@ -1,6 +1,8 @@
-// Shared helpers of the layer tests: configs, random inputs, the bridge to the fp64 oracle
-// and comparison metrics.
+// Shared helpers of the layer tests: configs, random inputs, the bridge to the fp64 oracle,
+// comparison metrics, and SKIP_WITHOUT_GPU for the GPU tests.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -14,6 +16,13 @@
 #include "csattn/tensor.hpp"
 #include "csattn/weights.hpp"
 #include "oracle.hpp"
+
+// Skips the running test, with the reason, where no GPU is usable (csattn::cuda_available).
+#define SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                      \
+    std::string why;                                                        \
+    if (!::csattn::cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
+  } while (0)
 
 namespace csattn::testing_util {
 
