@@ -41,17 +41,25 @@ class DeviceArray {
   }
   // Copies host in; reallocates only when the size changes, so pointers taken from get()
   // before an upload of the same size stay valid.
+  // Synchronous too: a pageable upload may return before its DMA has landed, and kernels
+  // or collectives on a non-blocking stream would not wait for it.
   void upload(const std::vector<T>& host) {
     if (!p_ || host.size() != n_) resize(host.size());
-    if (n_) cuda_ok(cudaMemcpy(p_, host.data(), sizeof(T) * n_, cudaMemcpyHostToDevice), "upload");
+    if (!n_) return;
+    cuda_ok(cudaMemcpy(p_, host.data(), sizeof(T) * n_, cudaMemcpyHostToDevice), "upload");
+    cuda_ok(cudaDeviceSynchronize(), "upload");
   }
   std::vector<T> download() const {
     std::vector<T> host(n_);
     if (n_) cuda_ok(cudaMemcpy(host.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost), "download");
     return host;
   }
+  // Synchronous: cudaMemset runs on the legacy default stream, which work on a
+  // non-blocking stream does not wait for, so the fill is finished before returning.
   void fill_bytes(int byte) {
-    if (n_) cuda_ok(cudaMemset(p_, byte, sizeof(T) * n_), "memset");
+    if (!n_) return;
+    cuda_ok(cudaMemset(p_, byte, sizeof(T) * n_), "memset");
+    cuda_ok(cudaDeviceSynchronize(), "memset");
   }
   T* get() const { return p_; }
   std::size_t size() const { return n_; }
