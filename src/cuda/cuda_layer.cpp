@@ -344,6 +344,66 @@ StageProfile CudaLayer::profile(int warmup, int iters) {
   return prof;
 }
 
+std::vector<Tensor> CudaLayer::replay_forward_graph(const std::vector<SeqLayout>& layouts) {
+  CudaLayerImpl& s = *impl_;
+  require(s.has_last, ErrorKind::InvalidArgument, "replay_forward_graph() needs a forward() first");
+  const ForwardParams p = s.last;
+  const LayerDims& d = p.dims;
+  for (const SeqLayout& l : layouts)
+    require(l.total_rows() == d.rows && l.num_segments() == d.segments && l.max_seg_len() <= d.max_seg_len,
+            ErrorKind::InvalidArgument,
+            "replay_forward_graph: a layout with " + std::to_string(l.total_rows()) + " rows, " +
+                std::to_string(l.num_segments()) + " segments and longest segment " +
+                std::to_string(l.max_seg_len()) + " does not fit the captured forward (" +
+                std::to_string(d.rows) + " rows, " + std::to_string(d.segments) + " segments, longest " +
+                std::to_string(d.max_seg_len) + ")");
+  CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  cudaGraph_t graph = nullptr;
+  CSATTN_CUDA_CHECK(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeGlobal));
+  try {
+    run_forward(p, s.blas, s.stream);
+  } catch (...) {
+    cudaStreamEndCapture(s.stream, &graph);  // leave the stream usable
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  CSATTN_CUDA_CHECK(cudaStreamEndCapture(s.stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CSATTN_CUDA_CHECK(inst);
+  std::vector<Tensor> outs;
+  try {
+    std::vector<std::uint16_t> yb(static_cast<std::size_t>(d.rows) * d.d_model);
+    for (const SeqLayout& l : layouts) {
+      // The per-call metadata: only the cu_seqlens arrays; the graph's first kernels derive
+      // everything else from them on every replay.
+      const std::vector<std::int32_t>& cu = l.cu_seqlens();
+      const std::vector<std::int32_t>& cup = l.cu_seqlens_padded();
+      CSATTN_CUDA_CHECK(cudaMemcpyAsync(const_cast<std::int32_t*>(p.meta.cu_real), cu.data(), cu.size() * 4,
+                                        cudaMemcpyHostToDevice, s.stream));
+      CSATTN_CUDA_CHECK(cudaMemcpyAsync(const_cast<std::int32_t*>(p.meta.cu_padded), cup.data(), cup.size() * 4,
+                                        cudaMemcpyHostToDevice, s.stream));
+      CSATTN_CUDA_CHECK(cudaGraphLaunch(exec, s.stream));
+      CSATTN_CUDA_CHECK(cudaMemcpyAsync(yb.data(), p.act.y, yb.size() * 2, cudaMemcpyDeviceToHost, s.stream));
+      CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+      Tensor y(DType::f32, {d.rows, d.d_model});
+      float* yp = y.ptr<float>();
+      for (std::size_t i = 0; i < yb.size(); ++i) yp[i] = bf16_bits_to_float(yb[i]);
+      outs.push_back(std::move(y));
+    }
+  } catch (...) {
+    cudaGraphExecDestroy(exec);
+    throw;
+  }
+  cudaGraphExecDestroy(exec);
+  // The workspace now holds the last replayed layout's activations, not the last forward's.
+  ++s.generation;
+  s.has_last = false;
+  s.has_backward = false;
+  return outs;
+}
+
 StageProfile CudaLayer::profile_backward(int warmup, int iters) {
   CudaLayerImpl& s = *impl_;
   require(s.has_backward, ErrorKind::InvalidArgument, "profile_backward() needs a backward() first");

@@ -59,6 +59,12 @@ class CudaLayer {
   std::size_t device_bytes() const;
   // Re-runs the last backward (after backward()) and reports median timings, per stage too.
   StageProfile profile_backward(int warmup, int iters);
+  // CUDA-graph check (tests): captures the last forward's launch sequence into a graph in
+  // global capture mode - where any allocation or host synchronisation inside the run makes
+  // the capture fail - then, per layout, writes its cu_seqlens into the workspace (outside
+  // the graph) and replays it, returning the outputs. Each layout needs the last forward's
+  // rows and segment count and no longer a segment (the maxima the launches were sized by).
+  std::vector<Tensor> replay_forward_graph(const std::vector<SeqLayout>& layouts);
 
  private:
   std::unique_ptr<CudaLayerImpl> impl_;
