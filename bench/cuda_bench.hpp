@@ -2,14 +2,27 @@
 // backward, indexer at 32K-128K tokens). Needs a CUDA build and a GPU.
 #pragma once
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace csattn::bench {
 
+// The benchmark sections, in run order: the names `csattn bench --sections` and
+// CSATTN_BENCH_SECTIONS take.
+inline const std::vector<std::string>& cuda_bench_sections() {
+  static const std::vector<std::string> names = {"attention",     "attention_backward", "layer",
+                                                 "deterministic", "indexer",            "elementwise",
+                                                 "indexer_loss"};
+  return names;
+}
+
 // Prints the tables; writes the JSON report and the SVG chart where the paths are non-empty.
-// Returns a process exit status (0 ok, 1 failure, 2 no GPU).
-int run_cuda_bench(const std::string& json_path, const std::string& svg_path);
+// `sections`: the sections to run (validated by the caller); empty: those of
+// CSATTN_BENCH_SECTIONS (a comma list), or all. Returns a process exit status (0 ok,
+// 1 failure, 2 no GPU).
+int run_cuda_bench(const std::string& json_path, const std::string& svg_path,
+                   const std::vector<std::string>& sections = {});
 
 // The bandwidth-bound forward kernels (cuda_bench_elementwise.cpp): a JSON array, and a table.
 nlohmann::json elementwise_benchmarks(double copy_tbps);

@@ -367,11 +367,16 @@ void write_svg(const json& report, const std::string& path) {
 
 namespace csattn::bench {
 
-int run_cuda_bench(const std::string& out_path, const std::string& svg_path) {
-  // CSATTN_BENCH_SECTIONS (comma list of attention, attention_backward, layer,
-  // deterministic, indexer, elementwise, indexer_loss) runs a subset; default all.
-  const char* sections_env = std::getenv("CSATTN_BENCH_SECTIONS");
-  const std::string sections = sections_env ? "," + std::string(sections_env) + "," : "";
+int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
+                   const std::vector<std::string>& chosen) {
+  // The sections to run: `chosen`, else CSATTN_BENCH_SECTIONS (comma list), else all.
+  std::string sections;
+  for (const std::string& c : chosen) sections += "," + c;
+  if (!sections.empty()) {
+    sections += ",";
+  } else if (const char* sections_env = std::getenv("CSATTN_BENCH_SECTIONS")) {
+    sections = "," + std::string(sections_env) + ",";
+  }
   auto want = [&](const char* name) {
     return sections.empty() || sections.find("," + std::string(name) + ",") != std::string::npos;
   };

@@ -189,6 +189,9 @@ TEST(Cli, BadOptionsExitWithStatus2AndOneLine) {
   expect_usage_error("bench --preset tiny --repeat 0", {"--repeat"});
   expect_usage_error("bench --device tpu", {"--device", "tpu"});
   expect_usage_error("run --preset tiny --device tpu", {"--device", "tpu"});
+#ifdef CSATTN_HAVE_CUDA  // checked before the GPU is looked for
+  expect_usage_error("bench --device cuda --sections attention,bogus", {"--sections", "bogus"});
+#endif
   if (!csattn::cuda_available()) {  // without a GPU the cuda device is refused with the reason
     expect_usage_error("bench --device cuda", {"--device", "cuda"});
     expect_usage_error("run --preset tiny --device cuda", {"--device", "cuda"});

@@ -1,5 +1,6 @@
 // `csattn bench`: tokens per second of forward and forward + backward of single-sequence
 // batches, per preset, length and layer type (median of --repeat timed runs).
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -38,6 +39,7 @@ struct BenchArgs {
   bool quiet = false;
   std::string device = "cpu";
   std::string out, svg;  // GPU benchmarks
+  std::vector<std::string> sections;  // GPU benchmarks: empty = all
 };
 
 // Default lengths per preset: the large presets get shorter sequences.
@@ -67,12 +69,21 @@ double tokens_per_s(std::int64_t tokens, double ms) {
 
 int run_gpu_bench(const BenchArgs& a) {
 #ifdef CSATTN_HAVE_CUDA
+  const std::vector<std::string>& known = bench::cuda_bench_sections();
+  for (const std::string& s : a.sections)
+    if (std::find(known.begin(), known.end(), s) == known.end()) {
+      std::string list;
+      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+      std::fprintf(stderr, "csattn: error: --sections: unknown benchmark section '%s' (expected %s)\n", s.c_str(),
+                   list.c_str());
+      return 2;
+    }
   std::string why;
   if (!cuda_available(&why)) {
     std::fprintf(stderr, "csattn: error: --device: cuda: %s\n", why.c_str());
     return 2;
   }
-  return bench::run_cuda_bench(a.out, a.svg);
+  return bench::run_cuda_bench(a.out, a.svg, a.sections);
 #else
   (void)a;
   std::fprintf(stderr, "csattn: error: --device: cuda: this build has no CUDA backend\n");
@@ -226,6 +237,11 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--out", a->out, "GPU benchmarks: write the JSON report here")->type_name("FILE");
   cmd->add_option("--svg", a->svg, "GPU benchmarks: write the attention chart here")->type_name("FILE");
+  cmd->add_option("--sections", a->sections,
+                  "GPU benchmarks: run only these sections (attention, attention_backward, layer, "
+                  "deterministic, indexer, elementwise, indexer_loss) [default: all]")
+      ->delimiter(',')
+      ->type_name("LIST");
   return [a]() {
     if (a->device == "cuda") return run_gpu_bench(*a);
     if (a->device != "cpu") {
