@@ -349,6 +349,9 @@ std::vector<Tensor> CudaLayer::replay_forward_graph(const std::vector<SeqLayout>
   require(s.has_last, ErrorKind::InvalidArgument, "replay_forward_graph() needs a forward() first");
   const ForwardParams p = s.last;
   const LayerDims& d = p.dims;
+  require(!p.forced_topk, ErrorKind::InvalidArgument,
+          "replay_forward_graph: the last forward used a caller-given top-k, which a replay "
+          "with other boundaries could not reuse");
   for (const SeqLayout& l : layouts)
     require(l.total_rows() == d.rows && l.num_segments() == d.segments && l.max_seg_len() <= d.max_seg_len,
             ErrorKind::InvalidArgument,
