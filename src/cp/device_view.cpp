@@ -66,4 +66,28 @@ std::vector<std::int32_t> device_key_list(const CpDeviceView& v, int ext_row, in
   return keys;
 }
 
+std::vector<DeviceEntry> device_entries(const CpDeviceView& v, const BatchGeometry& geo, const LayerPlan& plan) {
+  std::vector<DeviceEntry> out;
+  for (std::size_t k = 0; k < plan.entries.size(); ++k) {
+    const CompactSlot& sl = plan.compact[static_cast<std::size_t>(plan.entry_slot[k])];
+    const int first_global = geo.seg_start[static_cast<std::size_t>(sl.segment)] + sl.group * plan.ratio;
+    // The run holding the block's first row: the run of its ext row.
+    const auto it = std::lower_bound(plan.ext_rows.begin(), plan.ext_rows.end(), first_global);
+    require(it != plan.ext_rows.end() && *it == first_global, ErrorKind::Internal,
+            "device view: an owned compressed group starts outside the ext rows");
+    const int ext = static_cast<int>(it - plan.ext_rows.begin());
+    out.push_back({v.ext_run[static_cast<std::size_t>(ext)], sl.group, plan.entry_slot[k]});
+  }
+  return out;
+}
+
+int entry_first_row(const CpDeviceView& v, const DeviceEntry& e, int ratio) {
+  const std::size_t r = static_cast<std::size_t>(e.run);
+  return v.run_start[r] + e.group * ratio - v.run_pos0[r];
+}
+
+int entry_prev_row(const CpDeviceView& v, const DeviceEntry& e, int ratio) {
+  return ratio == 4 && e.group > 0 ? entry_first_row(v, e, ratio) - ratio : -1;
+}
+
 }  // namespace csattn::cp

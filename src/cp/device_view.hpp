@@ -41,4 +41,22 @@ std::vector<std::int32_t> device_key_list(const CpDeviceView& v, int ext_row, in
                                           int ratio, const std::int32_t* topk_row, int topk,
                                           int compressed_base);
 
+// One compressed group this rank computes (an owned slot), as the compressor kernel will
+// address it: group `group` of the sequence held by run `run`, pooled into row `slot` of the
+// rank's block of the all-gather.
+struct DeviceEntry {
+  int run = 0;
+  int group = 0;
+  int slot = 0;
+};
+
+// The owned groups of `plan` in its entry order. Every owned group lies in one run (its rows
+// and, for m = 4, the previous block's rows are consecutive ext rows).
+std::vector<DeviceEntry> device_entries(const CpDeviceView& v, const BatchGeometry& geo, const LayerPlan& plan);
+
+// First ext row of an entry's block, and of the previous block (m = 4, group > 0; else -1):
+// run_start + group * m - run_pos0.
+int entry_first_row(const CpDeviceView& v, const DeviceEntry& e, int ratio);
+int entry_prev_row(const CpDeviceView& v, const DeviceEntry& e, int ratio);
+
 }  // namespace csattn::cp

@@ -1,8 +1,9 @@
 // The device view of a context-parallel rank (src/cp/device_view.*): the key lists the CUDA
 // kernels will derive from runs, global positions and the compressed-row map must equal the
-// CPU layer's index lists (build_attention_index over the same plan), for both partition
-// modes, several rank counts, every layer type and ragged padded batches - so the GPU
-// context-parallel layer can take this addressing as its contract.
+// CPU layer's index lists (build_attention_index over the same plan), and the owned
+// compressed groups addressed through runs must reach the CPU compressor's rows, for both
+// partition modes, several rank counts, every layer type and ragged padded batches - so the
+// GPU context-parallel layer can take this addressing as its contract.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +53,25 @@ void check_view(const SeqLayout& raw_layout, const ViewCase& c, std::uint64_t se
       ASSERT_EQ(view.run_sequence[static_cast<std::size_t>(run)], geo.row_segment[static_cast<std::size_t>(g)]);
       ASSERT_EQ(view.run_pos0[static_cast<std::size_t>(run)] + e - view.run_start[static_cast<std::size_t>(run)],
                 geo.row_position[static_cast<std::size_t>(g)]);
+    }
+
+    // Owned compressed groups: the addressing through runs reaches the plan's entry rows
+    // (the rows the CPU compressor pools) and keeps the previous block inside the run.
+    if (c.ratio > 1) {
+      const std::vector<cp::DeviceEntry> entries = cp::device_entries(view, geo, plan);
+      ASSERT_EQ(entries.size(), plan.entries.size());
+      for (std::size_t k = 0; k < entries.size(); ++k) {
+        const cp::DeviceEntry& e = entries[k];
+        EXPECT_EQ(cp::entry_first_row(view, e, c.ratio), plan.entries[k].first_row) << "entry " << k;
+        EXPECT_EQ(cp::entry_prev_row(view, e, c.ratio), plan.entries[k].prev_row) << "entry " << k;
+        EXPECT_EQ(e.slot, plan.entry_slot[k]);
+        const int last = cp::entry_first_row(view, e, c.ratio) + c.ratio - 1;
+        EXPECT_LT(last, view.run_start[static_cast<std::size_t>(e.run) + 1]) << "entry " << k << " leaves its run";
+        const int prev = cp::entry_prev_row(view, e, c.ratio);
+        if (prev >= 0) {
+          EXPECT_GE(prev, view.run_start[static_cast<std::size_t>(e.run)]) << "entry " << k;
+        }
+      }
     }
 
     const QueryRows q{&geo, static_cast<int>(plan.local_rows.size()), plan.local_rows.data(), plan.local_ext.data()};
