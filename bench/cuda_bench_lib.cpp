@@ -429,15 +429,29 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
         for (int ratio : {0, 4, 128}) {
           std::fprintf(stderr, "cuda_bench: layer ratio %d tokens %d\n", ratio, tokens);
           json j = layer_case("flash", ratio, tokens, true);
-          std::string stages;
-          for (auto& [k, v] : j["stages_ms"].items()) stages += k + " " + std::to_string(v.get<double>()).substr(0, 6) + "; ";
+          // Each stage's time and its share of the pass, largest first.
+          auto stage_list = [](const json& stages_ms) {
+            std::vector<std::pair<double, std::string>> v;
+            double total = 0.0;
+            for (auto& [k, ms] : stages_ms.items()) {
+              v.emplace_back(ms.get<double>(), k);
+              total += ms.get<double>();
+            }
+            std::sort(v.rbegin(), v.rend());
+            std::string out;
+            char buf[160];
+            for (const auto& [ms, k] : v) {
+              std::snprintf(buf, sizeof buf, "%s %.3f (%.0f%%); ", k.c_str(), ms, total > 0 ? 100.0 * ms / total : 0.0);
+              out += buf;
+            }
+            return out;
+          };
+          const std::string stages = stage_list(j["stages_ms"]);
           std::printf("%5s %7d %10.2f %10.2f %12.0f %9.2f  %s\n", j["type"].get<std::string>().c_str(), tokens,
                       j["forward_ms"].get<double>(), j["backward_ms"].get<double>(),
                       j["train_step_tokens_per_s"].get<double>(),
                       j["measured_peak_bytes"].get<double>() / (1u << 30), stages.c_str());
-          std::string bstages;
-          for (auto& [k, v] : j["backward_stages_ms"].items())
-            bstages += k + " " + std::to_string(v.get<double>()).substr(0, 6) + "; ";
+          const std::string bstages = stage_list(j["backward_stages_ms"]);
           std::printf("%5s %7s %10s %10s %12s %9s  backward stages (ms): %s\n", "", "", "", "", "", "", bstages.c_str());
           report["layer_forward"].push_back(j);
         }
