@@ -39,12 +39,15 @@ if [ "${GPU_CHECK_RUN:-1}" != 0 ]; then
 echo "== csattn run on the GPU (main job: forward + backward, oracle check on sampled rows)"
 { echo "== csattn run --device cuda"
   build-gpu/csattn run --device cuda -q
+  echo "== csattn comm-check: 3 in-process ranks on this GPU, then NCCL with one rank per GPU"
+  build-gpu/csattn comm-check --device cuda --ranks 3 --mib 64
+  build-gpu/csattn comm-check --backend nccl --mib 64
   if [ "${GPU_CHECK_RUN:-1}" = 2 ]; then  # about 90 s, mostly generating the Flash weights on the host
     echo "== csattn run --device cuda --preset flash --seqlens 1000,3000 --check-rows 0"
     build-gpu/csattn run --device cuda --preset flash --seqlens 1000,3000 --check-rows 0 -q
   fi
 } >> "$SUMMARY" 2>&1
-tail -14 "$SUMMARY"
+tail -30 "$SUMMARY"
 fi
 
 bench_rc=skipped

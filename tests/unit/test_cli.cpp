@@ -198,8 +198,29 @@ TEST(Cli, BadOptionsExitWithStatus2AndOneLine) {
   }
 }
 
+TEST(Cli, CommCheckVerifiesEveryOperation) {
+  const CliResult r = run_cli("comm-check --ranks 3 --mib 0.25 --iters 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* op : {"all_gather", "reduce_scatter", "all_reduce_sum", "all_reduce_max", "ring_exchange"})
+    EXPECT_NE(r.out.find(op), std::string::npos) << op << "\n" << r.out;
+  EXPECT_EQ(r.out.find("WRONG"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 ranks"), std::string::npos) << r.out;
+  // One rank: no exchange, the collectives still checked.
+  const CliResult one = run_cli("comm-check --ranks 1 --mib 0.1 --iters 1");
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_EQ(one.out.find("ring_exchange"), std::string::npos) << one.out;
+  expect_usage_error("comm-check --backend tcp", {"--backend", "tcp"});
+  expect_usage_error("comm-check --mib 0", {"--mib"});
+  expect_usage_error("comm-check --iters 0", {"--iters"});
+  expect_usage_error("comm-check --device tpu", {"--device", "tpu"});
+  if (!csattn::cuda_available()) {  // no GPU: the device and NCCL are refused with the reason
+    expect_usage_error("comm-check --device cuda", {"--device cuda"});
+    expect_usage_error("comm-check --backend nccl", {"nccl"});
+  }
+}
+
 TEST(Cli, HelpExitsZero) {
-  for (const char* args : {"--help", "run --help", "bench --help", "config --help"}) {
+  for (const char* args : {"--help", "run --help", "bench --help", "config --help", "comm-check --help"}) {
     const CliResult r = run_cli(args);
     EXPECT_EQ(r.status, 0) << args << "\n" << r.err;
     EXPECT_FALSE(r.out.empty()) << args;

@@ -15,5 +15,6 @@ Command add_run_command(CLI::App& app);     // run_cmd.cpp
 Command add_config_command(CLI::App& app);  // config_cmd.cpp
 Command add_bench_command(CLI::App& app);   // bench.cpp
 Command add_bench_indexer_command(CLI::App& app);  // bench_indexer.cpp
+Command add_comm_check_command(CLI::App& app);     // comm_check.cpp
 
 }  // namespace csattn::cli
