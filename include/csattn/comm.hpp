@@ -168,5 +168,9 @@ bool mpi_launched();
 // (MPI_THREAD_FUNNELED: only the calling thread talks to MPI) and finalizes it at exit.
 // Throws csattn::Error(Unsupported) without MPI.
 std::unique_ptr<Communicator> mpi_world();
+// This process's rank among the ranks of its node, as the launcher reports it
+// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, MV2_COMM_WORLD_LOCAL_RANK, PMI_LOCAL_RANK,
+// SLURM_LOCALID), or -1: the GPU a rank should take when every node runs one rank per GPU.
+int launcher_local_rank();
 
 }  // namespace csattn

@@ -125,4 +125,17 @@ bool mpi_launched() {
   return false;
 }
 
+int launcher_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK",
+                           "PMI_LOCAL_RANK", "SLURM_LOCALID"}) {
+    const char* v = std::getenv(name);
+    if (v && *v) {
+      char* end = nullptr;
+      const long r = std::strtol(v, &end, 10);
+      if (end && *end == '\0' && r >= 0 && r < 1 << 20) return static_cast<int>(r);
+    }
+  }
+  return -1;
+}
+
 }  // namespace csattn

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 
 #include "csattn/comm.hpp"
@@ -114,6 +115,25 @@ TEST(LocalComm, StatsCountPayloadBytes) {
     EXPECT_EQ(comm.stats().bytes_received, 2u * 3 * 40);
     EXPECT_EQ(comm.stats().operations, 2u);
   });
+}
+
+TEST(Launcher, LocalRankFromTheEnvironment) {
+  // Save and clear what a launcher may have set for this test process.
+  const char* names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK",
+                         "PMI_LOCAL_RANK", "SLURM_LOCALID"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* n : names)
+    if (const char* v = std::getenv(n)) saved.emplace_back(n, v);
+  for (const char* n : names) unsetenv(n);
+  EXPECT_EQ(launcher_local_rank(), -1);
+  setenv("SLURM_LOCALID", "3", 1);
+  EXPECT_EQ(launcher_local_rank(), 3);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);  // Open MPI's name wins
+  EXPECT_EQ(launcher_local_rank(), 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "x1", 1);  // not a number: the next one
+  EXPECT_EQ(launcher_local_rank(), 3);
+  for (const char* n : names) unsetenv(n);
+  for (const auto& [n, v] : saved) setenv(n.c_str(), v.c_str(), 1);
 }
 
 TEST(LocalComm, BadArguments) {

@@ -266,9 +266,10 @@ int run_comm_check(const CommCheckArgs& a) {
 #endif
       return report(host_comm, backend, dev, n, check_all(host_comm, dev, n, a.iters));
     }
-    // One GPU per rank: the rank's GPU among the visible ones (mpirun places ranks of a node
-    // on consecutive ranks; CUDA_VISIBLE_DEVICES narrows it further when set).
-    std::unique_ptr<Communicator> c = nccl_communicator(host_comm, host_comm.rank() % gpus);
+    // One GPU per rank: the launcher's node-local rank where it says (several nodes), else
+    // this communicator's rank, modulo the visible GPUs.
+    const int local = launcher_local_rank() >= 0 && mpi_launched() ? launcher_local_rank() : host_comm.rank();
+    std::unique_ptr<Communicator> c = nccl_communicator(host_comm, local % gpus);
     return report(*c, "nccl", dev, n, check_all(*c, dev, n, a.iters));
   };
 
