@@ -271,8 +271,13 @@ class LocalComm : public Communicator {
       // Device payloads are copied out before taking the lock.
       std::vector<std::vector<unsigned char>> payloads;
       for (const P2PMessage& m : sends) {
-        payloads.emplace_back(m.buffer.bytes());
-        copy_bytes(payloads.back().data(), Device::cpu, m.buffer.data, m.buffer.device, m.buffer.bytes());
+        if (m.buffer.device == Device::cpu) {
+          const auto* p = static_cast<const unsigned char*>(m.buffer.data);
+          payloads.emplace_back(p, p + m.buffer.bytes());
+        } else {
+          payloads.emplace_back(m.buffer.bytes());
+          copy_bytes(payloads.back().data(), Device::cpu, m.buffer.data, m.buffer.device, m.buffer.bytes());
+        }
       }
       std::lock_guard<std::mutex> lock(st_->mu);
       st_->throw_if_aborted();

@@ -77,8 +77,44 @@ U* dev_cast(const DeviceArray<T>& a) {
   return reinterpret_cast<U*>(a.get());
 }
 
-// Dims and device metadata of a THD batch with the given real and padded lengths, as the
-// layer builds them (launch_metadata, launch_rope_table).
+// The layer's per-run metadata arrays on the device (DeviceMetadata without the RoPE
+// table), filled by the layer's own kernel from a batch's cu_seqlens.
+class DeviceMetadataArrays {
+ public:
+  // Uploads the cu_seqlens, sizes the per-row arrays for `d`, runs launch_metadata and
+  // waits for it. The pointers stay valid until the next build with other sizes.
+  const cuda::DeviceMetadata& build(const cuda::LayerDims& d, const std::vector<std::int32_t>& cu_real,
+                                    const std::vector<std::int32_t>& cu_padded) {
+    const std::size_t T = static_cast<std::size_t>(d.rows), B1 = static_cast<std::size_t>(d.segments) + 1;
+    cu_real_.upload(cu_real);
+    cu_padded_.upload(cu_padded);
+    if (row_segment_.size() != T) {
+      row_segment_.resize(T);
+      row_position_.resize(T);
+      row_is_padding_.resize(T);
+    }
+    if (comp_start_.size() != B1) comp_start_.resize(B1);
+    meta_.cu_real = cu_real_.get();
+    meta_.cu_padded = cu_padded_.get();
+    meta_.row_segment = row_segment_.get();
+    meta_.row_position = row_position_.get();
+    meta_.row_is_padding = row_is_padding_.get();
+    meta_.comp_start = comp_start_.get();
+    cuda::launch_metadata(d, meta_, nullptr);
+    cuda_ok(cudaDeviceSynchronize(), "metadata");
+    return meta_;
+  }
+  const cuda::DeviceMetadata& meta() const { return meta_; }
+  std::vector<std::int32_t> comp_start() const { return comp_start_.download(); }
+
+ private:
+  cuda::DeviceMetadata meta_;
+  DeviceArray<std::int32_t> cu_real_, cu_padded_, row_segment_, row_position_, comp_start_;
+  DeviceArray<std::uint8_t> row_is_padding_;
+};
+
+// Dims and device metadata (with the RoPE table) of a THD batch with the given real and
+// padded lengths, as the layer builds them (launch_metadata, launch_rope_table).
 class DeviceBatch {
  public:
   DeviceBatch(const AttentionConfig& cfg, const std::vector<int>& real, const std::vector<int>& padded) {
@@ -91,26 +127,14 @@ class DeviceBatch {
     }
     const int T = cu_padded.back(), B = static_cast<int>(real.size());
     dims = cuda::make_dims(cfg, T, B, max_len);
-    cu_real_.upload(cu_real);
-    cu_padded_.upload(cu_padded);
-    row_segment_.resize(static_cast<std::size_t>(T));
-    row_position_.resize(static_cast<std::size_t>(T));
-    row_is_padding_.resize(static_cast<std::size_t>(T));
-    comp_start_.resize(static_cast<std::size_t>(B) + 1);
+    meta = arrays_.build(dims, cu_real, cu_padded);
     omega_.upload(rope_frequencies(cfg));
     rope_table_.resize(static_cast<std::size_t>(max_len) * std::max(cfg.rope_dim / 2, 1));
-    meta.cu_real = cu_real_.get();
-    meta.cu_padded = cu_padded_.get();
-    meta.row_segment = row_segment_.get();
-    meta.row_position = row_position_.get();
-    meta.row_is_padding = row_is_padding_.get();
-    meta.comp_start = comp_start_.get();
     meta.rope_table = rope_table_.get();
-    cuda::launch_metadata(dims, meta, nullptr);
     cuda::launch_rope_table(dims, omega_.get(), rope_table_.get(), nullptr);
-    cuda_ok(cudaDeviceSynchronize(), "metadata");
+    cuda_ok(cudaDeviceSynchronize(), "RoPE table");
     host_cu_padded = cu_padded;
-    host_comp_start = comp_start_.download();
+    host_comp_start = arrays_.comp_start();
   }
 
   cuda::LayerDims dims;
@@ -119,8 +143,7 @@ class DeviceBatch {
   const float* omega() const { return omega_.get(); }
 
  private:
-  DeviceArray<std::int32_t> cu_real_, cu_padded_, row_segment_, row_position_, comp_start_;
-  DeviceArray<std::uint8_t> row_is_padding_;
+  DeviceMetadataArrays arrays_;
   DeviceArray<float> omega_;
   DeviceArray<__nv_bfloat162> rope_table_;
 };

@@ -103,17 +103,8 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   ASSERT_TRUE(attention_backward_mma_supported(d));
 
   // Metadata on the device (the forward's kernel builds the per-row part).
-  DeviceArray<std::int32_t> cu_real_d(cu_real), cu_padded_d(cu_padded), comp_start_d(B + 1),
-      row_segment_d(T), row_position_d(T);
-  DeviceArray<std::uint8_t> row_padding_d(T);
-  DeviceMetadata meta;
-  meta.cu_real = cu_real_d.get();
-  meta.cu_padded = cu_padded_d.get();
-  meta.comp_start = comp_start_d.get();
-  meta.row_segment = row_segment_d.get();
-  meta.row_position = row_position_d.get();
-  meta.row_is_padding = row_padding_d.get();
-  launch_metadata(d, meta, nullptr);
+  testing_util::DeviceMetadataArrays metadata;
+  const DeviceMetadata meta = metadata.build(d, cu_real, cu_padded);
 
   // Inputs. Logits ~ N(0, 1) after the 512^-1/2 scale, so P spreads over many keys.
   const std::size_t rowsHD = static_cast<std::size_t>(T) * H * D;

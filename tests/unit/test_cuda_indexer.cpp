@@ -143,15 +143,12 @@ struct Problem {
 class DeviceProblem {
  public:
   explicit DeviceProblem(const Problem& p)
-      : p_(p), d_(p.dims()), cu_real_(p.cu_real.size()), cu_padded_(p.cu_padded.size()),
-        row_segment_(p.T), row_position_(p.T), row_is_padding_(p.T), comp_start_(p.cu_real.size()),
-        q_(p.q.size()), w_(p.w.size()), k_(std::max<std::size_t>(p.k.size(), 1)),
+      : p_(p), d_(p.dims()), q_(p.q.size()), w_(p.w.size()), k_(std::max<std::size_t>(p.k.size(), 1)),
         topk_(static_cast<std::size_t>(p.T) * p.K),
         scratch_(std::max<std::size_t>(cuda::indexer_topk_scratch_bytes(d_), 1)) {}
 
   void upload() {
-    cu_real_.upload(p_.cu_real);
-    cu_padded_.upload(p_.cu_padded);
+    metadata_.build(d_, p_.cu_real, p_.cu_padded);
     auto bits = [](const std::vector<float>& v) {
       std::vector<std::uint16_t> b(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) b[i] = bf16_bits(v[i]);
@@ -161,20 +158,10 @@ class DeviceProblem {
     q_.upload(qb);
     k_.upload(kb);
     w_.upload(p_.w);
-    cuda::launch_metadata(d_, meta(), nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
 
-  cuda::DeviceMetadata meta() {
-    cuda::DeviceMetadata m;
-    m.cu_real = cu_real_.get();
-    m.cu_padded = cu_padded_.get();
-    m.row_segment = row_segment_.get();
-    m.row_position = row_position_.get();
-    m.row_is_padding = row_is_padding_.get();
-    m.comp_start = comp_start_.get();
-    return m;
-  }
+  const cuda::DeviceMetadata& meta() const { return metadata_.meta(); }
 
   // Runs one kernel on poisoned outputs and NaN scratch; the [T, K] ids.
   std::vector<std::int32_t> run(cuda::IndexerKernel which) {
@@ -189,9 +176,7 @@ class DeviceProblem {
  private:
   const Problem& p_;
   cuda::LayerDims d_;
-  DeviceArray<std::int32_t> cu_real_, cu_padded_, row_segment_, row_position_;
-  DeviceArray<std::uint8_t> row_is_padding_;
-  DeviceArray<std::int32_t> comp_start_;
+  testing_util::DeviceMetadataArrays metadata_;
   DeviceArray<std::uint16_t> q_;
   DeviceArray<float> w_;
   DeviceArray<std::uint16_t> k_;
@@ -381,8 +366,7 @@ TEST(CudaIndexerTiming, DISABLED_Flash) {
     d.comp_capacity = tokens / 4; d.index_heads = HI; d.index_dim = DI; d.topk = K;
     const int Nc = tokens / 4;
     std::vector<std::int32_t> cu = {0, tokens};
-    DeviceArray<std::int32_t> cu_d(2), seg(tokens), pos(tokens), cs(2), topk(static_cast<std::size_t>(tokens) * K);
-    DeviceArray<std::uint8_t> pad(tokens);
+    DeviceArray<std::int32_t> topk(static_cast<std::size_t>(tokens) * K);
     DeviceArray<std::uint16_t> q(static_cast<std::size_t>(tokens) * HI * DI), k(static_cast<std::size_t>(Nc) * DI);
     DeviceArray<float> w(static_cast<std::size_t>(tokens) * HI);
     DeviceArray<unsigned char> scratch(cuda::indexer_topk_scratch_bytes(d));
@@ -391,14 +375,11 @@ TEST(CudaIndexerTiming, DISABLED_Flash) {
     for (auto& x : hk) x = next_bits();
     std::vector<float> hw(w.size());
     for (auto& x : hw) x = bf16_value(next_bits()) * 0.125f;
-    cu_d.upload(cu);
     q.upload(hq);
     k.upload(hk);
     w.upload(hw);
-    cuda::DeviceMetadata m;
-    m.cu_real = cu_d.get(); m.cu_padded = cu_d.get(); m.row_segment = seg.get(); m.row_position = pos.get();
-    m.row_is_padding = pad.get(); m.comp_start = cs.get();
-    cuda::launch_metadata(d, m, nullptr);
+    testing_util::DeviceMetadataArrays metadata;
+    const cuda::DeviceMetadata m = metadata.build(d, cu, cu);
     double pairs = 0;
     for (int t = 0; t < tokens; ++t) pairs += std::min((t + 1) / 4, Nc);
     std::vector<std::pair<const char*, cuda::IndexerKernel>> kernels = {{"tiled", cuda::IndexerKernel::tiled}};

@@ -63,8 +63,8 @@ struct LossCase {
 // and the forward attention's LSE over them.
 struct Inputs {
   LayerDims d;
-  DeviceArray<std::int32_t> cu_real, cu_padded, row_segment, row_position, comp_start, topk;
-  DeviceArray<std::uint8_t> padding;
+  testing_util::DeviceMetadataArrays metadata;
+  DeviceArray<std::int32_t> topk;
   DeviceArray<std::uint16_t> q, kv, comp, qi, keys, attn;
   DeviceArray<float> w_eff, sink, lse;
   DeviceMetadata meta;
@@ -93,19 +93,7 @@ struct Inputs {
     d.index_dim = 128;
     d.topk = c.topk;
     d.scale = 1.0f / std::sqrt(512.0f);
-    cu_real.upload(cr);
-    cu_padded.upload(cp);
-    row_segment.resize(T);
-    row_position.resize(T);
-    padding.resize(T);
-    comp_start.resize(B + 1);
-    meta.cu_real = cu_real.get();
-    meta.cu_padded = cu_padded.get();
-    meta.row_segment = row_segment.get();
-    meta.row_position = row_position.get();
-    meta.row_is_padding = padding.get();
-    meta.comp_start = comp_start.get();
-    launch_metadata(d, meta, nullptr);
+    meta = metadata.build(d, cr, cp);
 
     const int H = c.heads, HI = c.index_heads;
     q.upload(random_bf16(static_cast<std::size_t>(T) * H * 512, 1, 1.0f));

@@ -108,19 +108,11 @@ TEST_P(OrderedScatter, MatchesTheFixedOrderHostSumBitwise) {
   for (float& v : dst_w) v = uni(rng);
   for (float& v : dst_c) v = uni(rng);
 
-  DeviceArray<std::int32_t> d_cu_real(cu_real), d_cu_padded(cu_padded), d_comp_start(comp_start),
-      d_topk(topk), d_seg(T), d_pos(T);
-  DeviceArray<std::uint8_t> d_pad(T);
-  cuda::DeviceMetadata meta;
-  meta.cu_real = d_cu_real.get();
-  meta.cu_padded = d_cu_padded.get();
-  meta.row_segment = d_seg.get();
-  meta.row_position = d_pos.get();
-  meta.row_is_padding = d_pad.get();
-  meta.comp_start = d_comp_start.get();
-  cuda::launch_metadata(d, meta, nullptr);
+  DeviceArray<std::int32_t> d_topk(topk);
+  testing_util::DeviceMetadataArrays metadata;
+  const cuda::DeviceMetadata meta = metadata.build(d, cu_real, cu_padded);
   // The device's comp_start must equal the host's (this test's layout assumption).
-  const std::vector<std::int32_t> dev_cs = d_comp_start.download();
+  const std::vector<std::int32_t> dev_cs = metadata.comp_start();
   ASSERT_EQ(dev_cs, std::vector<std::int32_t>(comp_start.begin(), comp_start.end()));
 
   // Reset before every chunk size by an upload of the same size: same allocation, so s keeps
