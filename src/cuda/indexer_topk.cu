@@ -4,8 +4,8 @@
 // visible compressed keys of its segment (kept in shared memory, so its segments are limited
 // to about 160K tokens), then a radix select of the k-th largest score and a deterministic
 // selection (ties to the smallest index), written in ascending index order then -1. The
-// default is the tiled kernel (indexer_topk_tiled.cu): several rows per CTA, scores in a
-// bounded global scratch, any length.
+// default is the wgmma kernel (indexer_topk_wgmma.cu; its mma.sync reference is
+// indexer_topk_tiled.cu): several rows per CTA, scores in a bounded global scratch, any length.
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -316,7 +316,8 @@ IndexerKernel indexer_kernel_for(const LayerDims& d) {
   }();
   if (env == "baseline") return IndexerKernel::baseline;
   if (env == "mma1") return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
-  if (indexer_tiled_supported(d)) return IndexerKernel::tiled;
+  if (env == "tiled" && indexer_tiled_supported(d)) return IndexerKernel::tiled;
+  if (indexer_tiled_supported(d)) return IndexerKernel::wgmma;
   return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
 }
 
@@ -328,6 +329,9 @@ void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const b
           "the CUDA indexer supports index_head_dim up to 256, got " + std::to_string(d.index_dim));
   if (which == IndexerKernel::automatic) which = indexer_kernel_for(d);
   switch (which) {
+    case IndexerKernel::wgmma:
+      launch_indexer_topk_wgmma(d, meta, qi, w_eff, keys, topk, scratch, stream);
+      return;
     case IndexerKernel::tiled:
       launch_indexer_topk_tiled(d, meta, qi, w_eff, keys, topk, scratch, stream);
       return;

@@ -95,12 +95,13 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
 
 // Index scores over the visible entries of each row and the deterministic top-k (ties to
 // the smallest index), written in ascending index order then -1 (indexer_topk.cu). Kernels:
-// tiled (default where indexer_tiled_supported: several rows per CTA, any length, needs
-// `scratch` of indexer_topk_scratch_bytes(d) bytes, indexer_topk_plan.hpp), and the one-row
-// references mma1 (tensor cores) and baseline (CUDA cores), whose segments must fit one
-// row's scores in shared memory. automatic: CSATTN_INDEXER=baseline|mma1, else the best
-// supported one (indexer_kernel_for).
-enum class IndexerKernel { automatic, baseline, mma1, tiled };
+// wgmma (default where indexer_tiled_supported: 4 rows per CTA on warpgroup MMAs, any
+// length, needs `scratch` of indexer_topk_scratch_bytes(d) bytes, indexer_topk_plan.hpp),
+// tiled (the same contract on mma.sync, kept as its reference), and the one-row references
+// mma1 (tensor cores) and baseline (CUDA cores), whose segments must fit one row's scores in
+// shared memory. automatic: CSATTN_INDEXER=baseline|mma1|tiled, else the best supported one
+// (indexer_kernel_for).
+enum class IndexerKernel { automatic, baseline, mma1, tiled, wgmma };
 IndexerKernel indexer_kernel_for(const LayerDims& d);
 void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                          const float* w_eff, const bf16* keys, std::int32_t* topk, void* scratch,

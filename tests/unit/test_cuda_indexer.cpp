@@ -1,5 +1,6 @@
-// The tiled CUDA indexer (indexer_topk_tiled.cu) against the one-row kernels it replaces, on
-// the same device inputs: random inputs (vs mma1: ids exactly equal, the two sum each score in
+// The multi-row CUDA indexers - the wgmma kernel (indexer_topk_wgmma.cu, the default) and its
+// mma.sync reference, the tiled kernel (indexer_topk_tiled.cu) - against each other and the
+// one-row kernels, on the same device inputs: random inputs (vs mma1: ids exactly equal, the two sum each score in
 // the same tree; vs baseline: same sets up to one boundary id, its CUDA-core dots round
 // differently), exact-arithmetic inputs (every sum exact in fp32, so all kernels and the host
 // reference must agree id for id, ties included), all-equal keys (pure ties), rows with
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -271,7 +273,18 @@ std::vector<int> sample_rows(const Problem& p) {
 
 class CudaIndexer : public ::testing::TestWithParam<Shape> {};
 
-// Random inputs: tiled == mma1 id for id (same score tree); tiled ~ baseline.
+// Rows whose ids differ between two runs (printed: whether wgmma and mma.sync round the
+// per-head dots alike is a hardware fact the test records, not one it assumes).
+int rows_differing(const Problem& p, const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b) {
+  int n = 0;
+  for (int t = 0; t < p.T; ++t)
+    n += !std::equal(a.begin() + static_cast<long>(t) * p.K, a.begin() + static_cast<long>(t + 1) * p.K,
+                     b.begin() + static_cast<long>(t) * p.K);
+  return n;
+}
+
+// Random inputs: tiled == mma1 id for id (same score tree); tiled ~ baseline; wgmma ~ tiled
+// (same tree, MMAs of another instruction) and bitwise repeatable.
 TEST_P(CudaIndexer, TiledMatchesOneRowKernelsRandom) {
   SKIP_WITHOUT_GPU();
   const Problem p = make_problem(GetParam(), Values::random, 11);
@@ -288,6 +301,11 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsRandom) {
   }
   const auto again = dev.run(cuda::IndexerKernel::tiled);
   expect_equal_rows(p, tiled, again, "tiled run twice");
+  const auto wg = dev.run(cuda::IndexerKernel::wgmma);
+  expect_contract(p, wg, "wgmma");
+  expect_close_rows(p, wg, tiled, "wgmma vs tiled");
+  std::printf("wgmma vs tiled: %d of %d rows differ\n", rows_differing(p, wg, tiled), p.T);
+  expect_equal_rows(p, wg, dev.run(cuda::IndexerKernel::wgmma), "wgmma run twice");
 }
 
 // Exact-arithmetic inputs (small integers, weights in {-1, -1/2, 1/2, 1, 2}): every kernel
@@ -302,6 +320,10 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsExact) {
   expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::baseline), "tiled vs baseline");
   expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::mma1), "tiled vs mma1");
   expect_reference_rows(p, tiled, sample_rows(p), "tiled");
+  const auto wg = dev.run(cuda::IndexerKernel::wgmma);
+  expect_contract(p, wg, "wgmma");
+  expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
+  expect_reference_rows(p, wg, sample_rows(p), "wgmma");
 }
 
 // Every key equal: every row's scores tie, so the top K must be ids 0..K-1.
@@ -318,6 +340,7 @@ TEST_P(CudaIndexer, AllTiesTakeTheSmallestIds) {
       ASSERT_EQ(tiled[static_cast<std::size_t>(t) * p.K + i], i) << "row " << t;
   }
   expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::mma1), "tiled vs mma1");
+  expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma), tiled, "wgmma vs tiled");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaIndexer,
@@ -344,6 +367,10 @@ TEST(CudaIndexerLong, SegmentOf200KTokens) {
                            200001, 200002, 200003, 200004, 200004 + 4 * K + 3, p.T - 4, p.T - 1};
   expect_reference_rows(p, tiled, rows, "tiled");
   expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::tiled), "tiled run twice");
+  const auto wg = dev.run(cuda::IndexerKernel::wgmma);
+  expect_contract(p, wg, "wgmma");
+  expect_reference_rows(p, wg, rows, "wgmma");
+  expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
 }
 
 
@@ -382,7 +409,8 @@ TEST(CudaIndexerTiming, DISABLED_Flash) {
     const cuda::DeviceMetadata m = metadata.build(d, cu, cu);
     double pairs = 0;
     for (int t = 0; t < tokens; ++t) pairs += std::min((t + 1) / 4, Nc);
-    std::vector<std::pair<const char*, cuda::IndexerKernel>> kernels = {{"tiled", cuda::IndexerKernel::tiled}};
+    std::vector<std::pair<const char*, cuda::IndexerKernel>> kernels = {{"wgmma", cuda::IndexerKernel::wgmma},
+                                                                        {"tiled", cuda::IndexerKernel::tiled}};
     kernels.push_back({"mma1", cuda::IndexerKernel::mma1});
     std::vector<std::int32_t> first;
     for (auto [name, which] : kernels) {
@@ -406,7 +434,7 @@ TEST(CudaIndexerTiming, DISABLED_Flash) {
                   pairs, med, 2.0 * HI * DI * pairs / (med * 1e-3) / 1e12, scratch.size() / 1e6);
       const std::vector<std::int32_t> ids = topk.download();
       if (first.empty()) first = ids;
-      else EXPECT_TRUE(first == ids) << name << " selects differently from tiled at " << tokens;
+      else EXPECT_TRUE(first == ids) << name << " selects differently from wgmma at " << tokens;
       cudaEventDestroy(a);
       cudaEventDestroy(b);
     }

@@ -1,0 +1,266 @@
+// The lightning indexer on warpgroup MMAs (Hopper, sm_90a): the tiled kernel's contract
+// (indexer_topk_tiled.cu: 4 consecutive query rows per CTA, scores in the same per-CTA
+// global slot, the same radix select), with the scoring moved from mma.sync + ldmatrix to
+// wgmma, which reads both operands from shared memory itself.
+//
+// Why: the tiled kernel is bound by its shared-memory pipe (ldmatrix of every key tile by
+// all 8 warps, 61% busy in Nsight Compute) at ~250 TFLOPS. Here one wgmma
+// m64n256k16 computes S^T = K Q^T for 64 keys (M) x the CTA's 4 rows x 64 heads (N = 256)
+// over 16 dims, reading 2 KB of keys and 8 KB of queries per 128 tensor-core cycles: 80 B
+// per cycle against the pipe's 128, so the MMAs, not the loads, set the pace.
+//
+// Two warpgroups, no producer: warpgroup c scores tiles c, c + 2, c + 4, ... of the run with
+// its own 3-stage cp.async ring and its own named barrier, so the two drift apart and one's
+// epilogue (ReLU, head weights, head sum, score store) overlaps the other's MMAs. The
+// queries of the CTA's rows stay in shared memory for the whole run ([256 x DI], K-major).
+//
+// Bitwise agreement with the tiled kernel: the accumulator of m64nNk16 holds, per thread,
+// rows (keys) 16w + g and + 8 and columns 8i + 2q + {0, 1}, the layout of the mma.sync C
+// fragment the tiled kernel sums; the epilogue follows its tree exactly (per 16-head group
+// head_pair_term over (h, h + 8) for two adjacent heads, the 4-lane butterfly, then the
+// groups as ((G0 + G1) + G2) + G3), so equal per-head dot products give equal scores.
+#include <algorithm>
+
+#include "cuda/check.hpp"
+#include "cuda/indexer_score.cuh"
+#include "cuda/indexer_select.cuh"
+#include "cuda/indexer_topk_plan.hpp"
+#include "cuda/indexer_topk_tiled.hpp"
+#include "cuda/mma_util.cuh"
+#include "cuda/wgmma.cuh"
+#include "cuda/wgmma_sync.cuh"
+
+namespace csattn::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;         // two warpgroups
+constexpr int kRows = kIdxTiledRows;  // query rows per CTA (the scratch slot's rows)
+constexpr int kHeads = 64;            // head columns per row; fewer heads are zero-padded
+constexpr int kCols = kRows * kHeads; // the wgmma N
+static_assert(kCols == 256, "one m64n256 wgmma covers the CTA's rows");
+constexpr int kKeys = 64;             // keys per tile (the wgmma M)
+constexpr int kStages = 3;            // per warpgroup
+
+template <int DI>
+struct Layout {  // byte offsets from the 1024-aligned base
+  static constexpr int kBlocks = DI / 64;                // 64-dim (128-byte) column blocks
+  static constexpr int kQBlock = kCols * 128;            // [256 x 64 dims]
+  static constexpr int kKBlock = kKeys * 128;            // [64 x 64 dims]
+  static constexpr int kTileBytes = kBlocks * kKBlock;
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kQOff + kBlocks * kQBlock;
+  static constexpr int kHistOff = kKOff + 2 * kStages * kTileBytes;
+  static constexpr int kWOff = kHistOff + kRows * idxsel::kBins * 4;
+  static constexpr int kBytes = kWOff + kCols * 4;
+};
+
+// Byte offset of 16-byte chunk `cc` of row `row` in a swizzled [rows x DI] operand made of
+// column blocks of `block_bytes` (wgmma's 128-byte swizzle, see wgmma.cuh).
+__device__ __forceinline__ std::uint32_t op_off(int row, int cc, int block_bytes) {
+  return static_cast<std::uint32_t>((cc >> 3) * block_bytes + row * 128 + (((cc & 7) ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ int visible(const LayerDims& d, const DeviceMetadata& meta, int t, int b) {
+  const int seg_entries = meta.comp_start[b + 1] - meta.comp_start[b];
+  return meta.row_is_padding[t] ? 0 : min((meta.row_position[t] + 1) / d.ratio, seg_entries);
+}
+
+template <int DI>
+__global__ void __launch_bounds__(kThreads, 1)
+    indexer_topk_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
+                              const bf16* keys, std::int32_t* topk, unsigned* counter,
+                              float* slots, long row_stride) {
+  using L = Layout<DI>;
+  constexpr int kChunks = DI / 8, kSteps = DI / 16;
+  extern __shared__ unsigned char smem_raw[];
+  const std::uint32_t raw = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  const std::uint32_t base = smem_addr(smem);
+  unsigned* hist = reinterpret_cast<unsigned*>(smem + L::kHistOff);  // [kRows, 2048]
+  float* w_s = reinterpret_cast<float*>(smem + L::kWOff);             // [kRows, 64]
+  __shared__ idxsel::SelectShared sel;
+  __shared__ int s_block, s_seg[kRows], s_n[kRows];
+
+  const int HI = d.index_heads, K = d.topk;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wtid = tid & 127;
+  const int g = lane >> 2, qd = lane & 3;
+  const int blocks = (d.rows + kRows - 1) / kRows;
+  float* slot = slots + static_cast<long>(blockIdx.x) * kRows * row_stride;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+
+  for (;;) {
+    if (tid == 0) s_block = static_cast<int>(atomicAdd(counter, 1u));
+    __syncthreads();
+    const int ticket = s_block;
+    if (ticket >= blocks) break;
+    const int t0 = (blocks - 1 - ticket) * kRows;  // the longest rows first: a short tail
+
+    if (tid < kRows) {
+      const int t = t0 + tid;
+      s_seg[tid] = t < d.rows ? meta.row_segment[t] : -1;
+      s_n[tid] = t < d.rows ? visible(d, meta, t, s_seg[tid]) : 0;
+    }
+    for (int i = tid; i < kRows * idxsel::kBins; i += kThreads) hist[i] = 0u;
+    __syncthreads();
+    unsigned todo = 0;
+    for (int i = 0; i < kRows; ++i)
+      if (s_n[i] > K) todo |= 1u << i;
+    // Rows with n <= K: every visible entry, in index order, then -1.
+    for (int i = 0; i < kRows; ++i) {
+      if (t0 + i >= d.rows || (todo >> i & 1u)) continue;
+      std::int32_t* out = topk + static_cast<long>(t0 + i) * K;
+      for (int k = tid; k < K; k += kThreads) out[k] = k < s_n[i] ? k : -1;
+    }
+    const unsigned selecting = todo;
+
+    // One run per segment among the block's rows (a block crossing a boundary has several);
+    // the columns of rows outside the run are zero and never written.
+    while (todo != 0u) {
+      const int run_seg = s_seg[__ffs(todo) - 1];
+      unsigned run = 0;
+      int n_run = 0;
+      for (int i = 0; i < kRows; ++i)
+        if ((todo >> i & 1u) && s_seg[i] == run_seg) {
+          run |= 1u << i;
+          n_run = max(n_run, s_n[i]);
+        }
+      todo &= ~run;
+      const bf16* seg_keys = keys + static_cast<long>(meta.comp_start[run_seg]) * DI;
+
+      __syncthreads();  // both warpgroups are done with the previous run's Q, w and stages
+      for (int i = tid; i < kCols * kChunks; i += kThreads) {
+        const int col = i / kChunks, cc = i % kChunks, r = col / kHeads, h = col % kHeads;
+        const bool real = (run >> r & 1u) && h < HI;
+        const long src = real ? (static_cast<long>(t0 + r) * HI + h) * DI + cc * 8 : 0;
+        cp_async_16_zfill(base + L::kQOff + op_off(col, cc, L::kQBlock), qi + src, real);
+      }
+      cp_async_commit();
+      for (int i = tid; i < kCols; i += kThreads) {
+        const int r = i / kHeads, h = i % kHeads;
+        w_s[i] = (run >> r & 1u) && h < HI ? w_eff[static_cast<long>(t0 + r) * HI + h] : 0.0f;
+      }
+      cp_async_wait<0>();
+      fence_proxy_async_smem();  // the cp.async writes of Q -> wgmma
+      __syncthreads();
+
+      const int tiles = (n_run + kKeys - 1) / kKeys;
+      const int my_tiles = tiles > wg ? (tiles - wg + 1) / 2 : 0;  // tiles wg, wg + 2, ...
+      const std::uint32_t ring = base + L::kKOff + wg * kStages * L::kTileBytes;
+      auto load = [&](int u) {
+        if (u < my_tiles) {
+          const int tile = 2 * u + wg;
+          const std::uint32_t dst = ring + (u % kStages) * L::kTileBytes;
+          for (int i = wtid; i < kKeys * kChunks; i += 128) {
+            const int kr = i / kChunks, cc = i % kChunks;
+            const int j = min(tile * kKeys + kr, n_run - 1);  // past the end: a real key, unused
+            cp_async_16(dst + op_off(kr, cc, L::kKBlock), seg_keys + static_cast<long>(j) * DI + cc * 8);
+          }
+        }
+        cp_async_commit();  // always a group (maybe empty): the wait count stays uniform
+      };
+      load(0);
+      load(1);
+      for (int u = 0; u < my_tiles; ++u) {
+        cp_async_wait<1>();
+        fence_proxy_async_smem();          // this thread's copies of tile u -> wgmma
+        named_barrier_sync(1 + wg, 128);   // every thread's copies; tile u - 1's stage is free
+        load(u + 2);
+        const std::uint32_t kt = ring + (u % kStages) * L::kTileBytes;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+          const std::uint32_t a = kt + (kk >> 2) * L::kKBlock + (kk & 3) * 32;
+          const std::uint32_t b = base + L::kQOff + (kk >> 2) * L::kQBlock + (kk & 3) * 32;
+          wgmma_m64n256k16_ss<0>(acc, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024),
+                                 kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_pin(acc);
+
+        // acc[4i + 2 half + e] = S[key 16 (warp % 4) + g + 8 half][column 8i + 2q + e]; row r's
+        // head h is column 64 r + h, so its group G holds i = 8r + 2G (heads 16G + 2q + e) and
+        // i + 1 (heads 16G + 8 + 2q + e). Lane q keeps row q's two scores.
+        float mine[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float s = 0.0f;
+#pragma unroll
+            for (int G = 0; G < 4; ++G) {
+              const int lo = 4 * (8 * r + 2 * G) + 2 * half, hi = lo + 4;
+              const float2 w0 = *reinterpret_cast<const float2*>(w_s + r * kHeads + 16 * G + 2 * qd);
+              const float2 w8 = *reinterpret_cast<const float2*>(w_s + r * kHeads + 16 * G + 8 + 2 * qd);
+              float v = head_pair_term(w0.x, acc[lo], w8.x, acc[hi]) +
+                        head_pair_term(w0.y, acc[lo + 1], w8.y, acc[hi + 1]);
+              v += __shfl_xor_sync(0xffffffffu, v, 1);
+              v += __shfl_xor_sync(0xffffffffu, v, 2);
+              s = G == 0 ? v : s + v;
+            }
+            if (qd == r) mine[half] = s;
+          }
+        }
+        const int key0 = (2 * u + wg) * kKeys + 16 * (warp & 3) + g;
+        if (run >> qd & 1u) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int j = key0 + 8 * half;
+            if (j < s_n[qd]) {
+              slot[qd * row_stride + j] = mine[half];
+              atomicAdd(&hist[qd * idxsel::kBins + idxsel::digit0(order_key(mine[half]))], 1u);
+            }
+          }
+        }
+      }
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // scores and histograms complete
+
+    for (int i = 0; i < kRows; ++i) {
+      if (!(selecting >> i & 1u)) continue;
+      idxsel::select_topk_radix<kThreads>(slot + i * row_stride, s_n[i], K, hist + i * idxsel::kBins,
+                                          sel, topk + static_cast<long>(t0 + i) * K);
+    }
+  }
+}
+
+template <int DI>
+void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
+                  const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream) {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    CSATTN_CUDA_CHECK(cudaGetDevice(&dev));
+    CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  const int blocks = (d.rows + kRows - 1) / kRows;
+  // One CTA per SM (its shared memory allows one); the scratch has kIdxTiledMaxCtas slots.
+  const int grid = std::min({blocks, sms, kIdxTiledMaxCtas});
+  const std::size_t smem = 1024 + Layout<DI>::kBytes;  // + the base's alignment to 1024
+  allow_dynamic_smem(indexer_topk_wgmma_kernel<DI>, smem, "the wgmma indexer");
+  unsigned* counter = static_cast<unsigned*>(scratch);
+  float* slots = reinterpret_cast<float*>(static_cast<unsigned char*>(scratch) + kIdxTiledHeaderBytes);
+  CSATTN_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream));
+  indexer_topk_wgmma_kernel<DI><<<grid, kThreads, smem, stream>>>(
+      d, meta, qi, w_eff, keys, topk, counter, slots, static_cast<long>(indexer_tiled_row_stride(d)));
+  CSATTN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_indexer_topk_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
+                               const float* w_eff, const bf16* keys, std::int32_t* topk,
+                               void* scratch, cudaStream_t stream) {
+  require(indexer_tiled_supported(d), ErrorKind::Unsupported,
+          "the wgmma indexer needs index_n_heads <= 64 and index_head_dim 64 or 128");
+  require(scratch != nullptr, ErrorKind::InvalidArgument, "the wgmma indexer needs its scratch");
+  if (d.index_dim == 128) launch_wgmma<128>(d, meta, qi, w_eff, keys, topk, scratch, stream);
+  else launch_wgmma<64>(d, meta, qi, w_eff, keys, topk, scratch, stream);
+}
+
+}  // namespace csattn::cuda
