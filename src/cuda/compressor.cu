@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(512)
     auto valid = [&](int k) { return !kOverlap || k >= kM || has_prev; };
     // Per chunk: A and G loaded together, the chunk max, the running (max, sum, acc)
     // rescaled when the max rises, then the exp-sum.
-#pragma unroll 1
+#pragma unroll
     for (int k1 = k0; k1 < k0 + kTok; k1 += kChunk) {
       uint2 graw[kChunk], araw[kChunk];
 #pragma unroll

@@ -4,17 +4,15 @@
 // wgmma, which reads both operands from shared memory itself.
 //
 // Why: the tiled kernel is bound by its shared-memory pipe (ldmatrix of every key tile by
-// all 8 warps, 61% busy in Nsight Compute) at ~250 TFLOPS. Here one wgmma m64n128k16
-// computes S^T = K Q^T for 64 keys (M) x 2 of the CTA's 4 rows x 64 heads (N = 128) over 16
-// dims, reading 2 KB of keys and 4 KB of queries per 64 tensor-core cycles: 96 B per cycle
-// against the pipe's 128, so the MMAs, not the loads, set the pace.
+// all 8 warps, 61% busy in Nsight Compute) at ~250 TFLOPS. Here one wgmma
+// m64n256k16 computes S^T = K Q^T for 64 keys (M) x the CTA's 4 rows x 64 heads (N = 256)
+// over 16 dims, reading 2 KB of keys and 8 KB of queries per 128 tensor-core cycles: 80 B
+// per cycle against the pipe's 128, so the MMAs, not the loads, set the pace.
 //
 // Two warpgroups, no producer: warpgroup c scores tiles c, c + 2, c + 4, ... of the run with
-// its own 4-stage cp.async ring and its own named barrier. Inside a warpgroup the tile's
-// two row pairs (N = 128 each) alternate between two accumulators, so the epilogue of one
-// (ReLU, head weights, head sum, score store) runs while the tensor cores compute the other;
-// the second warpgroup fills what is left. The queries of the CTA's rows stay in shared
-// memory for the whole run ([256 x DI], K-major).
+// its own 3-stage cp.async ring and its own named barrier, so the two drift apart and one's
+// epilogue (ReLU, head weights, head sum, score store) overlaps the other's MMAs. The
+// queries of the CTA's rows stay in shared memory for the whole run ([256 x DI], K-major).
 //
 // Bitwise agreement with the tiled kernel: the accumulator of m64nNk16 holds, per thread,
 // rows (keys) 16w + g and + 8 and columns 8i + 2q + {0, 1}, the layout of the mma.sync C
@@ -42,7 +40,7 @@ constexpr int kHeads = 64;            // head columns per row; fewer heads are z
 constexpr int kCols = kRows * kHeads; // the wgmma N
 static_assert(kCols == 256, "one m64n256 wgmma covers the CTA's rows");
 constexpr int kKeys = 64;             // keys per tile (the wgmma M)
-constexpr int kStages = 4;            // per warpgroup: in use, ready, landing, issued
+constexpr int kStages = 3;            // per warpgroup
 
 template <int DI>
 struct Layout {  // byte offsets from the 1024-aligned base
@@ -90,9 +88,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, qd = lane & 3;
   const int blocks = (d.rows + kRows - 1) / kRows;
   float* slot = slots + static_cast<long>(blockIdx.x) * kRows * row_stride;
-  float acc0[64], acc1[64];  // S^T of row pairs 0 and 1 (two MMAs in flight)
+  float acc[128];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
 
   for (;;) {
     if (tid == 0) s_block = static_cast<int>(atomicAdd(counter, 1u));
@@ -164,84 +162,61 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         cp_async_commit();  // always a group (maybe empty): the wait count stays uniform
       };
-      // Tile u is in shared memory: every thread's copies have landed and are visible to the
-      // async proxy; then the next load goes into the stage of tile u - 2, whose MMAs all
-      // threads have waited for.
-      auto tile_ready = [&](int u) {
+      load(0);
+      load(1);
+      for (int u = 0; u < my_tiles; ++u) {
         cp_async_wait<1>();
-        fence_proxy_async_smem();
-        named_barrier_sync(1 + wg, 128);
+        fence_proxy_async_smem();          // this thread's copies of tile u -> wgmma
+        named_barrier_sync(1 + wg, 128);   // every thread's copies; tile u - 1's stage is free
         load(u + 2);
-      };
-      // S^T for tile u and row pair p (rows 2p, 2p + 1 = columns 128p ..) into `acc`.
-      auto issue = [&](int u, int p, float(&acc)[64]) {
         const std::uint32_t kt = ring + (u % kStages) * L::kTileBytes;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kSteps; ++kk) {
           const std::uint32_t a = kt + (kk >> 2) * L::kKBlock + (kk & 3) * 32;
-          const std::uint32_t b = base + L::kQOff + (kk >> 2) * L::kQBlock + p * 128 * 128 + (kk & 3) * 32;
-          wgmma_m64n128k16_ss<0>(acc, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024),
+          const std::uint32_t b = base + L::kQOff + (kk >> 2) * L::kQBlock + (kk & 3) * 32;
+          wgmma_m64n256k16_ss<0>(acc, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024),
                                  kk > 0 ? 1 : 0);
         }
         wgmma_commit();
-      };
-      // acc[4i + 2 half + e] = S[key 16 (warp % 4) + g + 8 half][column 8i + 2q + e] of the
-      // pair's rows; row rr's head h is column 64 rr + h, so its group G holds i = 8 rr + 2G
-      // (heads 16G + 2q + e) and i + 1 (heads 16G + 8 + 2q + e). Lane q keeps the score of
-      // row rr = q % 2 at key row half = q / 2.
-      auto epilogue = [&](int u, int p, const float(&acc)[64]) {
-        float mine = 0.0f;
+        wgmma_wait<0>();
+        wgmma_pin(acc);
+
+        // acc[4i + 2 half + e] = S[key 16 (warp % 4) + g + 8 half][column 8i + 2q + e]; row r's
+        // head h is column 64 r + h, so its group G holds i = 8r + 2G (heads 16G + 2q + e) and
+        // i + 1 (heads 16G + 8 + 2q + e). Lane q keeps row q's two scores.
+        float mine[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const float* wr = w_s + (2 * p + rr) * kHeads + 2 * qd;
+        for (int r = 0; r < kRows; ++r) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             float s = 0.0f;
 #pragma unroll
             for (int G = 0; G < 4; ++G) {
-              const int lo = 4 * (8 * rr + 2 * G) + 2 * half, hi = lo + 4;
-              const float2 w0 = *reinterpret_cast<const float2*>(wr + 16 * G);
-              const float2 w8 = *reinterpret_cast<const float2*>(wr + 16 * G + 8);
+              const int lo = 4 * (8 * r + 2 * G) + 2 * half, hi = lo + 4;
+              const float2 w0 = *reinterpret_cast<const float2*>(w_s + r * kHeads + 16 * G + 2 * qd);
+              const float2 w8 = *reinterpret_cast<const float2*>(w_s + r * kHeads + 16 * G + 8 + 2 * qd);
               float v = head_pair_term(w0.x, acc[lo], w8.x, acc[hi]) +
                         head_pair_term(w0.y, acc[lo + 1], w8.y, acc[hi + 1]);
               v += __shfl_xor_sync(0xffffffffu, v, 1);
               v += __shfl_xor_sync(0xffffffffu, v, 2);
-              s = G == 0 ? v : s + v;  // ((G0 + G1) + G2) + G3
+              s = G == 0 ? v : s + v;
             }
-            if (qd == 2 * half + rr) mine = s;
+            if (qd == r) mine[half] = s;
           }
         }
-        const int r = 2 * p + (qd & 1);
-        const int j = (2 * u + wg) * kKeys + 16 * (warp & 3) + g + 8 * (qd >> 1);
-        if ((run >> r & 1u) && j < s_n[r]) {
-          slot[r * row_stride + j] = mine;
-          atomicAdd(&hist[r * idxsel::kBins + idxsel::digit0(order_key(mine))], 1u);
+        const int key0 = (2 * u + wg) * kKeys + 16 * (warp & 3) + g;
+        if (run >> qd & 1u) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int j = key0 + 8 * half;
+            if (j < s_n[qd]) {
+              slot[qd * row_stride + j] = mine[half];
+              atomicAdd(&hist[qd * idxsel::kBins + idxsel::digit0(order_key(mine[half]))], 1u);
+            }
+          }
         }
-      };
-
-      // Two accumulators in flight: the MMAs of one row pair run while the epilogue of the
-      // other reads its scores (wait<1> leaves the most recent group running). No wgmma sits
-      // in a branch (ptxas would serialise every wgmma of the kernel): the product issued
-      // after the last tile (or with no tile at all) reads a stale stage, nothing is written
-      // to that stage meanwhile, and its result is never read.
-      load(0);
-      load(1);
-      tile_ready(0);
-      issue(0, 0, acc0);
-      for (int u = 0; u < my_tiles; ++u) {
-        issue(u, 1, acc1);
-        wgmma_wait<1>();
-        wgmma_pin(acc0);
-        epilogue(u, 0, acc0);
-        tile_ready(u + 1);
-        issue(u + 1, 0, acc0);
-        wgmma_wait<1>();
-        wgmma_pin(acc1);
-        epilogue(u, 1, acc1);
       }
-      wgmma_wait<0>();
-      wgmma_pin(acc0);
       cp_async_wait<0>();
     }
     __syncthreads();  // scores and histograms complete

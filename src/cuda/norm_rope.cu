@@ -4,7 +4,8 @@
 // 8-byte) accesses, the norm is a warp reduction, RoPE pairs never straddle lanes, and the
 // Hadamard butterflies below the lane width run in registers, the wider ones through
 // shuffles - the same additions in the same order as the block kernel, which stays for
-// other widths. cos / sin come from the per-run table (one double-precision evaluation
+// other widths; rows of 128 take a 4-lanes-per-row variant (fewer cross-lane Hadamard
+// levels, see norm_rope_n128_kernel). cos / sin come from the per-run table (one double-precision evaluation
 // per position and frequency instead of one per row).
 #include <cmath>
 #include <cstdint>
@@ -200,6 +201,121 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_warp_kernel(Nor
   }
 }
 
+// Rows of 128 (the indexer's queries and keys) in groups of 4 lanes, 8 rows per warp at
+// once. Lane l of a group holds the 16-byte chunks l + 4c (c < 4), i.e. elements
+// 8 (l + 4c) + k (k < 8), in v[8c + k]: each load instruction reads chunk c of 8 rows with
+// 4 lanes on 64 contiguous bytes, RoPE pairs stay inside a lane, and of the Hadamard's 7
+// levels only len 8 and 16 (the lane bits) cross lanes: 8 shuffles a row where the 32-lane
+// layout needs 20. Levels run in the same order with the same operations, so without the
+// norm the result is bitwise the 32-lane kernel's. Every lane runs every shuffle (rows
+// past the end or without an entry compute on zeros and store nothing).
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_n128_kernel(NormRopeArgs a) {
+  constexpr int n = 128, C = 4;  // chunks of 8 elements per lane
+  const int lane = threadIdx.x & 31, gl = lane & 3;
+  const int row = (blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5)) * 8 + (lane >> 2);
+  const int position = row < a.rows ? row_position_of(a, row) : -1;
+  const bool live = position >= 0;
+  auto elem = [&](int c) { return 8 * (gl + 4 * c); };  // first element of chunk c
+  float v[8 * C];
+  const bf16* in = a.in + static_cast<long>(live ? row : 0) * n;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    float x[8];
+    if (live) {
+      load_lane<8>(in + elem(c), x);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) x[k] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[8 * c + k] = x[k];
+  }
+
+  if (a.norm) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8 * C; ++i) ss += v[i] * v[i];
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    const float r = 1.0f / sqrtf(ss / n + a.eps);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      float w[8];
+      if (a.weight) {
+        load_lane<8>(a.weight + elem(c), w);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w[k] = 1.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[8 * c + k] = a.weight ? round_bf16(v[8 * c + k] * r * w[k]) : round_bf16(v[8 * c + k] * r);
+    }
+  }
+
+  if (a.rope_dim > 0) {
+    const int base = n - a.rope_dim;
+    const __nv_bfloat162* table = a.rope_table + static_cast<long>(live ? position : 0) * (a.rope_dim / 2);
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int k = 0; k < 8; k += 2) {
+        const int e = elem(c) + k;
+        if (e < base) continue;
+        const float2 cs = __bfloat1622float2(table[(e - base) / 2]);
+        const float co = cs.x, si = cs.y * static_cast<float>(a.rope_sign);
+        const float x0 = v[8 * c + k], x1 = v[8 * c + k + 1];
+        v[8 * c + k] = round_bf16(x0 * co - x1 * si);
+        v[8 * c + k + 1] = round_bf16(x0 * si + x1 * co);
+      }
+  }
+
+  if (a.hadamard) {
+    // len 1, 2, 4: inside a chunk.
+#pragma unroll
+    for (int len = 1; len < 8; len <<= 1)
+#pragma unroll
+      for (int i = 0; i < 8 * C; ++i)
+        if ((i & len) == 0) {
+          const float x0 = v[i], x1 = v[i + len];
+          v[i] = x0 + x1;
+          v[i + len] = x0 - x1;
+        }
+    // len 8, 16: the lane bits of the group.
+#pragma unroll
+    for (int lanes = 1; lanes < 4; lanes <<= 1) {
+      const bool upper = (gl & lanes) != 0;  // holds the x1 side of each pair
+#pragma unroll
+      for (int i = 0; i < 8 * C; ++i) {
+        const float other = __shfl_xor_sync(0xffffffffu, v[i], lanes);
+        v[i] = upper ? other - v[i] : v[i] + other;
+      }
+    }
+    // len 32, 64: across the lane's chunks (chunk bit 0, then 1).
+#pragma unroll
+    for (int cb = 1; cb < C; cb <<= 1)
+#pragma unroll
+      for (int i = 0; i < 8 * C; ++i)
+        if (((i >> 3) & cb) == 0) {
+          const float x0 = v[i], x1 = v[i + 8 * cb];
+          v[i] = x0 + x1;
+          v[i + 8 * cb] = x0 - x1;
+        }
+    const float scale = 1.0f / sqrtf(static_cast<float>(n));
+#pragma unroll
+    for (int i = 0; i < 8 * C; ++i) v[i] = round_bf16(v[i] * scale);
+  }
+
+  if (!live) return;
+  bf16* out = a.out + static_cast<long>(row) * n;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    float x[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = v[8 * c + k];
+    store_lane<8>(out + elem(c), x);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
   extern __shared__ float buf[];  // [n]
   __shared__ float scratch[32];
@@ -270,7 +386,7 @@ void launch_rope_table(const LayerDims& d, const float* omega, __nv_bfloat162* t
 
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
   if (a.rows <= 0) return;
-  // The warp kernel: n = 32 * E with E in {4, 8, 16, 32} (E even, so RoPE pairs stay inside
+  // The warp kernels: n = 128 (4 lanes a row), or n = 32 * E with E in {8, 16, 32} (E even, so RoPE pairs stay inside
   // a lane), 16-byte aligned rows and weight, and the RoPE table when it rotates.
   const bool rope_ok = a.rope_dim == 0 || (a.rope_table && a.rope_dim % 2 == 0 && a.rope_dim <= a.n);
   const std::uintptr_t addr_bits = reinterpret_cast<std::uintptr_t>(a.in) |
@@ -284,7 +400,7 @@ void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
       CSATTN_CUDA_LAUNCH_CHECK();
     };
     switch (a.n) {
-      case 128: launch(norm_rope_warp_kernel<4, 4>, 4); return;
+      case 128: launch(norm_rope_n128_kernel, 8); return;  // 4 lanes a row, 8 rows a warp
       case 256: launch(norm_rope_warp_kernel<8, 2>, 2); return;
       case 512: launch(norm_rope_warp_kernel<16, 1>, 1); return;
       case 1024: launch(norm_rope_warp_kernel<32, 2>, 2); return;
