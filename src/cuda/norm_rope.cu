@@ -202,20 +202,35 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_warp_kernel(Nor
 }
 
 // Rows of 128 (the indexer's queries and keys) in groups of 4 lanes, 8 rows per warp at
-// once, R such rows per group with all their loads in flight before any is transformed.
-// Lane l of a group holds the 16-byte chunks l + 4c (c < 4), i.e. elements 8 (l + 4c) + k
-// (k < 8), in v[8c + k]: each load instruction reads chunk c of 8 rows with 4 lanes on 64
-// contiguous bytes, RoPE pairs stay inside a lane, and of the Hadamard's 7 levels only
-// len 8 and 16 (the lane bits) cross lanes: 8 shuffles a row where the 32-lane layout needs
-// 20. Levels run in the same order with the same operations, so without the norm the
-// result is bitwise the 32-lane kernel's. Every lane runs every shuffle (rows past the end
-// or without an entry compute on zeros and store nothing).
-constexpr int kN128 = 128, kN128Chunks = 4;  // chunks of 8 elements per lane
-
-__device__ __forceinline__ void transform_row_n128(const NormRopeArgs& a, int position, bool live,
-                                                   int gl, float (&v)[8 * kN128Chunks]) {
-  constexpr int n = kN128, C = kN128Chunks;
+// once. Lane l of a group holds the 16-byte chunks l + 4c (c < 4), i.e. elements
+// 8 (l + 4c) + k (k < 8), in v[8c + k]: each load instruction reads chunk c of 8 rows with
+// 4 lanes on 64 contiguous bytes, RoPE pairs stay inside a lane, and of the Hadamard's 7
+// levels only len 8 and 16 (the lane bits) cross lanes: 8 shuffles a row where the 32-lane
+// layout needs 20. Levels run in the same order with the same operations, so without the
+// norm the result is bitwise the 32-lane kernel's. Every lane runs every shuffle (rows
+// past the end or without an entry compute on zeros and store nothing).
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_n128_kernel(NormRopeArgs a) {
+  constexpr int n = 128, C = 4;  // chunks of 8 elements per lane
+  const int lane = threadIdx.x & 31, gl = lane & 3;
+  const int row = (blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5)) * 8 + (lane >> 2);
+  const int position = row < a.rows ? row_position_of(a, row) : -1;
+  const bool live = position >= 0;
   auto elem = [&](int c) { return 8 * (gl + 4 * c); };  // first element of chunk c
+  float v[8 * C];
+  const bf16* in = a.in + static_cast<long>(live ? row : 0) * n;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    float x[8];
+    if (live) {
+      load_lane<8>(in + elem(c), x);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) x[k] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[8 * c + k] = x[k];
+  }
+
   if (a.norm) {
     float ss = 0.0f;
 #pragma unroll
@@ -225,15 +240,15 @@ __device__ __forceinline__ void transform_row_n128(const NormRopeArgs& a, int po
     const float r = 1.0f / sqrtf(ss / n + a.eps);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
+      float w[8];
       if (a.weight) {
-        float w[8];
         load_lane<8>(a.weight + elem(c), w);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[8 * c + k] = round_bf16(v[8 * c + k] * r * w[k]);
       } else {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[8 * c + k] = round_bf16(v[8 * c + k] * r);
+        for (int k = 0; k < 8; ++k) w[k] = 1.0f;
       }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[8 * c + k] = a.weight ? round_bf16(v[8 * c + k] * r * w[k]) : round_bf16(v[8 * c + k] * r);
     }
   }
 
@@ -289,46 +304,15 @@ __device__ __forceinline__ void transform_row_n128(const NormRopeArgs& a, int po
 #pragma unroll
     for (int i = 0; i < 8 * C; ++i) v[i] = round_bf16(v[i] * scale);
   }
-}
 
-template <int R>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_n128_kernel(NormRopeArgs a) {
-  constexpr int n = kN128, C = kN128Chunks;
-  const int lane = threadIdx.x & 31, gl = lane & 3;
-  const int row0 = (blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5)) * 8 * R + (lane >> 2);
-  float v[R][8 * C];
-  int position[R];
+  if (!live) return;
+  bf16* out = a.out + static_cast<long>(row) * n;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int row = row0 + 8 * r;
-    position[r] = row < a.rows ? row_position_of(a, row) : -1;
-    const bf16* in = a.in + static_cast<long>(position[r] >= 0 ? row : 0) * n;
+  for (int c = 0; c < C; ++c) {
+    float x[8];
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      float x[8];
-      if (position[r] >= 0) {
-        load_lane<8>(in + 8 * (gl + 4 * c), x);
-      } else {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) x[k] = 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) v[r][8 * c + k] = x[k];
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const bool live = position[r] >= 0;
-    transform_row_n128(a, position[r], live, gl, v[r]);
-    if (!live) continue;  // after every shuffle of the row
-    bf16* out = a.out + static_cast<long>(row0 + 8 * r) * n;
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      float x[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) x[k] = v[r][8 * c + k];
-      store_lane<8>(out + 8 * (gl + 4 * c), x);
-    }
+    for (int k = 0; k < 8; ++k) x[k] = v[8 * c + k];
+    store_lane<8>(out + elem(c), x);
   }
 }
 
@@ -416,7 +400,7 @@ void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
       CSATTN_CUDA_LAUNCH_CHECK();
     };
     switch (a.n) {
-      case 128: launch(norm_rope_n128_kernel<2>, 16); return;  // 4 lanes a row, 16 rows a warp
+      case 128: launch(norm_rope_n128_kernel, 8); return;  // 4 lanes a row, 8 rows a warp
       case 256: launch(norm_rope_warp_kernel<8, 2>, 2); return;
       case 512: launch(norm_rope_warp_kernel<16, 1>, 1); return;
       case 1024: launch(norm_rope_warp_kernel<32, 2>, 2); return;
