@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# Installs what csattn needs to build and test on a Debian machine (idempotent).
-# Only Debian packages are used; nothing is downloaded from anywhere else.
+# Installs what csattn needs to build and test on a Debian machine (idempotent): Debian
+# packages for the C++ build, and from PyPI (pinned) what the Python module needs to build
+# and test (nanobind, NumPy, pytest) into the python3 on PATH. Nothing else is downloaded.
 set -euo pipefail
+
+# Python packages, checked by importing them (no network when present).
+py_pkgs=(nanobind==2.10.2 numpy==2.2.6 pytest==8.3.5)
+if command -v python3 > /dev/null 2>&1 &&
+   ! python3 -c "import nanobind, numpy, pytest" > /dev/null 2>&1; then
+  echo "bootstrap: pip installing ${py_pkgs[*]}"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "${py_pkgs[@]}"
+fi
 
 # Debian package -> a file whose presence proves it is installed (checked before apt runs,
 # so a second call costs nothing and needs no network). Each path is one the package itself

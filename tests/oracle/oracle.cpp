@@ -571,4 +571,10 @@ IndexerTopk indexer_topk(const std::vector<double>& q, const std::vector<double>
   return r;
 }
 
+Weights64 weights64(const LayerWeights& w) {
+  Weights64 out;
+  for (const ParamInfo& p : w.params()) out[p.name] = w.get(p.name).to_f64();
+  return out;
+}
+
 }  // namespace csattn::oracle

@@ -11,11 +11,14 @@
 
 #include "csattn/config.hpp"
 #include "csattn/layout.hpp"
+#include "csattn/weights.hpp"
 
 namespace csattn::oracle {
 
 // Parameters by release name ("attn.wq_a.weight", ...), row-major, in double.
 using Weights64 = std::map<std::string, std::vector<double>>;
+// A layer's weights in that form (every parameter of layer_params, widened from f32).
+Weights64 weights64(const LayerWeights& w);
 
 struct Result {
   std::vector<double> output;      // [T, d_model]

@@ -100,7 +100,7 @@ TEST_P(CudaForward, MatchesCpuBackendAndOracle) {
   oracle::Options opt;
   const auto sel = topk_vector(c);
   opt.forced_topk = cfg.has_indexer() ? &sel : nullptr;
-  const oracle::Result ref = oracle::forward(cfg, layout, to_weights64(w), x.to_f64(), opt);
+  const oracle::Result ref = oracle::forward(cfg, layout, oracle::weights64(w), x.to_f64(), opt);
   const Similarity loose = similarity(gf.output.to_f32(), ref.output);
   EXPECT_GT(loose.cosine, 1.0 - 1.5e-3);
   EXPECT_GT(loose.tensor, 1.0 - 1.5e-3);

@@ -29,7 +29,7 @@ TEST(LayerEdges, ShortSegmentsMatchOracle) {
     HybridAttentionLayer layer(cfg, w, RunOptions{Precision::fp32});
     const LayerOutputs out = layer.forward(x, layout);
     ASSERT_TRUE(all_finite(out.output));
-    const oracle::Result ref = oracle::forward(cfg, layout, to_weights64(w), x.to_f64());
+    const oracle::Result ref = oracle::forward(cfg, layout, oracle::weights64(w), x.to_f64());
     EXPECT_LT(max_abs_diff(out.output.to_f32(), ref.output), 2e-5 * max_abs(ref.output))
         << "ratio " << ratio;
     if (cfg.has_indexer()) {
@@ -168,7 +168,7 @@ TEST(LayerEdges, EmptyBatchEmptySegmentAndPaddingOnlySegment) {
     const Tensor x = random_tensor(T, cfg.d_model, 62);
     const LayerOutputs out = layer.forward(x, layout);
     ASSERT_TRUE(std::isfinite(out.indexer_loss));
-    const oracle::Result ref = oracle::forward(cfg, layout, to_weights64(w), x.to_f64());
+    const oracle::Result ref = oracle::forward(cfg, layout, oracle::weights64(w), x.to_f64());
     EXPECT_LT(max_abs_diff(out.output.to_f32(), ref.output), 2e-5 * max_abs(ref.output))
         << "ratio " << ratio;
     const LayerGradients g = layer.backward(out, random_tensor(T, cfg.d_model, 63));

@@ -53,7 +53,7 @@ TEST_P(LayerGradCheck, DirectionalDerivatives) {
   opt.forced_topk = cfg.has_indexer() ? &topk : nullptr;
 
   const std::vector<double> dy64 = dy.to_f64();
-  oracle::Weights64 w64 = to_weights64(w);
+  oracle::Weights64 w64 = oracle::weights64(w);
   std::vector<double> x64 = x.to_f64();
   auto objective = [&](bool indexer_loss) {
     const oracle::Result r = oracle::forward(cfg, layout, w64, x64, opt);

@@ -71,7 +71,7 @@ TEST_P(LayerVsOracle, OutputTopkAndLoss) {
   const LayerOutputs out = layer.forward(x, layout);
 
   const auto topk = topk_vector(out);
-  const oracle::Weights64 w64 = to_weights64(w);
+  const oracle::Weights64 w64 = oracle::weights64(w);
   const std::vector<double> x64 = x.to_f64();
   const bool fp32 = pc.precision == Precision::fp32;
   if (cfg.has_indexer()) {
@@ -128,7 +128,7 @@ TEST(LayerVsOracle, SmallPresetCsaBf16) {
   const auto topk = topk_vector(out);
   oracle::Options opt;
   opt.forced_topk = &topk;
-  const oracle::Result ref = oracle::forward(cfg, layout, to_weights64(w), x.to_f64(), opt);
+  const oracle::Result ref = oracle::forward(cfg, layout, oracle::weights64(w), x.to_f64(), opt);
   const Similarity sim = similarity(out.output.to_f32(), ref.output);
   EXPECT_GT(sim.cosine, 1.0 - 1.5e-3);
   EXPECT_GT(sim.tensor, 1.0 - 1.5e-3);

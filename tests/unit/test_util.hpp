@@ -54,11 +54,6 @@ inline Tensor random_tensor(std::int64_t rows, std::int64_t cols, std::uint64_t 
   return Tensor::from_f32(v, {rows, cols});
 }
 
-inline oracle::Weights64 to_weights64(const LayerWeights& w) {
-  oracle::Weights64 out;
-  for (const ParamInfo& p : w.params()) out[p.name] = w.get(p.name).to_f64();
-  return out;
-}
 
 inline std::vector<std::int32_t> topk_vector(const LayerOutputs& o) {
   if (o.topk_indices.empty()) return {};

@@ -50,12 +50,6 @@ std::vector<int> sample_rows(const SeqLayout& layout, int n) {
 
 namespace {
 
-oracle::Weights64 to_weights64(const LayerWeights& w) {
-  oracle::Weights64 out;
-  for (const ParamInfo& p : w.params()) out[p.name] = w.get(p.name).to_f64();
-  return out;
-}
-
 std::vector<std::int32_t> topk_vector(const Tensor& topk, std::int64_t rows, int k) {
   require(topk.dtype() == DType::i32 && topk.shape() == Shape{rows, k}, ErrorKind::Internal,
           "backend topk_indices has dtype " + std::string(dtype_name(topk.dtype())) +
@@ -74,7 +68,7 @@ OracleCheck check_with_oracle(const AttentionConfig& cfg, const RunPlan& plan,
   const std::vector<int> rows = sample_rows(plan.layout, plan.check_rows);
   if (rows.empty()) return c;
   Stopwatch sw;
-  const oracle::Weights64 w64 = to_weights64(weights);
+  const oracle::Weights64 w64 = oracle::weights64(weights);
   const std::int64_t T = plan.layout.total_rows();
   const int d = cfg.d_model;
 

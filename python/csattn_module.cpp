@@ -1,0 +1,299 @@
+// The compiled part of the Python package `csattn` (module `csattn._csattn`, nanobind): the
+// layer, its configuration and weights, and the fp64 oracle. The pure-Python package
+// (python/csattn/__init__.py) converts user arrays (NumPy, anything with __dlpack__ or
+// __array__) to what these functions take: C-contiguous float32 / float64 / int32 arrays on
+// the host, and lists of int for cu_seqlens. Results are NumPy arrays that own a copy.
+// csattn::Error surfaces as csattn.Error (a ValueError) with the library's message; the
+// compute runs without the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "csattn/config.hpp"
+#include "csattn/error.hpp"
+#include "csattn/layer.hpp"
+#include "csattn/layout.hpp"
+#include "csattn/tensor.hpp"
+#include "csattn/weights.hpp"
+#include "oracle.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace csattn {
+namespace {
+
+using F32Array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using F64Array = nb::ndarray<const double, nb::c_contig, nb::device::cpu>;
+using I32Array = nb::ndarray<const std::int32_t, nb::c_contig, nb::device::cpu>;
+
+// A NumPy array owning `values` (moved into the capsule that frees them).
+template <class T>
+nb::ndarray<nb::numpy, T> numpy_array(std::vector<T> values, const std::vector<std::size_t>& shape) {
+  auto* owned = new std::vector<T>(std::move(values));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(owned->data(), shape.size(), shape.data(), owner);
+}
+
+std::vector<std::size_t> shape_of(const Tensor& t) {
+  std::vector<std::size_t> s;
+  for (std::int64_t d : t.shape()) s.push_back(static_cast<std::size_t>(d));
+  return s;
+}
+
+nb::ndarray<nb::numpy, float> tensor_to_numpy(const Tensor& t) {
+  require(t.dtype() == DType::f32, ErrorKind::Internal, "expected an f32 tensor");
+  const float* p = t.ptr<float>();
+  return numpy_array(std::vector<float>(p, p + t.numel()), shape_of(t));
+}
+
+template <class Array>
+Shape shape_of(const Array& a) {
+  Shape s;
+  for (std::size_t i = 0; i < a.ndim(); ++i) s.push_back(static_cast<std::int64_t>(a.shape(i)));
+  return s;
+}
+
+Tensor f32_tensor(const F32Array& a) {
+  const float* p = a.data();
+  return Tensor::from_f32(std::vector<float>(p, p + a.size()), shape_of(a));
+}
+
+SeqLayout make_layout(const std::vector<std::int32_t>& cu, const std::optional<std::vector<std::int32_t>>& cu_padded) {
+  return SeqLayout::thd(cu, cu_padded ? *cu_padded : std::vector<std::int32_t>{});
+}
+
+Precision parse_precision(const std::string& v) {
+  if (v == "bf16") return Precision::bf16;
+  if (v == "fp32") return Precision::fp32;
+  throw Error(ErrorKind::InvalidArgument, "precision '" + v + "': expected 'bf16' or 'fp32'");
+}
+
+Device parse_device(const std::string& v) {
+  if (v == "cpu") return Device::cpu;
+  if (v == "cuda") return Device::cuda;
+  if (v == "auto") return cuda_available() ? Device::cuda : Device::cpu;
+  throw Error(ErrorKind::InvalidArgument, "device '" + v + "': expected 'cpu', 'cuda' or 'auto'");
+}
+
+// The result of Layer.forward: the outputs as arrays, and the state its backward needs.
+struct Forward {
+  LayerOutputs outputs;
+};
+
+nb::dict gradients_to_dict(const LayerGradients& g) {
+  nb::dict out;
+  out["input"] = tensor_to_numpy(g.grad_input);
+  for (const auto& [name, t] : g.grad) out[name.c_str()] = tensor_to_numpy(t);
+  return out;
+}
+
+}  // namespace
+}  // namespace csattn
+
+NB_MODULE(_csattn, m) {
+  using namespace csattn;
+  m.doc() = "csattn: the DeepSeek-V4 hybrid attention layer (SWA / CSA / HCA), forward and backward";
+  nb::exception<Error>(m, "Error", PyExc_ValueError);
+
+  nb::class_<AttentionConfig>(m, "AttentionConfig",
+                              "One layer's configuration (field names as in csattn/config.hpp).")
+      .def(nb::init<>())
+      .def_rw("d_model", &AttentionConfig::d_model)
+      .def_rw("n_heads", &AttentionConfig::n_heads)
+      .def_rw("head_dim", &AttentionConfig::head_dim)
+      .def_rw("rope_dim", &AttentionConfig::rope_dim)
+      .def_rw("q_lora_rank", &AttentionConfig::q_lora_rank)
+      .def_rw("o_groups", &AttentionConfig::o_groups)
+      .def_rw("o_lora_rank", &AttentionConfig::o_lora_rank)
+      .def_rw("window", &AttentionConfig::window)
+      .def_rw("compress_ratio", &AttentionConfig::compress_ratio)
+      .def_rw("index_n_heads", &AttentionConfig::index_n_heads)
+      .def_rw("index_head_dim", &AttentionConfig::index_head_dim)
+      .def_rw("index_topk", &AttentionConfig::index_topk)
+      .def_prop_rw(
+          "indexer_precision",
+          [](const AttentionConfig& c) { return std::string(indexer_precision_name(c.indexer_precision)); },
+          [](AttentionConfig& c, const std::string& v) {
+            c.indexer_precision = parse_indexer_precision(v, "indexer_precision");
+          })
+      .def_rw("rope_theta", &AttentionConfig::rope_theta)
+      .def_rw("compress_rope_theta", &AttentionConfig::compress_rope_theta)
+      .def_rw("yarn_factor", &AttentionConfig::yarn_factor)
+      .def_rw("yarn_original_max_pos", &AttentionConfig::yarn_original_max_pos)
+      .def_rw("yarn_beta_fast", &AttentionConfig::yarn_beta_fast)
+      .def_rw("yarn_beta_slow", &AttentionConfig::yarn_beta_slow)
+      .def_rw("norm_eps", &AttentionConfig::norm_eps)
+      .def_rw("loss_coeff", &AttentionConfig::loss_coeff)
+      .def_rw("sparse_loss", &AttentionConfig::sparse_loss)
+      .def_rw("per_token_loss", &AttentionConfig::per_token_loss)
+      .def_prop_ro("kind", [](const AttentionConfig& c) { return std::string(layer_kind_name(c.kind())); },
+                   "'SWA', 'CSA' or 'HCA' (from compress_ratio 0, 4, 128)")
+      .def("validate", &AttentionConfig::validate, "Raises csattn.Error naming the first inconsistent field.")
+      .def("__repr__", [](const AttentionConfig& c) {
+        return "AttentionConfig(" + std::string(layer_kind_name(c.kind())) + ", d_model=" + std::to_string(c.d_model) +
+               ", n_heads=" + std::to_string(c.n_heads) + ", head_dim=" + std::to_string(c.head_dim) +
+               ", window=" + std::to_string(c.window) + ", compress_ratio=" + std::to_string(c.compress_ratio) + ")";
+      });
+
+  m.def("preset_names", &ModelConfig::preset_names, "The built-in model presets: tiny, small, flash, pro.");
+  m.def(
+      "preset_layers",
+      [](const std::string& name) {
+        const ModelConfig mc = ModelConfig::preset(name);
+        std::vector<AttentionConfig> out;
+        for (std::size_t i = 0; i < mc.compress_ratios.size(); ++i) out.push_back(mc.layer(static_cast<int>(i)));
+        return out;
+      },
+      "name"_a, "The layer configurations of a preset, one per layer.");
+  m.def(
+      "hf_config_layers",
+      [](const std::string& path) {
+        const ModelConfig mc = ModelConfig::from_hf_json_file(path, ModelConfig::preset("flash"));
+        std::vector<AttentionConfig> out;
+        for (std::size_t i = 0; i < mc.compress_ratios.size(); ++i) out.push_back(mc.layer(static_cast<int>(i)));
+        return out;
+      },
+      "path"_a, "The layer configurations of a DeepSeek-V4 config.json (missing keys: the flash preset's).");
+
+  nb::class_<LayerWeights>(m, "LayerWeights", "One layer's parameters by release name (float32 in memory).")
+      .def_static("random", &LayerWeights::random, "config"_a, "seed"_a,
+                  "Random weights (rounded to the file dtypes, so save / load is exact).")
+      .def_static("zeros", &LayerWeights::zeros, "config"_a)
+      .def_static("load", &LayerWeights::load, "path"_a, "config"_a, "layer"_a = nb::none(),
+                  "One layer from a safetensors file ('attn.*' names, or 'layers.N.attn.*' with layer=N).")
+      .def("save", &LayerWeights::save, "path"_a)
+      .def("names",
+           [](const LayerWeights& w) {
+             std::vector<std::string> names;
+             for (const ParamInfo& p : w.params()) names.push_back(p.name);
+             return names;
+           })
+      .def("__getitem__", [](const LayerWeights& w, const std::string& name) { return tensor_to_numpy(w.get(name)); })
+      .def("__setitem__",
+           [](LayerWeights& w, const std::string& name, const F32Array& a) {
+             Tensor& t = w.get(name);
+             require(shape_of(a) == t.shape(), ErrorKind::ShapeMismatch,
+                     "weight '" + name + "' has shape " + shape_str(t.shape()) + ", got " + shape_str(shape_of(a)));
+             std::memcpy(t.data(), a.data(), t.nbytes());
+           })
+      .def_prop_ro("config", &LayerWeights::config);
+
+  nb::class_<Forward>(m, "Forward", "A forward pass: its outputs and the state its backward needs.")
+      // Properties return through nb::cast: their default policy (reference_internal) cannot
+      // apply to arrays that own their data.
+      .def_prop_ro("output", [](const Forward& f) { return nb::cast(tensor_to_numpy(f.outputs.output)); },
+                   "[T, d_model] float32 (bf16-valued in bf16 mode)")
+      .def_prop_ro(
+          "topk",
+          [](const Forward& f) -> nb::object {
+            const Tensor& t = f.outputs.topk_indices;
+            if (t.empty()) return nb::none();
+            const std::int32_t* p = t.ptr<std::int32_t>();
+            return nb::cast(numpy_array(std::vector<std::int32_t>(p, p + t.numel()), shape_of(t)));
+          },
+          "CSA: [T, index_topk] int32 segment-local compressed ids, ascending, -1 padded; else None")
+      .def_prop_ro("indexer_loss", [](const Forward& f) { return f.outputs.indexer_loss; },
+                   "lambda * KL (CSA), 0 otherwise");
+
+  nb::class_<HybridAttentionLayer>(m, "Layer", "One DeepSeek-V4 attention layer (SWA, CSA or HCA).")
+      .def(
+          "__init__",
+          [](HybridAttentionLayer* self, const AttentionConfig& cfg, const LayerWeights& w, const std::string& precision,
+             const std::string& device, int threads, bool deterministic) {
+            RunOptions o;
+            o.precision = parse_precision(precision);
+            o.device = parse_device(device);
+            o.threads = threads;
+            o.deterministic = deterministic;
+            new (self) HybridAttentionLayer(cfg, w, o);
+          },
+          "config"_a, "weights"_a, "precision"_a = "bf16", "device"_a = "cpu", "threads"_a = 0,
+          "deterministic"_a = false)
+      .def(
+          "forward",
+          [](const HybridAttentionLayer& layer, const F32Array& x, const std::vector<std::int32_t>& cu,
+             const std::optional<std::vector<std::int32_t>>& cu_padded, const std::optional<I32Array>& topk) {
+            const Tensor xt = f32_tensor(x);
+            const SeqLayout layout = make_layout(cu, cu_padded);
+            Tensor forced;
+            if (topk) {
+              const std::int32_t* p = topk->data();
+              forced = Tensor::from_i32(std::vector<std::int32_t>(p, p + topk->size()), shape_of(*topk));
+            }
+            Forward f;
+            {
+              nb::gil_scoped_release unlocked;
+              f.outputs = topk ? layer.forward(xt, layout, forced) : layer.forward(xt, layout);
+            }
+            return f;
+          },
+          "x"_a, "cu_seqlens"_a, "cu_seqlens_padded"_a = nb::none(), "topk"_a = nb::none())
+      .def(
+          "backward",
+          [](const HybridAttentionLayer& layer, const Forward& f, const F32Array& grad_output, float grad_indexer_loss) {
+            const Tensor g = f32_tensor(grad_output);
+            LayerGradients grads;
+            {
+              nb::gil_scoped_release unlocked;
+              grads = layer.backward(f.outputs, g, grad_indexer_loss);
+            }
+            return gradients_to_dict(grads);
+          },
+          "forward"_a, "grad_output"_a, "grad_indexer_loss"_a = 1.0f,
+          "Gradients: 'input' and one per parameter name, float32 arrays.")
+      .def_prop_ro("config", &HybridAttentionLayer::config)
+      .def_prop_ro("precision", [](const HybridAttentionLayer& l) { return std::string(precision_name(l.options().precision)); })
+      .def_prop_ro("device", [](const HybridAttentionLayer& l) {
+        return std::string(l.options().device == Device::cuda ? "cuda" : "cpu");
+      });
+
+  m.def(
+      "oracle_forward",
+      [](const AttentionConfig& cfg, const LayerWeights& w, const F64Array& x, const std::vector<std::int32_t>& cu,
+         const std::optional<std::vector<std::int32_t>>& cu_padded, const std::optional<std::vector<std::int32_t>>& topk,
+         const std::optional<std::vector<int>>& rows) {
+        const SeqLayout layout = make_layout(cu, cu_padded);
+        require(x.ndim() == 2 && static_cast<int>(x.shape(1)) == cfg.d_model, ErrorKind::ShapeMismatch,
+                "x must be [T, " + std::to_string(cfg.d_model) + "], got " + shape_str(shape_of(x)));
+        layout.check_rows(static_cast<std::int64_t>(x.shape(0)));
+        const std::vector<double> xv(x.data(), x.data() + x.size());
+        const oracle::Weights64 w64 = oracle::weights64(w);
+        oracle::Options opt;
+        if (topk) opt.forced_topk = &*topk;
+        if (rows) opt.query_rows = &*rows;
+        oracle::Result r;
+        {
+          nb::gil_scoped_release unlocked;
+          r = oracle::forward(cfg, layout, w64, xv, opt);
+        }
+        nb::dict out;
+        const std::size_t T = x.shape(0);
+        out["output"] = numpy_array(std::move(r.output), {T, static_cast<std::size_t>(cfg.d_model)});
+        if (cfg.has_indexer())
+          out["topk"] = numpy_array(std::move(r.topk), {T, static_cast<std::size_t>(cfg.index_topk)});
+        else
+          out["topk"] = nb::none();
+        out["indexer_loss"] = r.indexer_loss;
+        return out;
+      },
+      "config"_a, "weights"_a, "x"_a, "cu_seqlens"_a, "cu_seqlens_padded"_a = nb::none(), "topk"_a = nb::none(),
+      "rows"_a = nb::none(),
+      "The layer forward in fp64 written straight from the equations (the reference the backends are tested "
+      "against). rows: compute only these query rows (others NaN, loss NaN).");
+
+  m.def("cuda_available", []() {
+    std::string why;
+    const bool ok = cuda_available(&why);
+    return nb::make_tuple(ok, why);
+  }, "(True, '') when this build has the CUDA backend and a GPU is usable, else (False, why).");
+}

@@ -1,0 +1,315 @@
+"""The Python package against the fp64 oracle and against itself: forward (fp32 tight, bf16
+under the similarity gate), backward by central differences of the oracle, packed batches
+equal to their segments alone, padding rows that change nothing, weights I/O, and a clear
+csattn.Error for every bad input. Layers are the tiny preset's (SWA, CSA, HCA) on ragged,
+padded batches drawn fresh from a seed per test."""
+import numpy as np
+import pytest
+
+import csattn
+
+def tiny(kind):
+    """A fresh config (tests may change fields) of the tiny preset's SWA, CSA or HCA layer."""
+    return {c.kind: c for c in csattn.preset_layers("tiny")}[kind]
+
+
+LENGTHS, PADDED = [37, 5, 70, 1], [40, 8, 72, 1]  # ragged, with padding rows, a 1-row tail
+# HCA compresses blocks of 128: sequences long enough for one and for two entries.
+HCA_LENGTHS, HCA_PADDED = [131, 260, 3], [132, 262, 3]
+
+
+def layout_for(kind):
+    return (HCA_LENGTHS, HCA_PADDED) if kind == "HCA" else (LENGTHS, PADDED)
+
+
+def cu(lengths):
+    return [0] + list(np.cumsum(lengths))
+
+
+def batch(cfg, seed, lengths=LENGTHS, padded=PADDED):
+    rng = np.random.default_rng(seed)
+    T = sum(padded)
+    return rng.standard_normal((T, cfg.d_model)).astype(np.float32), cu(lengths), cu(padded)
+
+
+def real_rows(lengths=LENGTHS, padded=PADDED):
+    start = np.cumsum([0] + padded[:-1])
+    return np.concatenate([np.arange(s, s + n) for s, n in zip(start, lengths)])
+
+
+def cosine(a, b):
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_presets_and_config():
+    assert csattn.preset_names() == ["tiny", "small", "flash", "pro"]
+    assert [c.kind for c in csattn.preset_layers("tiny")] == ["SWA", "CSA", "HCA"]
+    flash = csattn.preset_layers("flash")
+    assert len(flash) == 44 and flash[2].kind == "CSA" and flash[2].index_topk == 512
+    cfg = csattn.AttentionConfig()
+    cfg.compress_ratio = 4
+    assert cfg.kind == "CSA"
+    cfg.indexer_precision = "mxfp8"
+    assert cfg.indexer_precision == "mxfp8"
+    cfg.validate()
+    cfg.rope_dim = cfg.head_dim + 2
+    with pytest.raises(csattn.Error, match="rope_dim"):
+        cfg.validate()
+    with pytest.raises(csattn.Error, match="indexer_precision"):
+        cfg.indexer_precision = "fp4"
+    with pytest.raises(csattn.Error, match="unknown preset"):
+        csattn.preset_layers("huge")
+
+
+@pytest.mark.parametrize("kind", ["SWA", "CSA", "HCA"])
+def test_fp32_forward_matches_the_oracle(kind):
+    cfg = tiny(kind)
+    layer = csattn.Layer(cfg, seed=3, precision="fp32")
+    x, c, cp = batch(cfg, 4, *layout_for(kind))
+    fwd = layer.forward(x, c, cp)
+    out = fwd.output
+    assert out.shape == x.shape and out.dtype == np.float32 and np.isfinite(out).all()
+    ref = csattn.oracle_forward(cfg, layer.weights, x, c, cp, topk=fwd.topk)
+    scale = np.abs(ref["output"]).max()
+    assert np.abs(out - ref["output"]).max() <= 2e-5 * scale
+    if kind == "CSA":
+        own = csattn.oracle_forward(cfg, layer.weights, x, c, cp)  # the oracle's own selection
+        same = (own["topk"] == fwd.topk).all(axis=1)
+        assert same.mean() >= 0.95, f"{(~same).sum()} rows select differently"
+        assert fwd.indexer_loss > 0
+        assert fwd.indexer_loss == pytest.approx(ref["indexer_loss"], rel=1e-4)
+        k = fwd.topk
+        assert k.shape == (x.shape[0], cfg.index_topk) and k.dtype == np.int32
+        for row in k:  # ascending valid ids, then -1
+            valid = row[row >= 0]
+            assert (np.diff(valid) > 0).all() and (row[len(valid):] == -1).all()
+    else:
+        assert fwd.topk is None and fwd.indexer_loss == 0.0
+
+
+@pytest.mark.parametrize("kind", ["SWA", "CSA", "HCA"])
+def test_bf16_forward_is_close_to_the_oracle(kind):
+    cfg = tiny(kind)
+    layer = csattn.Layer(cfg, seed=5)  # bf16 by default
+    assert layer.precision == "bf16" and layer.device == "cpu"
+    x, c, cp = batch(cfg, 6, *layout_for(kind))
+    fwd = layer.forward(x, c, cp)
+    ref = csattn.oracle_forward(cfg, layer.weights, x, c, cp, topk=fwd.topk)
+    rows = real_rows(*layout_for(kind))
+    assert cosine(fwd.output[rows], ref["output"][rows]) > 1 - 1.5e-3
+
+
+def oracle_objective(cfg, weights, x, c, cp, topk, gy, loss_weight):
+    r = csattn.oracle_forward(cfg, weights, x, c, cp, topk=topk)
+    return float((r["output"] * gy).sum()) + loss_weight * r["indexer_loss"]
+
+
+def assert_directional(grad, step, fd, what):
+    """<grad, step> against a central difference fd along step: 1e-4 relative, plus 2e-6 of
+    sum |grad * step| for the rounding of a float32 gradient (agreement seen: ~1e-5; a 1%
+    error in the gradient fails)."""
+    terms = grad.astype(np.float64) * step
+    an = float(terms.sum())
+    tol = 1e-4 * abs(fd) + 2e-6 * float(np.abs(terms).sum()) + 1e-15
+    assert abs(an - fd) <= tol, f"{what}: analytic {an:.9e}, central difference {fd:.9e}"
+
+
+def weights_with(cfg, weights, name, value):
+    w = csattn.LayerWeights.random(cfg, 0)
+    for n in weights.names():
+        w[n] = weights[n]
+    w[name] = value.astype(np.float32)
+    return w
+
+
+# One main-path parameter per group and, for CSA, indexer parameters (trained by the indexer
+# loss alone, so their objective is the loss and the others' is the output term).
+GRAD_PARAMS = {
+    "SWA": ["attn.wq_b.weight", "attn.attn_sink", "attn.wo_a.weight"],
+    "CSA": ["attn.wkv.weight", "attn.compressor.ape", "attn.indexer.wq_b.weight",
+            "attn.indexer.compressor.wkv.weight"],
+    "HCA": ["attn.q_norm.weight", "attn.compressor.wgate.weight"],
+}
+
+
+@pytest.mark.parametrize("kind", ["SWA", "CSA", "HCA"])
+def test_backward_matches_central_differences_of_the_oracle(kind):
+    cfg = tiny(kind)
+    layer = csattn.Layer(cfg, seed=7, precision="fp32")
+    x, c, cp = batch(cfg, 8, *layout_for(kind))
+    rng = np.random.default_rng(9)
+    gy = rng.standard_normal(x.shape)
+    fwd = layer.forward(x, c, cp)
+    eps = 1e-4
+
+    # Input, through the output term (the indexer sees a detached x).
+    grads = layer.backward(fwd, gy.astype(np.float32), grad_indexer_loss=0.0)
+    assert set(grads) == {"input", *layer.weights.names()}
+    v = rng.standard_normal(x.shape)
+    x64 = x.astype(np.float64)
+    fd = (oracle_objective(cfg, layer.weights, x64 + eps * v, c, cp, fwd.topk, gy, 0.0) -
+          oracle_objective(cfg, layer.weights, x64 - eps * v, c, cp, fwd.topk, gy, 0.0))
+    assert_directional(grads["input"], 2 * eps * v, fd, "input")
+
+    loss_grads = layer.backward(fwd, np.zeros_like(x), grad_indexer_loss=1.0)
+    for name in GRAD_PARAMS[kind]:
+        indexer = name.startswith("attn.indexer.")
+        g = (loss_grads if indexer else grads)[name]
+        assert g.any(), f"{name} has an all-zero gradient"
+        w0 = layer.weights[name].astype(np.float64)
+        d = rng.standard_normal(w0.shape) * max(1.0, np.abs(w0).max())
+        zero = np.zeros_like(gy)
+        obj = lambda w: oracle_objective(cfg, weights_with(cfg, layer.weights, name, w), x, c, cp,
+                                         fwd.topk, zero if indexer else gy, 1.0 if indexer else 0.0)
+        # The perturbed weights are rounded to float32: the step is what they represent.
+        wp, wm = (w0 + eps * d).astype(np.float32), (w0 - eps * d).astype(np.float32)
+        assert_directional(g, wp.astype(np.float64) - wm.astype(np.float64), obj(wp) - obj(wm), name)
+        if indexer:  # the main loss never reaches the indexer, the indexer loss never x
+            assert not grads[name].any()
+    if kind == "CSA":
+        assert not loss_grads["input"].any() and not loss_grads["attn.wq_b.weight"].any()
+
+
+def test_packed_batch_equals_its_segments_and_padding_changes_nothing():
+    cfg = tiny("CSA")
+    cfg.per_token_loss = True  # sums, so the segments' losses add up
+    layer = csattn.Layer(cfg, seed=11, precision="fp32")
+    lengths = [9, 1, 30, 17]
+    x, c, _ = batch(cfg, 12, lengths, lengths)
+    fwd = layer.forward(x, c)
+    loss = 0.0
+    for b, n in enumerate(lengths):
+        rows = slice(c[b], c[b] + n)
+        one = layer.forward(x[rows], [0, n])
+        np.testing.assert_allclose(one.output, fwd.output[rows], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(one.topk, fwd.topk[rows])
+        loss += one.indexer_loss
+    assert loss == pytest.approx(fwd.indexer_loss, rel=1e-5)
+
+    # Garbage in padding rows changes no real row, and no gradient.
+    x, c, cp = batch(cfg, 13)
+    gy = np.random.default_rng(14).standard_normal(x.shape).astype(np.float32)
+    pad = np.setdiff1d(np.arange(x.shape[0]), real_rows())
+    assert len(pad) > 0
+    a = layer.forward(x, c, cp)
+    x2 = x.copy()
+    x2[pad] = 1e3
+    b2 = layer.forward(x2, c, cp)
+    rows = real_rows()
+    np.testing.assert_array_equal(a.output[rows], b2.output[rows])
+    gy[pad] = 0.0
+    ga, gb = layer.backward(a, gy), layer.backward(b2, gy)
+    for name in layer.weights.names():
+        np.testing.assert_allclose(ga[name], gb[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_bshd_and_repeatability():
+    cfg = tiny("HCA")
+    layer = csattn.Layer(cfg, seed=15)
+    assert csattn.bshd_cu_seqlens(3, 140) == [0, 140, 280, 420]
+    x = np.random.default_rng(16).standard_normal((420, cfg.d_model)).astype(np.float32)
+    a = layer.forward(x, csattn.bshd_cu_seqlens(3, 140))
+    b = layer.forward(x, np.array([0, 140, 280, 420], dtype=np.int64))
+    np.testing.assert_array_equal(a.output, b.output)
+    ga = layer.backward(a, np.ones_like(a.output))
+    gb = layer.backward(b, np.ones_like(b.output))
+    for name, g in ga.items():
+        np.testing.assert_array_equal(g, gb[name], err_msg=name)
+
+
+def test_inputs_other_than_float32_numpy():
+    cfg = tiny("SWA")
+    layer = csattn.Layer(cfg, seed=17, precision="fp32")
+    x, c, _ = batch(cfg, 18, [20], [20])
+
+    class ArrayLike:  # anything NumPy can read
+        def __init__(self, a):
+            self.a = a
+
+        def __array__(self, dtype=None, copy=None):
+            return self.a
+
+    ref = layer.forward(x, c).output
+    np.testing.assert_array_equal(layer.forward(x.astype(np.float64), c).output, ref)
+    np.testing.assert_array_equal(layer.forward(ArrayLike(x), c).output, ref)
+    np.testing.assert_array_equal(layer.forward(np.asfortranarray(x), c).output, ref)
+    np.testing.assert_array_equal(layer.forward(x.tolist(), c).output, ref)
+
+
+def test_weights_io(tmp_path):
+    cfg = tiny("CSA")
+    w = csattn.LayerWeights.random(cfg, 19)
+    path = str(tmp_path / "layer.safetensors")
+    w.save(path)
+    back = csattn.LayerWeights.load(path, cfg)
+    for name in w.names():
+        np.testing.assert_array_equal(w[name], back[name], err_msg=name)
+    a = w["attn.attn_sink"]
+    a[:] = 123.0  # a copy: the weights do not change
+    assert not (w["attn.attn_sink"] == 123.0).any()
+    w["attn.attn_sink"] = a
+    assert (w["attn.attn_sink"] == 123.0).all()
+    x, c, cp = batch(cfg, 20)
+    assert not np.array_equal(csattn.Layer(cfg, w).forward(x, c, cp).output,
+                              csattn.Layer(cfg, back).forward(x, c, cp).output)
+    with pytest.raises(csattn.Error, match="attn.attn_sink"):
+        w["attn.attn_sink"] = np.zeros(3, dtype=np.float32)
+    with pytest.raises(csattn.Error):
+        csattn.LayerWeights.load(str(tmp_path / "missing.safetensors"), cfg)
+    with pytest.raises(csattn.Error):
+        csattn.LayerWeights.load(path, tiny("SWA"))  # extra compressor / indexer tensors
+
+
+def test_every_bad_input_is_a_csattn_error():
+    cfg = tiny("CSA")
+    layer = csattn.Layer(cfg, seed=21)
+    x, c, cp = batch(cfg, 22)
+    fwd = layer.forward(x, c, cp)
+    cases = [
+        (lambda: layer.forward(x[:, :5], c, cp), "hidden_states"),
+        (lambda: layer.forward(x, [0, 50], None), "cu_seqlens"),
+        (lambda: layer.forward(x, [0, 60, 40, x.shape[0]], None), "cu_seqlens"),
+        (lambda: layer.forward(x, [0.0, 1.5], None), "integers"),
+        (lambda: layer.forward(x, c, cp, topk=np.zeros((3, 3), dtype=np.int32)), "topk"),
+        (lambda: layer.backward(fwd, np.zeros((3, cfg.d_model), dtype=np.float32)), "grad"),
+        (lambda: layer.backward("not a forward", np.zeros_like(x)), "Forward"),
+        (lambda: csattn.Layer(cfg, precision="fp16"), "precision"),
+        (lambda: csattn.Layer(cfg, device="tpu"), "device"),
+        (lambda: layer.forward(None, c, cp), "x"),
+        (lambda: csattn.oracle_forward(cfg, layer.weights, x[:, :5], c, cp), "x must be"),
+    ]
+    for call, words in cases:
+        with pytest.raises(csattn.Error, match=words):
+            call()
+    assert issubclass(csattn.Error, ValueError)
+
+
+def test_cuda_availability_is_reported():
+    ok, why = csattn.cuda_available()
+    assert isinstance(ok, bool) and (ok or why)
+    if not ok:
+        with pytest.raises(csattn.Error):
+            csattn.Layer(tiny("SWA"), device="cuda")
+
+
+@pytest.mark.skipif(not csattn.cuda_available()[0], reason="no usable GPU in this build")
+@pytest.mark.parametrize("kind", ["SWA", "CSA", "HCA"])
+def test_cuda_layer_matches_the_cpu_layer(kind):
+    """device='cuda' through the same Python calls: the CPU's bf16 emulation on the GPU's own
+    selection (forward cosine > 1 - 2e-4, every gradient > 1 - 3e-3, as the C++ GPU tests)."""
+    cfg = tiny(kind)
+    w = csattn.LayerWeights.random(cfg, 23)
+    gpu = csattn.Layer(cfg, w, device="cuda")
+    cpu = csattn.Layer(cfg, w, device="cpu")
+    assert gpu.device == "cuda"
+    x, c, cp = batch(cfg, 24, *layout_for(kind))
+    gy = np.random.default_rng(25).standard_normal(x.shape).astype(np.float32)
+    fg = gpu.forward(x, c, cp)
+    fc = cpu.forward(x, c, cp, topk=fg.topk)
+    rows = real_rows(*layout_for(kind))
+    assert cosine(fg.output[rows], fc.output[rows]) > 1 - 2e-4
+    gg, gc = gpu.backward(fg, gy), cpu.backward(fc, gy)
+    for name, g in gc.items():
+        if np.abs(g).max() > 0:
+            assert cosine(gg[name], g) > 1 - 3e-3, name
