@@ -1,5 +1,6 @@
 // The compiled part of the Python package `csattn` (module `csattn._csattn`, nanobind): the
-// layer, its configuration and weights, and the fp64 oracle. The pure-Python package
+// layer, its configuration and weights, and the fp64 oracle (the operators of ops.hpp are
+// bound in csattn_ops.cpp). The pure-Python package
 // (python/csattn/__init__.py) converts user arrays (NumPy, anything with __dlpack__ or
 // __array__) to what these functions take: C-contiguous float32 / float64 / int32 arrays on
 // the host, and lists of int for cu_seqlens. Results are NumPy arrays that own a copy.
@@ -98,6 +99,9 @@ nb::dict gradients_to_dict(const LayerGradients& g) {
 }
 
 }  // namespace
+
+void bind_ops(nb::module_& m);  // csattn_ops.cpp
+
 }  // namespace csattn
 
 NB_MODULE(_csattn, m) {
@@ -290,6 +294,8 @@ NB_MODULE(_csattn, m) {
       "rows"_a = nb::none(),
       "The layer forward in fp64 written straight from the equations (the reference the backends are tested "
       "against). rows: compute only these query rows (others NaN, loss NaN).");
+
+  bind_ops(m);
 
   m.def("cuda_available", []() {
     std::string why;

@@ -3,6 +3,8 @@
 # with the CUDA backend into build-gpu, the log in $OUT/build.log; exits on failure.
 TP=${CSATTN_THIRD_PARTY_DIR:-$PWD/.device/third_party}
 export PATH=/usr/local/cuda/bin:$PATH
+# The pinned nanobind of prepare-device-deps.sh before the device Python's own (if any).
+[ -d "$TP/python/nanobind" ] && export PYTHONPATH="$TP/python${PYTHONPATH:+:$PYTHONPATH}"
 build_start=$(date +%s)
 echo "== configure + build"
 if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \

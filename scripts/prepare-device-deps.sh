@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Copies the header-only dependencies and GoogleTest's sources from this (Debian) machine
-# into .device/third_party, which the device tool carries to the lent GPU machine: that
-# machine has no package registry. Idempotent.
+# Copies the header-only dependencies, GoogleTest's sources and nanobind from this (Debian)
+# machine into .device/third_party, which the device tool carries to the lent GPU machine:
+# that machine has no package registry. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
@@ -13,4 +13,11 @@ for d in nlohmann CLI fmt; do
 done
 rm -rf "$dst/googletest"
 cp -r /usr/src/googletest "$dst/googletest"
+# nanobind (pure source, pinned by bootstrap.sh) for the Python module: the device's own
+# Python may carry another version; device-build.sh puts this copy first on PYTHONPATH.
+nb_dir=$(python3 -c "import nanobind, os; print(os.path.dirname(nanobind.__file__))")
+rm -rf "$dst/python"
+mkdir -p "$dst/python"
+cp -r "$nb_dir" "$dst/python/nanobind"
+rm -rf "$dst/python/nanobind/__pycache__"
 du -sh "$dst"

@@ -12,17 +12,21 @@ packed variable-length batches (THD: ``cu_seqlens``, optionally ``cu_seqlens_pad
 Arrays may be NumPy arrays or anything NumPy can read (``__array__`` or ``__dlpack__``, e.g.
 CPU torch tensors); they are copied to float32 on the host. The layer runs on the CPU, or
 on a Hopper GPU with ``device="cuda"`` / ``"auto"`` (bf16), still taking and returning host
-arrays. Errors are ``csattn.Error`` (a ``ValueError``) with the library's message.
+arrays. Errors are ``csattn.Error`` (a ``ValueError``) with the library's message. The
+operators of ops.hpp (MXFP8 quantization, the 128x4 scale layout, the compact indexer) are
+in ``csattn.ops`` and re-exported here.
 """
 import numpy as np
 
 from ._csattn import (AttentionConfig, Error, Forward, LayerWeights, cuda_available,
                       hf_config_layers, preset_layers, preset_names)
 from . import _csattn
+from .ops import compact_indexer_topk, dequantize_mxfp8, pack_mxfp8_scales, quantize_mxfp8
 
 __all__ = ["AttentionConfig", "Error", "Forward", "Layer", "LayerWeights", "bshd_cu_seqlens",
-           "cuda_available", "hf_config_layers", "oracle_forward", "preset_layers",
-           "preset_names"]
+           "compact_indexer_topk", "cuda_available", "dequantize_mxfp8", "hf_config_layers",
+           "oracle_forward", "pack_mxfp8_scales", "preset_layers", "preset_names",
+           "quantize_mxfp8"]
 
 
 def _host(a, dtype, what):

@@ -39,4 +39,11 @@ void allow_dynamic_smem(const void* kernel, std::size_t bytes, const char* what)
                                            static_cast<int>(dynamic_max)));
 }
 
+int multiprocessor_count() {
+  int device = 0, count = 0;
+  CSATTN_CUDA_CHECK(cudaGetDevice(&device));
+  CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
 }  // namespace csattn::cuda

@@ -25,6 +25,10 @@ void allow_dynamic_smem(Kernel* kernel, std::size_t bytes, const char* what) {
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes, what);
 }
 
+// Multiprocessors of the current device (persistent kernels size their grids by it; asked
+// per call, so threads driving different GPUs each get their own).
+int multiprocessor_count();
+
 }  // namespace csattn::cuda
 
 #define CSATTN_CUDA_CHECK(call)                                                        \

@@ -13,8 +13,8 @@
 
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
+#include "cuda/indexer_block.cuh"
 #include "cuda/indexer_score.cuh"
-#include "cuda/indexer_select.cuh"
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/indexer_topk_tiled.hpp"
 #include "cuda/mma_util.cuh"
@@ -24,7 +24,7 @@ namespace csattn::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // 8 warps: row r = warp / 2, head half = warp % 2
-constexpr int kRows = kIdxTiledRows;
+constexpr int kRows = idxblock::kRows;
 static_assert(kThreads / 64 == kRows, "two warps per query row");
 constexpr int kKeys = 64;      // keys per tile
 constexpr int kStages = 3;
@@ -36,11 +36,6 @@ __device__ __forceinline__ int swz(int row, int chunk, int row_bytes) {
 // The two warps of row r meet without stopping the other rows (ids 1..4; 0 is __syncthreads).
 __device__ __forceinline__ void pair_barrier(int r) {
   asm volatile("bar.sync %0, 64;\n" ::"r"(r + 1) : "memory");
-}
-
-__device__ __forceinline__ int visible(const LayerDims& d, const DeviceMetadata& meta, int t, int b) {
-  const int seg_entries = meta.comp_start[b + 1] - meta.comp_start[b];
-  return meta.row_is_padding[t] ? 0 : min((meta.row_position[t] + 1) / d.ratio, seg_entries);
 }
 
 template <int DI>
@@ -55,53 +50,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* part = reinterpret_cast<float*>(hist + kRows * idxsel::kBins);   // [kRows, 3, 64]
   float* w_s = part + kRows * 3 * kKeys;                                  // [kRows, 64]
   __shared__ idxsel::SelectShared sel;
-  __shared__ int s_block, s_seg[kRows], s_n[kRows];
+  __shared__ idxblock::Shared sh;
 
-  const int HI = d.index_heads, K = d.topk;
+  const int HI = d.index_heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r = warp >> 1, half = warp & 1, g = lane >> 2, q = lane & 3;
-  const int blocks = (d.rows + kRows - 1) / kRows;
   float* slot = slots + static_cast<long>(blockIdx.x) * kRows * row_stride;
 
-  for (;;) {
-    if (tid == 0) s_block = static_cast<int>(atomicAdd(counter, 1u));
-    __syncthreads();
-    const int ticket = s_block;
-    if (ticket >= blocks) break;
-    const int t0 = (blocks - 1 - ticket) * kRows;  // the longest rows first: a short tail
-
-    // The block's rows: segment and visible key count (shared: indexed by row below).
-    if (tid < kRows) {
-      const int t = t0 + tid;
-      s_seg[tid] = t < d.rows ? meta.row_segment[t] : -1;
-      s_n[tid] = t < d.rows ? visible(d, meta, t, s_seg[tid]) : 0;
-    }
-    for (int i = tid; i < kRows * idxsel::kBins; i += kThreads) hist[i] = 0u;
-    __syncthreads();
-    unsigned todo = 0;
-    for (int i = 0; i < kRows; ++i)
-      if (s_n[i] > K) todo |= 1u << i;
-    // Rows with n <= K: every visible entry, in index order, then -1.
-    for (int i = 0; i < kRows; ++i) {
-      if (t0 + i >= d.rows || (todo >> i & 1u)) continue;
-      std::int32_t* out = topk + static_cast<long>(t0 + i) * K;
-      for (int k = tid; k < K; k += kThreads) out[k] = k < s_n[i] ? k : -1;
-    }
+  int t0 = 0;
+  unsigned todo = 0;
+  while (idxblock::next_block<kThreads>(d, meta, counter, topk, hist, sh, t0, todo)) {
     const unsigned selecting = todo;
-
-    // One run per segment among the block's rows (a block crossing a boundary has several).
     while (todo != 0u) {
-      const int run_seg = s_seg[__ffs(todo) - 1];
-      unsigned run = 0;
-      int n_run = 0;
-      for (int i = 0; i < kRows; ++i)
-        if ((todo >> i & 1u) && s_seg[i] == run_seg) {
-          run |= 1u << i;
-          n_run = max(n_run, s_n[i]);
-        }
-      todo &= ~run;
+      int run_seg = 0, n_run = 0;
+      const unsigned run = idxblock::take_run(todo, sh, run_seg, n_run);
       const bool active = run >> r & 1u;
-      const int n_row = s_n[r];
+      const int n_row = sh.n[r];
       const bf16* seg_keys = keys + static_cast<long>(meta.comp_start[run_seg]) * DI;
 
       // This warp's query fragments (B of m16n8k16: k = dims 2q.., n = head g of the tile),
@@ -199,13 +163,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       cp_async_wait<0>();
     }
-    __syncthreads();  // scores and histograms complete
-
-    for (int i = 0; i < kRows; ++i) {
-      if (!(selecting >> i & 1u)) continue;
-      idxsel::select_topk_radix<kThreads>(slot + i * row_stride, s_n[i], K, hist + i * idxsel::kBins,
-                                          sel, topk + static_cast<long>(t0 + i) * K);
-    }
+    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk);
   }
 }
 
@@ -218,12 +176,7 @@ std::size_t tiled_smem_bytes() {
 template <int DI>
 void launch_tiled(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                   const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream) {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    CSATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
+  const int sms = multiprocessor_count();
   const int blocks = (d.rows + kRows - 1) / kRows;
   const int grid = std::min({blocks, 2 * sms, kIdxTiledMaxCtas});
   const std::size_t smem = tiled_smem_bytes<DI>();

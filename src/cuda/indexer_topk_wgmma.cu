@@ -22,8 +22,8 @@
 #include <algorithm>
 
 #include "cuda/check.hpp"
+#include "cuda/indexer_block.cuh"
 #include "cuda/indexer_score.cuh"
-#include "cuda/indexer_select.cuh"
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/indexer_topk_tiled.hpp"
 #include "cuda/mma_util.cuh"
@@ -35,7 +35,7 @@ namespace csattn::cuda {
 namespace {
 
 constexpr int kThreads = 256;         // two warpgroups
-constexpr int kRows = kIdxTiledRows;  // query rows per CTA (the scratch slot's rows)
+constexpr int kRows = idxblock::kRows;  // query rows per CTA (the scratch slot's rows)
 constexpr int kHeads = 64;            // head columns per row; fewer heads are zero-padded
 constexpr int kCols = kRows * kHeads; // the wgmma N
 static_assert(kCols == 256, "one m64n256 wgmma covers the CTA's rows");
@@ -61,11 +61,6 @@ __device__ __forceinline__ std::uint32_t op_off(int row, int cc, int block_bytes
   return static_cast<std::uint32_t>((cc >> 3) * block_bytes + row * 128 + (((cc & 7) ^ (row & 7)) << 4));
 }
 
-__device__ __forceinline__ int visible(const LayerDims& d, const DeviceMetadata& meta, int t, int b) {
-  const int seg_entries = meta.comp_start[b + 1] - meta.comp_start[b];
-  return meta.row_is_padding[t] ? 0 : min((meta.row_position[t] + 1) / d.ratio, seg_entries);
-}
-
 template <int DI>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
@@ -80,55 +75,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned* hist = reinterpret_cast<unsigned*>(smem + L::kHistOff);  // [kRows, 2048]
   float* w_s = reinterpret_cast<float*>(smem + L::kWOff);             // [kRows, 64]
   __shared__ idxsel::SelectShared sel;
-  __shared__ int s_block, s_seg[kRows], s_n[kRows];
+  __shared__ idxblock::Shared sh;
 
-  const int HI = d.index_heads, K = d.topk;
+  const int HI = d.index_heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wtid = tid & 127;
   const int g = lane >> 2, qd = lane & 3;
-  const int blocks = (d.rows + kRows - 1) / kRows;
   float* slot = slots + static_cast<long>(blockIdx.x) * kRows * row_stride;
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
 
-  for (;;) {
-    if (tid == 0) s_block = static_cast<int>(atomicAdd(counter, 1u));
-    __syncthreads();
-    const int ticket = s_block;
-    if (ticket >= blocks) break;
-    const int t0 = (blocks - 1 - ticket) * kRows;  // the longest rows first: a short tail
-
-    if (tid < kRows) {
-      const int t = t0 + tid;
-      s_seg[tid] = t < d.rows ? meta.row_segment[t] : -1;
-      s_n[tid] = t < d.rows ? visible(d, meta, t, s_seg[tid]) : 0;
-    }
-    for (int i = tid; i < kRows * idxsel::kBins; i += kThreads) hist[i] = 0u;
-    __syncthreads();
-    unsigned todo = 0;
-    for (int i = 0; i < kRows; ++i)
-      if (s_n[i] > K) todo |= 1u << i;
-    // Rows with n <= K: every visible entry, in index order, then -1.
-    for (int i = 0; i < kRows; ++i) {
-      if (t0 + i >= d.rows || (todo >> i & 1u)) continue;
-      std::int32_t* out = topk + static_cast<long>(t0 + i) * K;
-      for (int k = tid; k < K; k += kThreads) out[k] = k < s_n[i] ? k : -1;
-    }
+  int t0 = 0;
+  unsigned todo = 0;
+  while (idxblock::next_block<kThreads>(d, meta, counter, topk, hist, sh, t0, todo)) {
     const unsigned selecting = todo;
-
-    // One run per segment among the block's rows (a block crossing a boundary has several);
-    // the columns of rows outside the run are zero and never written.
+    // The columns of rows outside the run are zero and never written.
     while (todo != 0u) {
-      const int run_seg = s_seg[__ffs(todo) - 1];
-      unsigned run = 0;
-      int n_run = 0;
-      for (int i = 0; i < kRows; ++i)
-        if ((todo >> i & 1u) && s_seg[i] == run_seg) {
-          run |= 1u << i;
-          n_run = max(n_run, s_n[i]);
-        }
-      todo &= ~run;
+      int run_seg = 0, n_run = 0;
+      const unsigned run = idxblock::take_run(todo, sh, run_seg, n_run);
       const bf16* seg_keys = keys + static_cast<long>(meta.comp_start[run_seg]) * DI;
 
       __syncthreads();  // both warpgroups are done with the previous run's Q, w and stages
@@ -210,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int j = key0 + 8 * half;
-            if (j < s_n[qd]) {
+            if (j < sh.n[qd]) {
               slot[qd * row_stride + j] = mine[half];
               atomicAdd(&hist[qd * idxsel::kBins + idxsel::digit0(order_key(mine[half]))], 1u);
             }
@@ -219,25 +184,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       cp_async_wait<0>();
     }
-    __syncthreads();  // scores and histograms complete
-
-    for (int i = 0; i < kRows; ++i) {
-      if (!(selecting >> i & 1u)) continue;
-      idxsel::select_topk_radix<kThreads>(slot + i * row_stride, s_n[i], K, hist + i * idxsel::kBins,
-                                          sel, topk + static_cast<long>(t0 + i) * K);
-    }
+    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk);
   }
 }
 
 template <int DI>
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                   const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream) {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    CSATTN_CUDA_CHECK(cudaGetDevice(&dev));
-    CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
+  const int sms = multiprocessor_count();
   const int blocks = (d.rows + kRows - 1) / kRows;
   // One CTA per SM (its shared memory allows one); the scratch has kIdxTiledMaxCtas slots.
   const int grid = std::min({blocks, sms, kIdxTiledMaxCtas});

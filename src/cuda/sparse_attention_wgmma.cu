@@ -424,12 +424,7 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   const long items = static_cast<long>(d.rows) * head_blocks;
   require(items < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
   // Persistent: one CTA per multiprocessor (the kernel's shared memory allows one).
-  static const int sms = [] {
-    int device = 0, count = 0;
-    CSATTN_CUDA_CHECK(cudaGetDevice(&device));
-    CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
+  const int sms = multiprocessor_count();
   const int grid = static_cast<int>(std::min<long>(items, sms));
   sparse_attention_wgmma_kernel<<<grid, kThreads, smem, stream>>>(
       d, meta, q, kv, comp, sink, topk, out, lse, head_blocks, static_cast<int>(items));

@@ -1,0 +1,90 @@
+// The frame the two multi-row indexers share (indexer_topk_tiled.cu: mma.sync,
+// indexer_topk_wgmma.cu: wgmma): persistent CTAs take blocks of kIdxTiledRows consecutive
+// query rows by ticket, the longest rows first; rows with n <= K get every visible id at
+// once; the others are scored in runs (one per segment among the block's rows, a block
+// crossing a segment boundary has several) into the CTA's score slot with the first radix
+// digit's histogram, then selected by the radix select. Only the scoring differs.
+#pragma once
+#include <cstdint>
+
+#include "cuda/indexer_select.cuh"
+#include "cuda/indexer_topk_plan.hpp"
+#include "cuda/params.hpp"
+
+namespace csattn::cuda::idxblock {
+
+constexpr int kRows = kIdxTiledRows;
+
+struct Shared {  // in the CTA's static shared memory
+  int ticket;
+  int seg[kRows];  // the rows' segments (-1 past the batch)
+  int n[kRows];    // their visible compressed keys
+};
+
+__device__ __forceinline__ int visible(const LayerDims& d, const DeviceMetadata& meta, int t, int b) {
+  const int seg_entries = meta.comp_start[b + 1] - meta.comp_start[b];
+  return meta.row_is_padding[t] ? 0 : min((meta.row_position[t] + 1) / d.ratio, seg_entries);
+}
+
+// Takes the CTA's next block (false, for every thread, when none is left). Otherwise t0 is
+// its first row, sh.seg / sh.n hold its rows, the rows' histograms ([kRows, kBins]) are zero,
+// the rows with n <= K are written (ids 0..n-1, then -1), and the result mask has the rows
+// left to score and select.
+template <int kThreads>
+__device__ bool next_block(const LayerDims& d, const DeviceMetadata& meta, unsigned* counter,
+                           std::int32_t* topk, unsigned* hist, Shared& sh, int& t0, unsigned& todo) {
+  const int tid = threadIdx.x, K = d.topk;
+  const int blocks = (d.rows + kRows - 1) / kRows;
+  if (tid == 0) sh.ticket = static_cast<int>(atomicAdd(counter, 1u));
+  __syncthreads();
+  const int ticket = sh.ticket;
+  if (ticket >= blocks) return false;
+  t0 = (blocks - 1 - ticket) * kRows;  // the longest rows first: a short tail
+  if (tid < kRows) {
+    const int t = t0 + tid;
+    sh.seg[tid] = t < d.rows ? meta.row_segment[t] : -1;
+    sh.n[tid] = t < d.rows ? visible(d, meta, t, sh.seg[tid]) : 0;
+  }
+  for (int i = tid; i < kRows * idxsel::kBins; i += kThreads) hist[i] = 0u;
+  __syncthreads();
+  todo = 0;
+  for (int i = 0; i < kRows; ++i)
+    if (sh.n[i] > K) todo |= 1u << i;
+  for (int i = 0; i < kRows; ++i) {
+    if (t0 + i >= d.rows || (todo >> i & 1u)) continue;
+    std::int32_t* out = topk + static_cast<long>(t0 + i) * K;
+    for (int k = tid; k < K; k += kThreads) out[k] = k < sh.n[i] ? k : -1;
+  }
+  return true;
+}
+
+// The next run of `todo` (the rows of its first row's segment), removed from todo; n_run is
+// the run's largest visible count.
+__device__ __forceinline__ unsigned take_run(unsigned& todo, const Shared& sh, int& seg, int& n_run) {
+  seg = sh.seg[__ffs(todo) - 1];
+  unsigned run = 0;
+  n_run = 0;
+  for (int i = 0; i < kRows; ++i)
+    if ((todo >> i & 1u) && sh.seg[i] == seg) {
+      run |= 1u << i;
+      n_run = max(n_run, sh.n[i]);
+    }
+  todo &= ~run;
+  return run;
+}
+
+// After the scoring: the radix select of every row in `selecting` from its scores in the
+// slot (row stride row_stride) and its histogram.
+template <int kThreads>
+__device__ void select_block(const LayerDims& d, unsigned selecting, const Shared& sh, int t0,
+                             const float* slot, long row_stride, unsigned* hist,
+                             idxsel::SelectShared& sel, std::int32_t* topk) {
+  __syncthreads();  // scores and histograms complete
+  for (int i = 0; i < kRows; ++i) {
+    if (!(selecting >> i & 1u)) continue;
+    idxsel::select_topk_radix<kThreads>(slot + i * row_stride, sh.n[i], d.topk, hist + i * idxsel::kBins,
+                                        sel, topk + static_cast<long>(t0 + i) * d.topk);
+  }
+}
+
+}  // namespace csattn::cuda::idxblock
