@@ -21,34 +21,13 @@ import numpy as np
 from ._csattn import (AttentionConfig, Error, Forward, LayerWeights, cuda_available,
                       hf_config_layers, preset_layers, preset_names)
 from . import _csattn
+from ._arrays import host_array as _host, int_list as _offsets
 from .ops import compact_indexer_topk, dequantize_mxfp8, pack_mxfp8_scales, quantize_mxfp8
 
 __all__ = ["AttentionConfig", "Error", "Forward", "Layer", "LayerWeights", "bshd_cu_seqlens",
            "compact_indexer_topk", "cuda_available", "dequantize_mxfp8", "hf_config_layers",
            "oracle_forward", "pack_mxfp8_scales", "preset_layers", "preset_names",
            "quantize_mxfp8"]
-
-
-def _host(a, dtype, what):
-    """A C-contiguous host array of `dtype` holding `a`'s values."""
-    if a is None:
-        raise Error(f"{what} is required")
-    if not isinstance(a, np.ndarray) and not hasattr(a, "__array__") and hasattr(a, "__dlpack__"):
-        a = np.from_dlpack(a)
-    try:
-        return np.ascontiguousarray(np.asarray(a), dtype=dtype)
-    except (TypeError, ValueError) as e:
-        raise Error(f"{what}: cannot be read as a {np.dtype(dtype).name} array ({e})") from None
-
-
-def _offsets(v, what):
-    """cu_seqlens-like input as a list of Python ints (integral values only)."""
-    if v is None:
-        return None
-    a = np.asarray(v)
-    if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
-        raise Error(f"{what} must be a 1-D sequence of integers, got shape {a.shape} dtype {a.dtype}")
-    return [int(i) for i in a]
 
 
 def bshd_cu_seqlens(batch, seqlen):

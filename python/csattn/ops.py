@@ -5,30 +5,12 @@ fused top-k with ties to the smallest id, and the softmax over the selection).""
 import numpy as np
 
 from . import _csattn
+from ._arrays import byte_array as _u8, host_array, int_list as _ints
 from ._csattn import Error
 
 
 def _f32(a, what):
-    try:
-        return np.ascontiguousarray(np.asarray(a), dtype=np.float32)
-    except (TypeError, ValueError) as e:
-        raise Error(f"{what}: cannot be read as a float32 array ({e})") from None
-
-
-def _u8(a, what):
-    a = np.asarray(a)
-    if a.dtype != np.uint8:
-        raise Error(f"{what} must hold raw bytes (uint8), got dtype {a.dtype}")
-    return np.ascontiguousarray(a)
-
-
-def _ints(v, what):
-    if v is None:
-        return None
-    a = np.asarray(v)
-    if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
-        raise Error(f"{what} must be a 1-D sequence of integers, got shape {a.shape} dtype {a.dtype}")
-    return [int(i) for i in a]
+    return host_array(a, np.float32, what)
 
 
 def quantize_mxfp8(x):
