@@ -114,10 +114,6 @@ HybridAttentionLayer::HybridAttentionLayer(AttentionConfig cfg, LayerWeights wei
     require(cuda_available(&why), ErrorKind::Unsupported, "device cuda: " + why);
     require(options_.precision == Precision::bf16, ErrorKind::Unsupported,
             "device cuda computes in bf16 only (fp32 is a CPU reference mode)");
-    require(cfg_.indexer_precision == IndexerPrecision::bf16 || !cfg_.has_indexer(),
-            ErrorKind::Unsupported,
-            "device cuda: the MXFP8 indexer runs on the CPU only so far; use "
-            "--indexer-precision bf16 on the GPU");
 #ifdef CSATTN_HAVE_CUDA
     cuda_ = std::make_shared<cuda::CudaLayer>(cfg_, weights_);
     cuda_->set_poison(options_.poison_workspace);

@@ -61,8 +61,17 @@ IndexerLossArgs loss_args(const ForwardParams& f, const BackwardParams& b) {
 }  // namespace
 
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream) {
-  launch_indexer_loss(f.dims, f.meta, loss_args(f, b), f.act.loss_rows, f.act.loss, false, 0.0f,
-                      nullptr, nullptr, nullptr, stream);
+  IndexerLossArgs l = loss_args(f, b);
+  if (mxfp8_predictor(f, b)) {  // the sparse loss's predictor: the MXFP8 selection's scores
+    l.qi = f.act.qi_proj;
+    l.keys = f.act.i_keys_mx;
+  }
+  launch_indexer_loss(f.dims, f.meta, l, f.act.loss_rows, f.act.loss, false, 0.0f, nullptr, nullptr,
+                      nullptr, stream);
+}
+
+bool mxfp8_predictor(const ForwardParams& f, const BackwardParams& b) {
+  return f.dims.mxfp8_indexer && b.sparse_loss && !f.forced_topk;
 }
 
 void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,

@@ -29,4 +29,10 @@ void run_backward(const ForwardParams& f, const BackwardParams& b, cublasHandle_
 // The indexer loss value (forward): into f.act.loss_rows and f.act.loss[0].
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream);
 
+// True when the sparse loss's predictor is the MXFP8 selection's softmax (MXFP8 indexer, the
+// indexer's own selection): run_indexer_loss then scores the MXFP8 operands. The loss
+// gradient kernels recompute the predictor from the bf16 operands, so the backward of this
+// case is refused (CudaLayer::backward).
+bool mxfp8_predictor(const ForwardParams& f, const BackwardParams& b);
+
 }  // namespace csattn::cuda

@@ -80,7 +80,16 @@ void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t strea
     launch_compressor_pool(d, m, DI, a.i_a, a.i_g, w.ic_ape, a.i_pooled, stream);
     launch_norm_rope(compressed_rows(d, w, m, a.i_pooled, a.i_keys, DI, w.ic_norm, true), stream);
     st.mark("indexer q/k");
-    if (!p.forced_topk) launch_indexer_topk(d, m, a.qi, a.w_eff, a.i_keys, a.topk, a.topk_scratch, stream);
+    if (!p.forced_topk) {
+      const bf16 *sel_q = a.qi, *sel_keys = a.i_keys;
+      if (d.mxfp8_indexer) {  // the selection's operands through MXFP8 (qi_proj is dead here)
+        launch_mxfp8_roundtrip(a.qi, a.qi_proj, static_cast<long>(T) * HI, DI, stream);
+        launch_mxfp8_roundtrip(a.i_keys, a.i_keys_mx, d.comp_capacity, DI, stream);
+        sel_q = a.qi_proj;
+        sel_keys = a.i_keys_mx;
+      }
+      launch_indexer_topk(d, m, sel_q, a.w_eff, sel_keys, a.topk, a.topk_scratch, stream);
+    }
     st.mark("indexer top-k");
   }
 

@@ -89,6 +89,11 @@ void launch_compressor_pool_reference(const LayerDims& d, const DeviceMetadata& 
                                       const bf16* a, const bf16* g, const float* ape,
                                       bf16* pooled, cudaStream_t stream);
 
+// out = bf16(dequantize(quantize_mxfp8(in))) per 32-element block of rows of `cols`
+// (mxfp8.cu): exact in bf16, so the bf16 indexer on `out` scores the MXFP8 operands. in and
+// out 16-byte aligned; they may be the same buffer.
+void launch_mxfp8_roundtrip(const bf16* in, bf16* out, long rows, int cols, cudaStream_t stream);
+
 // w_eff = bf16(bf16(w_raw * H_I^-1/2) * D_I^-1/2) (indexer_topk.cu).
 void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
                             cudaStream_t stream);

@@ -24,6 +24,9 @@ struct LayerDims {
   int index_heads = 0, index_dim = 0, topk = 0;
   float eps = 1e-6f;
   float scale = 0.0f;    // D^-1/2
+  // indexer_precision = mxfp8: the selection scores the indexer queries and keys rounded
+  // through MXFP8 (mxfp8.cu); the loss gradients keep the bf16 ones.
+  bool mxfp8_indexer = false;
 };
 
 // Most keys any query can have (window + top-k, or window + the longest segment's entries).
@@ -64,11 +67,14 @@ struct DeviceActivations {
   bf16 *kv_proj = nullptr, *kv = nullptr;      // [T, D]
   bf16 *c_a = nullptr, *c_g = nullptr;         // [T, coff*D]
   bf16 *c_pooled = nullptr, *comp = nullptr;   // [Nc_cap, D]
+  // qi_proj: the projection before RoPE / Hadamard; dead after them, so with the MXFP8
+  // indexer it then holds the MXFP8-rounded qi the selection reads.
   bf16 *qi_proj = nullptr, *qi = nullptr;      // [T, H_I*D_I]
   bf16* w_raw = nullptr;                       // [T, H_I]
   float* w_eff = nullptr;                      // [T, H_I] (bf16 values)
   bf16 *i_a = nullptr, *i_g = nullptr;         // [T, 2*D_I]
   bf16 *i_pooled = nullptr, *i_keys = nullptr; // [Nc_cap, D_I]
+  bf16* i_keys_mx = nullptr;                   // MXFP8 indexer: i_keys rounded through MXFP8
   std::int32_t* topk = nullptr;                // [T, K]
   void* topk_scratch = nullptr;                // the tiled indexer's (indexer_topk_plan.hpp)
   float* loss_rows = nullptr;                  // [T] per-row indexer KL (CSA)

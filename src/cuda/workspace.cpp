@@ -31,6 +31,7 @@ LayerDims make_dims(const AttentionConfig& c, int rows, int segments, int max_se
   d.topk = c.has_indexer() ? c.index_topk : 0;
   d.eps = static_cast<float>(c.norm_eps);
   d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  d.mxfp8_indexer = c.has_indexer() && c.indexer_precision == IndexerPrecision::mxfp8;
   return d;
 }
 
@@ -79,6 +80,7 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
     p.i_g = take(T * 2 * d.index_dim * bf);
     p.i_pooled = take(Nc * d.index_dim * bf);
     p.i_keys = take(Nc * d.index_dim * bf);
+    if (d.mxfp8_indexer) p.i_keys_mx = take(Nc * d.index_dim * bf);
     p.topk = take(T * d.topk * i32);
     p.topk_scratch = take(indexer_topk_scratch_bytes(d));  // bounded: see the formula there
     p.loss_rows = take(T * f32);
@@ -216,6 +218,7 @@ DeviceActivations WorkspacePlan::activations(void* base) const {
     a.i_g = at<bf16>(base, i_g);
     a.i_pooled = at<bf16>(base, i_pooled);
     a.i_keys = at<bf16>(base, i_keys);
+    if (dims.mxfp8_indexer) a.i_keys_mx = at<bf16>(base, i_keys_mx);
     a.topk = at<std::int32_t>(base, topk);
     a.topk_scratch = at<unsigned char>(base, topk_scratch);
     a.loss_rows = at<float>(base, loss_rows);

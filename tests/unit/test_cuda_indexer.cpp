@@ -217,7 +217,7 @@ void expect_equal_rows(const Problem& p, const std::vector<std::int32_t>& a,
   EXPECT_EQ(bad, 0) << what << ": rows differing";
 }
 
-// expect_topk_close of test_cuda_forward.cpp: per row the same count and at least
+// expect_topk_close of test_util.hpp: per row the same count and at least
 // max(1, n - 1) common ids; at most 1 row in 20 differs at all.
 void expect_close_rows(const Problem& p, const std::vector<std::int32_t>& a,
                        const std::vector<std::int32_t>& b, const std::string& what) {
