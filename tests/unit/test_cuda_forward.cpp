@@ -162,22 +162,7 @@ TEST_P(CudaBackward, MatchesCpuBackend) {
   const LayerOutputs g = cfg.has_indexer() ? gpu.forward(x, layout, c.topk_indices)
                                            : gpu.forward(x, layout);
   EXPECT_NEAR(g.indexer_loss, c.indexer_loss, 2e-2 * std::fabs(c.indexer_loss) + 1e-7);
-  const LayerGradients gc = cpu.backward(c, dy), gg = gpu.backward(g, dy);
-  auto check = [](const Tensor& got, const Tensor& ref, const std::string& name) {
-    const std::vector<float> a = got.to_f32(), b = ref.to_f32();
-    for (float v : a) ASSERT_TRUE(std::isfinite(v)) << name << " has NaN / inf";
-    double bmax = 0.0;
-    for (float v : b) bmax = std::max(bmax, static_cast<double>(std::fabs(v)));
-    if (bmax == 0.0) {  // exact zeros expected (lambda = 0, unused parameters)
-      for (float v : a) ASSERT_EQ(v, 0.0f) << name;
-      return;
-    }
-    const Similarity sim = similarity(a, to_double(b));
-    EXPECT_GT(sim.cosine, 1.0 - 3e-3) << name;
-    EXPECT_GT(sim.tensor, 1.0 - 3e-3) << name;
-  };
-  check(gg.grad_input, gc.grad_input, "grad_input");
-  for (const ParamInfo& p : w.params()) check(gg.grad.at(p.name), gc.grad.at(p.name), p.name);
+  expect_gradients_close(gpu.backward(g, dy), cpu.backward(c, dy), w);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, CudaBackward,

@@ -127,4 +127,28 @@ inline void expect_topk_close(const std::vector<std::int32_t>& gpu, const std::v
   EXPECT_LE(rows_differing, std::max(1, T / 20)) << "too many rows with a different selection";
 }
 
+// A GPU gradient against the CPU's: finite, and cosine and tensor similarity above
+// 1 - tol; where the reference is all zeros (lambda = 0, unused parameters) exact zeros.
+inline void expect_gradient_close(const Tensor& got, const Tensor& ref, const std::string& name,
+                                  double tol = 3e-3) {
+  const std::vector<float> a = got.to_f32(), b = ref.to_f32();
+  for (float v : a) ASSERT_TRUE(std::isfinite(v)) << name << " has NaN / inf";
+  double bmax = 0.0;
+  for (float v : b) bmax = std::max(bmax, static_cast<double>(std::fabs(v)));
+  if (bmax == 0.0) {
+    for (float v : a) ASSERT_EQ(v, 0.0f) << name;
+    return;
+  }
+  const Similarity sim = similarity(a, to_double(b));
+  EXPECT_GT(sim.cosine, 1.0 - tol) << name;
+  EXPECT_GT(sim.tensor, 1.0 - tol) << name;
+}
+
+// Every gradient of a layer: the input's and each parameter's.
+inline void expect_gradients_close(const LayerGradients& got, const LayerGradients& ref,
+                                   const LayerWeights& w, double tol = 3e-3) {
+  expect_gradient_close(got.grad_input, ref.grad_input, "grad_input", tol);
+  for (const ParamInfo& p : w.params()) expect_gradient_close(got.grad.at(p.name), ref.grad.at(p.name), p.name, tol);
+}
+
 }  // namespace csattn::testing_util
