@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,6 +91,17 @@ Device parse_device(const std::string& v) {
 // The result of Layer.forward: the outputs as arrays, and the state its backward needs.
 struct Forward {
   LayerOutputs outputs;
+  bool indexer = false;  // CSA: topk is an array (possibly with 0 rows)
+  int topk = 0;
+};
+
+// The bound layer: calls on one Layer run one at a time (they release the GIL, and the GPU
+// layer keeps its last forward's activations for the backward); use one Layer per thread
+// for concurrency.
+struct Layer {
+  HybridAttentionLayer impl;
+  std::unique_ptr<std::mutex> busy = std::make_unique<std::mutex>();
+  Layer(const AttentionConfig& cfg, const LayerWeights& w, const RunOptions& o) : impl(cfg, w, o) {}
 };
 
 nb::dict gradients_to_dict(const LayerGradients& g) {
@@ -200,32 +213,34 @@ NB_MODULE(_csattn, m) {
       .def_prop_ro(
           "topk",
           [](const Forward& f) -> nb::object {
+            if (!f.indexer) return nb::none();
             const Tensor& t = f.outputs.topk_indices;
-            if (t.empty()) return nb::none();
-            const std::int32_t* p = t.ptr<std::int32_t>();
-            return nb::cast(numpy_array(std::vector<std::int32_t>(p, p + t.numel()), shape_of(t)));
+            const std::int32_t* p = t.empty() ? nullptr : t.ptr<std::int32_t>();
+            const std::size_t rows = static_cast<std::size_t>(f.outputs.output.dim(0));
+            return nb::cast(numpy_array(std::vector<std::int32_t>(p, p + t.numel()),
+                                        {rows, static_cast<std::size_t>(f.topk)}));
           },
           "CSA: [T, index_topk] int32 segment-local compressed ids, ascending, -1 padded; else None")
       .def_prop_ro("indexer_loss", [](const Forward& f) { return f.outputs.indexer_loss; },
                    "lambda * KL (CSA), 0 otherwise");
 
-  nb::class_<HybridAttentionLayer>(m, "Layer", "One DeepSeek-V4 attention layer (SWA, CSA or HCA).")
+  nb::class_<Layer>(m, "Layer", "One DeepSeek-V4 attention layer (SWA, CSA or HCA).")
       .def(
           "__init__",
-          [](HybridAttentionLayer* self, const AttentionConfig& cfg, const LayerWeights& w, const std::string& precision,
+          [](Layer* self, const AttentionConfig& cfg, const LayerWeights& w, const std::string& precision,
              const std::string& device, int threads, bool deterministic) {
             RunOptions o;
             o.precision = parse_precision(precision);
             o.device = parse_device(device);
             o.threads = threads;
             o.deterministic = deterministic;
-            new (self) HybridAttentionLayer(cfg, w, o);
+            new (self) Layer(cfg, w, o);
           },
           "config"_a, "weights"_a, "precision"_a = "bf16", "device"_a = "cpu", "threads"_a = 0,
           "deterministic"_a = false)
       .def(
           "forward",
-          [](const HybridAttentionLayer& layer, const F32Array& x, const std::vector<std::int32_t>& cu,
+          [](Layer& layer, const F32Array& x, const std::vector<std::int32_t>& cu,
              const std::optional<std::vector<std::int32_t>>& cu_padded, const std::optional<I32Array>& topk) {
             const Tensor xt = f32_tensor(x);
             const SeqLayout layout = make_layout(cu, cu_padded);
@@ -235,30 +250,34 @@ NB_MODULE(_csattn, m) {
               forced = Tensor::from_i32(std::vector<std::int32_t>(p, p + topk->size()), shape_of(*topk));
             }
             Forward f;
+            f.indexer = layer.impl.config().has_indexer();
+            f.topk = layer.impl.config().index_topk;
             {
-              nb::gil_scoped_release unlocked;
-              f.outputs = topk ? layer.forward(xt, layout, forced) : layer.forward(xt, layout);
+              nb::gil_scoped_release unlocked;  // first, then the layer's lock: no deadlock
+              std::lock_guard<std::mutex> one_call(*layer.busy);
+              f.outputs = topk ? layer.impl.forward(xt, layout, forced) : layer.impl.forward(xt, layout);
             }
             return f;
           },
           "x"_a, "cu_seqlens"_a, "cu_seqlens_padded"_a = nb::none(), "topk"_a = nb::none())
       .def(
           "backward",
-          [](const HybridAttentionLayer& layer, const Forward& f, const F32Array& grad_output, float grad_indexer_loss) {
+          [](Layer& layer, const Forward& f, const F32Array& grad_output, float grad_indexer_loss) {
             const Tensor g = f32_tensor(grad_output);
             LayerGradients grads;
             {
               nb::gil_scoped_release unlocked;
-              grads = layer.backward(f.outputs, g, grad_indexer_loss);
+              std::lock_guard<std::mutex> one_call(*layer.busy);
+              grads = layer.impl.backward(f.outputs, g, grad_indexer_loss);
             }
             return gradients_to_dict(grads);
           },
           "forward"_a, "grad_output"_a, "grad_indexer_loss"_a = 1.0f,
           "Gradients: 'input' and one per parameter name, float32 arrays.")
-      .def_prop_ro("config", &HybridAttentionLayer::config)
-      .def_prop_ro("precision", [](const HybridAttentionLayer& l) { return std::string(precision_name(l.options().precision)); })
-      .def_prop_ro("device", [](const HybridAttentionLayer& l) {
-        return std::string(l.options().device == Device::cuda ? "cuda" : "cpu");
+      .def_prop_ro("config", [](const Layer& l) { return l.impl.config(); })
+      .def_prop_ro("precision", [](const Layer& l) { return std::string(precision_name(l.impl.options().precision)); })
+      .def_prop_ro("device", [](const Layer& l) {
+        return std::string(l.impl.options().device == Device::cuda ? "cuda" : "cpu");
       });
 
   m.def(

@@ -313,3 +313,30 @@ def test_cuda_layer_matches_the_cpu_layer(kind):
     for name, g in gc.items():
         if np.abs(g).max() > 0:
             assert cosine(gg[name], g) > 1 - 3e-3, name
+
+
+def test_empty_segments_and_concurrent_calls():
+    cfg = tiny("CSA")
+    layer = csattn.Layer(cfg, seed=26)
+    for c in ([0, 0], [0, 0, 5], [0, 3, 3, 7]):  # empty batch, empty segments
+        x = np.random.default_rng(27).standard_normal((c[-1], cfg.d_model)).astype(np.float32)
+        fwd = layer.forward(x, c)
+        assert fwd.output.shape == x.shape and fwd.topk.shape == (c[-1], cfg.index_topk)
+        assert layer.backward(fwd, np.ones_like(x))["input"].shape == x.shape
+    # Calls on one Layer from several threads (the GIL is released) give the serial results.
+    import threading
+    xs = [batch(cfg, 40 + i)[0] for i in range(4)]
+    c, cp = batch(cfg, 40)[1:]
+    serial = [layer.forward(x, c, cp).output for x in xs]
+    got = [None] * len(xs)
+
+    def run(i):
+        got[i] = layer.forward(xs[i], c, cp).output
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(got, serial):
+        np.testing.assert_array_equal(a, b)
