@@ -340,3 +340,19 @@ def test_empty_segments_and_concurrent_calls():
         t.join()
     for a, b in zip(got, serial):
         np.testing.assert_array_equal(a, b)
+
+
+def test_hf_config_json(tmp_path):
+    import json
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 512, "num_attention_heads": 16, "head_dim": 64,
+                                "qk_rope_head_dim": 16, "sliding_window": 32, "index_topk": 64,
+                                "compress_ratios": [0, 4, 128, 4], "rope_scaling": {"factor": 8}}))
+    layers = csattn.hf_config_layers(str(path))
+    assert [c.kind for c in layers] == ["SWA", "CSA", "HCA", "CSA"]
+    c = layers[1]
+    assert (c.d_model, c.n_heads, c.head_dim, c.window, c.index_topk, c.yarn_factor) == (512, 16, 64, 32, 64, 8.0)
+    assert c.index_n_heads == csattn.preset_layers("flash")[0].index_n_heads  # missing: flash's
+    path.write_text(json.dumps({"compress_ratios": [0, 5]}))
+    with pytest.raises(csattn.Error, match="5"):
+        csattn.hf_config_layers(str(path))
