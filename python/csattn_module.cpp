@@ -1,6 +1,6 @@
 // The compiled part of the Python package `csattn` (module `csattn._csattn`, nanobind): the
 // layer, its configuration and weights, and the fp64 oracle (the operators of ops.hpp are
-// bound in csattn_ops.cpp). The pure-Python package
+// bound in csattn_ops.cpp, context parallelism in csattn_cp.cpp). The pure-Python package
 // (python/csattn/__init__.py) converts user arrays (NumPy, anything with __dlpack__ or
 // __array__) to what these functions take: C-contiguous float32 / float64 / int32 arrays on
 // the host, and lists of int for cu_seqlens. Results are NumPy arrays that own a copy.
@@ -114,6 +114,7 @@ nb::dict gradients_to_dict(const LayerGradients& g) {
 }  // namespace
 
 void bind_ops(nb::module_& m);  // csattn_ops.cpp
+void bind_cp(nb::module_& m);   // csattn_cp.cpp
 
 }  // namespace csattn
 
@@ -315,6 +316,7 @@ NB_MODULE(_csattn, m) {
       "against). rows: compute only these query rows (others NaN, loss NaN).");
 
   bind_ops(m);
+  bind_cp(m);
 
   m.def("cuda_available", []() {
     std::string why;

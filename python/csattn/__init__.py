@@ -14,20 +14,26 @@ CPU torch tensors); they are copied to float32 on the host. The layer runs on th
 on a Hopper GPU with ``device="cuda"`` / ``"auto"`` (bf16), still taking and returning host
 arrays. Errors are ``csattn.Error`` (a ``ValueError``) with the library's message. The
 operators of ops.hpp (MXFP8 quantization, the 128x4 scale layout, the compact indexer) are
-in ``csattn.ops`` and re-exported here.
+in ``csattn.ops`` and re-exported here. Context parallelism over MPI: under ``mpirun -np P``,
+``comm = csattn.mpi_world()``, ``part = csattn.CpPartition.build(cu, cu_padded, "two_chunk",
+P)`` (``pad_for_context_parallel`` pads a layout to what a mode accepts), and
+``csattn.ContextParallelLayer(cfg, weights).forward(comm, part, x[part.rows(comm.rank)])``.
 """
 import numpy as np
 
-from ._csattn import (AttentionConfig, Error, Forward, LayerWeights, cuda_available,
-                      hf_config_layers, preset_layers, preset_names)
+from ._csattn import (AttentionConfig, Communicator, ContextParallelLayer, CpForward,
+                      CpPartition, Error, Forward, LayerWeights, cuda_available,
+                      hf_config_layers, mpi_available, mpi_world, pad_for_context_parallel,
+                      preset_layers, preset_names)
 from . import _csattn
 from ._arrays import host_array as _host, int_list as _offsets
 from .ops import compact_indexer_topk, dequantize_mxfp8, pack_mxfp8_scales, quantize_mxfp8
 
-__all__ = ["AttentionConfig", "Error", "Forward", "Layer", "LayerWeights", "bshd_cu_seqlens",
-           "compact_indexer_topk", "cuda_available", "dequantize_mxfp8", "hf_config_layers",
-           "oracle_forward", "pack_mxfp8_scales", "preset_layers", "preset_names",
-           "quantize_mxfp8"]
+__all__ = ["AttentionConfig", "Communicator", "ContextParallelLayer", "CpForward", "CpPartition",
+           "Error", "Forward", "Layer", "LayerWeights", "bshd_cu_seqlens", "compact_indexer_topk",
+           "cuda_available", "dequantize_mxfp8", "hf_config_layers", "mpi_available", "mpi_world",
+           "oracle_forward", "pack_mxfp8_scales", "pad_for_context_parallel", "preset_layers",
+           "preset_names", "quantize_mxfp8"]
 
 
 def bshd_cu_seqlens(batch, seqlen):
