@@ -111,7 +111,8 @@ HybridAttentionLayer::HybridAttentionLayer(AttentionConfig cfg, LayerWeights wei
           "threads = " + std::to_string(options_.threads) + " must be >= 0");
   if (options_.device == Device::cuda) {
     std::string why;
-    require(cuda_available(&why), ErrorKind::Unsupported, "device cuda: " + why);
+    const bool ok = cuda_available(&why);  // before the message is built from `why`
+    require(ok, ErrorKind::Unsupported, "device cuda: " + why);
     require(options_.precision == Precision::bf16, ErrorKind::Unsupported,
             "device cuda computes in bf16 only (fp32 is a CPU reference mode)");
 #ifdef CSATTN_HAVE_CUDA

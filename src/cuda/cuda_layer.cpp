@@ -66,12 +66,59 @@ std::vector<std::uint16_t> to_bf16_bits(const float* v, std::size_t n) {
   return out;
 }
 
+// The launch parameters of a forward whose buffers lie in `workspace` (planned by `plan`).
+ForwardParams params_on(const WorkspacePlan& plan, void* workspace, const DeviceWeights& w) {
+  ForwardParams p;
+  p.dims = plan.dims;
+  p.w = w;
+  p.meta = plan.metadata(workspace);
+  p.act = plan.activations(workspace);
+  p.blas_workspace = static_cast<unsigned char*>(workspace) + plan.blas;
+  p.blas_workspace_bytes = WorkspacePlan::kBlasWorkspaceBytes;
+  return p;
+}
+
+// NaN in every float buffer, top-k ids a huge positive id (tests: unwritten values show).
+void poison_forward(const AttentionConfig& c, const WorkspacePlan& plan, void* workspace, int T,
+                    cudaStream_t stream) {
+  auto* base = static_cast<unsigned char*>(workspace);
+  CSATTN_CUDA_CHECK(cudaMemsetAsync(workspace, 0xFF, plan.bytes, stream));
+  if (c.has_indexer())
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(base + plan.topk, 0x7F,
+                                      static_cast<std::size_t>(T) * c.index_topk * 4, stream));
+}
+
+// lambda / N_real (mean over real rows) or lambda (per-token sums).
+float loss_scale_of(const AttentionConfig& c, std::int64_t real_rows) {
+  if (c.per_token_loss) return static_cast<float>(c.loss_coeff);
+  return real_rows > 0 ? static_cast<float>(c.loss_coeff / static_cast<double>(real_rows)) : 0.0f;
+}
+
+// The backward cases the GPU refuses, with the reason.
+void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, bool deterministic,
+                              float grad_indexer_loss) {
+  require(!(deterministic && c.has_indexer() && c.loss_coeff > 0.0 && grad_indexer_loss != 0.0f) ||
+              indexer_loss_mma_supported(f.dims),
+          ErrorKind::Unsupported,
+          "deterministic backward: the indexer loss gradient needs the tensor-core loss kernel "
+          "(head_dim 512, index_head_dim 128, at most 64 heads and 64 index heads); use the "
+          "fast (atomic) backward for this shape");
+  BackwardParams mode;
+  mode.sparse_loss = c.sparse_loss;
+  require(!(mxfp8_predictor(f, mode) && c.loss_coeff > 0.0 && grad_indexer_loss != 0.0f),
+          ErrorKind::Unsupported,
+          "device cuda: the backward of the sparse indexer loss with the MXFP8 indexer (its "
+          "predictor is the MXFP8 selection's softmax) is not on the GPU yet; use the dense "
+          "loss, grad_indexer_loss = 0, indexer_precision bf16, or the CPU");
+}
+
 }  // namespace
 
 CudaLayer::CudaLayer(const AttentionConfig& cfg, const LayerWeights& weights)
     : impl_(std::make_unique<CudaLayerImpl>()) {
   std::string why;
-  require(device_available(&why), ErrorKind::Unsupported, "device cuda: " + why);
+  const bool ok = device_available(&why);  // before the message is built from `why`
+  require(ok, ErrorKind::Unsupported, "device cuda: " + why);
   CudaLayerImpl& s = *impl_;
   s.cfg = cfg;
   CSATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
@@ -163,20 +210,8 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
     s.workspace_capacity = plan.bytes;
   }
   auto* base = static_cast<unsigned char*>(s.workspace);
-  if (s.poison) {  // NaN in every float buffer; top-k ids poisoned with a huge positive id
-    CSATTN_CUDA_CHECK(cudaMemsetAsync(s.workspace, 0xFF, plan.bytes, s.stream));
-    if (c.has_indexer())
-      CSATTN_CUDA_CHECK(cudaMemsetAsync(base + plan.topk, 0x7F,
-                                        static_cast<std::size_t>(T) * c.index_topk * 4, s.stream));
-  }
-
-  ForwardParams p;
-  p.dims = plan.dims;
-  p.w = s.w;
-  p.meta = plan.metadata(s.workspace);
-  p.act = plan.activations(s.workspace);
-  p.blas_workspace = base + plan.blas;
-  p.blas_workspace_bytes = WorkspacePlan::kBlasWorkspaceBytes;
+  if (s.poison) poison_forward(c, plan, s.workspace, T, s.stream);
+  ForwardParams p = params_on(plan, s.workspace, s.w);
   const std::vector<std::int32_t>& cu = layout.cu_seqlens();
   const std::vector<std::int32_t>& cup = layout.cu_seqlens_padded();
   const std::vector<std::uint16_t> xb = to_bf16_bits(x.to_f32().data(), static_cast<std::size_t>(x.numel()));
@@ -198,10 +233,7 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   run_forward(p, s.blas, s.stream);
   s.last = p;
   s.has_last = true;
-  const std::int64_t real_rows = layout.real_rows();
-  s.loss_scale = c.per_token_loss ? static_cast<float>(c.loss_coeff)
-                 : real_rows > 0   ? static_cast<float>(c.loss_coeff / static_cast<double>(real_rows))
-                                   : 0.0f;
+  s.loss_scale = loss_scale_of(c, layout.real_rows());
   const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
   BackwardParams bp;  // the loss reads only its scale and mode (its buffers are activations)
   bp.loss_scale = s.loss_scale;
@@ -240,21 +272,7 @@ LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer
   const AttentionConfig& c = s.cfg;
   const ForwardParams& f = s.last;
   const int T = f.dims.rows;
-  require(!(s.deterministic && c.has_indexer() && c.loss_coeff > 0.0 && grad_indexer_loss != 0.0f) ||
-              indexer_loss_mma_supported(f.dims),
-          ErrorKind::Unsupported,
-          "deterministic backward: the indexer loss gradient needs the tensor-core loss kernel "
-          "(head_dim 512, index_head_dim 128, at most 64 heads and 64 index heads); use the "
-          "fast (atomic) backward for this shape");
-  {
-    BackwardParams mode;
-    mode.sparse_loss = c.sparse_loss;
-    require(!(mxfp8_predictor(f, mode) && c.loss_coeff > 0.0 && grad_indexer_loss != 0.0f),
-            ErrorKind::Unsupported,
-            "device cuda: the backward of the sparse indexer loss with the MXFP8 indexer (its "
-            "predictor is the MXFP8 selection's softmax) is not on the GPU yet; use the dense "
-            "loss, grad_indexer_loss = 0, indexer_precision bf16, or the CPU");
-  }
+  check_backward_supported(c, f, s.deterministic, grad_indexer_loss);
   // The backward's buffers are sized here, outside the run (grow-only), so a forward-only
   // caller never holds them.
   s.grad_plan = plan_backward(c, f.dims, s.deterministic);
@@ -424,6 +442,132 @@ StageProfile CudaLayer::profile_backward(int warmup, int iters) {
       s.stream, warmup, iters);
   prof.workspace_bytes = s.workspace_capacity;
   return prof;
+}
+
+// ---- device-memory entry points (csattn::DeviceLayer) ----
+
+namespace {
+
+void check_batch(const AttentionConfig& c, const DeviceBatch& b) {
+  require(b.rows >= 0 && b.segments >= 1 && b.max_seqlen >= 0, ErrorKind::InvalidArgument,
+          "DeviceBatch: rows = " + std::to_string(b.rows) + ", segments = " + std::to_string(b.segments) +
+              ", max_seqlen = " + std::to_string(b.max_seqlen) + " (need rows >= 0, segments >= 1)");
+  require(b.cu_seqlens && b.cu_seqlens_padded, ErrorKind::InvalidArgument,
+          "DeviceBatch: cu_seqlens and cu_seqlens_padded are required (device arrays)");
+  require(b.rows == 0 || b.x, ErrorKind::InvalidArgument, "DeviceBatch: x is null");
+  require(b.real_rows >= 0 && b.real_rows <= b.rows, ErrorKind::InvalidArgument,
+          "DeviceBatch: real_rows = " + std::to_string(b.real_rows) + " outside [0, rows = " +
+              std::to_string(b.rows) + "]");
+  require(!b.forced_topk || c.has_indexer(), ErrorKind::InvalidArgument,
+          "DeviceBatch: forced_topk is only for CSA layers");
+}
+
+void check_workspace(const void* ws, std::size_t have, std::size_t need, const char* what) {
+  require(ws != nullptr && have >= need, ErrorKind::InvalidArgument,
+          std::string(what) + ": " + std::to_string(have) + " bytes given, " + std::to_string(need) +
+              " needed");
+  require(reinterpret_cast<std::uintptr_t>(ws) % 256 == 0, ErrorKind::InvalidArgument,
+          std::string(what) + " must be 256-byte aligned");
+}
+
+}  // namespace
+
+std::size_t CudaLayer::device_forward_bytes(int rows, int segments, int max_seqlen) const {
+  return plan_forward(impl_->cfg, rows, segments, max_seqlen).bytes;
+}
+
+std::size_t CudaLayer::device_backward_bytes(int rows, int segments, int max_seqlen) const {
+  const WorkspacePlan plan = plan_forward(impl_->cfg, rows, segments, max_seqlen);
+  return plan_backward(impl_->cfg, plan.dims, impl_->deterministic).bytes;
+}
+
+std::map<std::string, std::size_t> CudaLayer::device_gradient_offsets(int rows, int segments,
+                                                                     int max_seqlen) const {
+  const WorkspacePlan plan = plan_forward(impl_->cfg, rows, segments, max_seqlen);
+  const BackwardPlan gp = plan_backward(impl_->cfg, plan.dims, impl_->deterministic);
+  // In layer_params order, each 256-byte aligned (plan_backward), as backward() reads them.
+  std::map<std::string, std::size_t> out;
+  std::size_t at = gp.grads_offset;
+  for (const ParamInfo& p : layer_params(impl_->cfg)) {
+    out[p.name] = at;
+    at += (static_cast<std::size_t>(shape_numel(p.shape)) * sizeof(float) + 255) / 256 * 256;
+  }
+  return out;
+}
+
+void CudaLayer::forward_device(const DeviceBatch& b, void* workspace, std::size_t bytes,
+                               const DeviceForwardOutputs& out, void* stream_ptr) const {
+  const CudaLayerImpl& s = *impl_;
+  const AttentionConfig& c = s.cfg;
+  check_batch(c, b);
+  require(b.rows == 0 || out.y, ErrorKind::InvalidArgument, "DeviceForwardOutputs: y is null");
+  const WorkspacePlan plan = plan_forward(c, b.rows, b.segments, b.max_seqlen);
+  check_workspace(workspace, bytes, plan.bytes, "the forward workspace");
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  auto* base = static_cast<unsigned char*>(workspace);
+  if (s.poison) poison_forward(c, plan, workspace, b.rows, stream);
+  ForwardParams p = params_on(plan, workspace, s.w);
+  const std::size_t cu_bytes = static_cast<std::size_t>(b.segments + 1) * 4;
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(base + plan.cu_real, b.cu_seqlens, cu_bytes, cudaMemcpyDeviceToDevice, stream));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(base + plan.cu_padded, b.cu_seqlens_padded, cu_bytes, cudaMemcpyDeviceToDevice, stream));
+  const std::size_t x_bytes = static_cast<std::size_t>(b.rows) * c.d_model * 2;
+  if (x_bytes) CSATTN_CUDA_CHECK(cudaMemcpyAsync(p.act.x, b.x, x_bytes, cudaMemcpyDeviceToDevice, stream));
+  const std::size_t topk_bytes = c.has_indexer() ? static_cast<std::size_t>(b.rows) * c.index_topk * 4 : 0;
+  if (b.forced_topk) {
+    if (topk_bytes)
+      CSATTN_CUDA_CHECK(cudaMemcpyAsync(p.act.topk, b.forced_topk, topk_bytes, cudaMemcpyDeviceToDevice, stream));
+    p.forced_topk = true;
+  }
+  run_forward(p, s.blas, stream);
+  const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
+  if (with_loss) {
+    BackwardParams bp;
+    bp.loss_scale = loss_scale_of(c, b.real_rows);
+    bp.sparse_loss = c.sparse_loss;
+    bp.deterministic = s.deterministic;
+    run_indexer_loss(p, bp, stream);
+  }
+  if (x_bytes) CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.y, p.act.y, x_bytes, cudaMemcpyDeviceToDevice, stream));
+  if (out.topk && topk_bytes)
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.topk, p.act.topk, topk_bytes, cudaMemcpyDeviceToDevice, stream));
+  if (out.indexer_loss) {
+    if (with_loss)
+      CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.indexer_loss, p.act.loss, sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    else
+      CSATTN_CUDA_CHECK(cudaMemsetAsync(out.indexer_loss, 0, sizeof(float), stream));
+  }
+}
+
+void CudaLayer::backward_device(const DeviceBatch& b, void* forward_workspace, void* backward_workspace,
+                                std::size_t bytes, const void* dy, float grad_indexer_loss, float* dx,
+                                void* stream_ptr) const {
+  const CudaLayerImpl& s = *impl_;
+  const AttentionConfig& c = s.cfg;
+  check_batch(c, b);
+  require(b.rows == 0 || (dy && dx), ErrorKind::InvalidArgument, "backward: dy and dx are required");
+  const WorkspacePlan plan = plan_forward(c, b.rows, b.segments, b.max_seqlen);
+  require(forward_workspace != nullptr, ErrorKind::InvalidArgument,
+          "backward: the forward workspace (of this batch's forward) is required");
+  ForwardParams f = params_on(plan, forward_workspace, s.w);
+  f.forced_topk = b.forced_topk != nullptr;
+  check_backward_supported(c, f, s.deterministic, grad_indexer_loss);
+  const BackwardPlan gp = plan_backward(c, f.dims, s.deterministic);
+  check_workspace(backward_workspace, bytes, gp.bytes, "the backward workspace");
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  auto* gbase = static_cast<unsigned char*>(backward_workspace);
+  BackwardParams bp;
+  bp.buf = gp.buffers(backward_workspace);
+  bp.grad = gp.gradients(backward_workspace);
+  bp.grad_loss = grad_indexer_loss;
+  bp.loss_scale = loss_scale_of(c, b.real_rows);
+  bp.sparse_loss = c.sparse_loss;
+  bp.deterministic = s.deterministic;
+  if (s.poison) CSATTN_CUDA_CHECK(cudaMemsetAsync(gbase, 0xFF, gp.grads_offset, stream));
+  const std::size_t rows_bytes = static_cast<std::size_t>(b.rows) * c.d_model;
+  if (rows_bytes) CSATTN_CUDA_CHECK(cudaMemcpyAsync(bp.buf.dy, dy, rows_bytes * 2, cudaMemcpyDeviceToDevice, stream));
+  CSATTN_CUDA_CHECK(cudaMemsetAsync(gbase + gp.grads_offset, 0, gp.grads_bytes, stream));
+  run_backward(f, bp, s.blas, stream);
+  if (rows_bytes) CSATTN_CUDA_CHECK(cudaMemcpyAsync(dx, bp.buf.dx, rows_bytes * 4, cudaMemcpyDeviceToDevice, stream));
 }
 
 }  // namespace csattn::cuda

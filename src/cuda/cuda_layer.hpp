@@ -4,11 +4,13 @@
 // results. This header has no CUDA types so host-only code can hold a CudaLayer.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "csattn/device_layer.hpp"
 #include "csattn/layer.hpp"
 
 namespace csattn::cuda {
@@ -65,6 +67,19 @@ class CudaLayer {
   // the graph) and replays it, returning the outputs. Each layout needs the last forward's
   // rows and segment count and no longer a segment (the maxima the launches were sized by).
   std::vector<Tensor> replay_forward_graph(const std::vector<SeqLayout>& layouts);
+
+  // The device-memory entry points behind csattn::DeviceLayer (device_layer.hpp): caller
+  // workspaces and stream (a cudaStream_t as void*), no allocation, no host sync. They use
+  // neither the layer's own workspaces nor its last-forward state.
+  std::size_t device_forward_bytes(int rows, int segments, int max_seqlen) const;
+  std::size_t device_backward_bytes(int rows, int segments, int max_seqlen) const;
+  void forward_device(const DeviceBatch& batch, void* workspace, std::size_t bytes,
+                      const DeviceForwardOutputs& out, void* stream) const;
+  void backward_device(const DeviceBatch& batch, void* forward_workspace, void* backward_workspace,
+                       std::size_t bytes, const void* dy, float grad_indexer_loss, float* dx,
+                       void* stream) const;
+  std::map<std::string, std::size_t> device_gradient_offsets(int rows, int segments,
+                                                            int max_seqlen) const;
 
  private:
   std::unique_ptr<CudaLayerImpl> impl_;

@@ -1,0 +1,32 @@
+// csattn::DeviceLayer in a build without the CUDA backend: constructing one says why.
+#ifndef CSATTN_HAVE_CUDA
+#include <string>
+
+#include "csattn/device_layer.hpp"
+#include "csattn/error.hpp"
+#include "csattn/layer.hpp"
+
+namespace csattn {
+
+namespace {
+[[noreturn]] void no_cuda() {
+  std::string why;
+  cuda_available(&why);
+  throw Error(ErrorKind::Unsupported, "DeviceLayer: " + why);
+}
+}  // namespace
+
+DeviceLayer::DeviceLayer(AttentionConfig cfg, const LayerWeights&, bool) : cfg_(std::move(cfg)) { no_cuda(); }
+DeviceLayer::~DeviceLayer() = default;
+std::size_t DeviceLayer::forward_workspace_bytes(int, int, int) const { no_cuda(); }
+std::size_t DeviceLayer::backward_workspace_bytes(int, int, int) const { no_cuda(); }
+void DeviceLayer::forward(const DeviceBatch&, void*, std::size_t, const DeviceForwardOutputs&, void*) const {
+  no_cuda();
+}
+void DeviceLayer::backward(const DeviceBatch&, void*, void*, std::size_t, const void*, float, float*, void*) const {
+  no_cuda();
+}
+std::map<std::string, std::size_t> DeviceLayer::weight_gradient_offsets(int, int, int) const { no_cuda(); }
+
+}  // namespace csattn
+#endif

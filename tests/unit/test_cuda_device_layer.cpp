@@ -1,0 +1,152 @@
+// csattn::DeviceLayer (device memory, caller workspaces and stream) against the host-tensor
+// GPU layer over the same kernels: forward outputs, top-k and loss bitwise equal, gradients
+// (fp32 atomics in both) within 1e-6 in cosine, the weight gradients read at their offsets
+// in the backward workspace; the forward captured in a CUDA graph in global mode (no
+// allocation or host sync inside) replays bitwise; bad workspaces are errors. Written
+// 2026-12-04 after the day's device time was spent: first GPU run pending. Skips without a
+// GPU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "csattn/device_layer.hpp"
+#include "test_util.hpp"
+
+#ifdef CSATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda_test_util.hpp"
+#endif
+
+namespace csattn {
+namespace {
+
+using namespace testing_util;
+
+// Without a usable GPU (or without the CUDA backend) the constructor says why.
+TEST(DeviceLayer, WithoutGpuTheErrorSaysWhy) {
+  std::string why;
+  if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present";
+  const AttentionConfig cfg = ModelConfig::preset("tiny").layer(0);
+  try {
+    DeviceLayer layer(cfg, LayerWeights::random(cfg, 1));
+    ADD_FAILURE() << "a DeviceLayer without a GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    ASSERT_FALSE(why.empty());
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << "message: " << e.what();
+  }
+}
+
+#ifdef CSATTN_HAVE_CUDA
+
+#define CU(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+std::vector<std::uint16_t> bf16_bits_of(const Tensor& t) {
+  const std::vector<float> v = t.to_f32();
+  std::vector<std::uint16_t> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = float_to_bf16_bits(v[i]);
+  return out;
+}
+
+class CudaDeviceLayer : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaDeviceLayer, MatchesTheHostTensorLayer) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("small").base;
+  cfg.compress_ratio = GetParam();
+  cfg.loss_coeff = 0.5;
+  const SeqLayout layout = cfg.compress_ratio == 128 ? SeqLayout::from_lengths({70, 300, 521}, {72, 300, 530})
+                                                     : SeqLayout::from_lengths({5, 1, 77, 203, 130}, {8, 1, 77, 210, 130});
+  const int T = static_cast<int>(layout.total_rows()), B = layout.num_segments(), L = layout.max_seg_len();
+  const LayerWeights w = LayerWeights::random(cfg, 91);
+  const Tensor x = random_tensor(T, cfg.d_model, 92, true);
+  const Tensor dy = random_tensor(T, cfg.d_model, 93, true);
+
+  HybridAttentionLayer host(cfg, w, RunOptions{Precision::bf16, Device::cuda});
+  const LayerOutputs ho = host.forward(x, layout);
+  const LayerGradients hg = host.backward(ho, dy);
+
+  DeviceLayer dev(cfg, w);
+  DeviceArray<std::uint16_t> dx_in(bf16_bits_of(x)), ddy(bf16_bits_of(dy)), dyout(static_cast<std::size_t>(T) * cfg.d_model);
+  DeviceArray<std::int32_t> cu(layout.cu_seqlens()), cup(layout.cu_seqlens_padded());
+  const int K = cfg.has_indexer() ? cfg.index_topk : 1;
+  DeviceArray<std::int32_t> topk(static_cast<std::size_t>(T) * K);
+  DeviceArray<float> loss(1), dxo(static_cast<std::size_t>(T) * cfg.d_model);
+  const std::size_t fbytes = dev.forward_workspace_bytes(T, B, L), bbytes = dev.backward_workspace_bytes(T, B, L);
+  DeviceArray<unsigned char> fws(fbytes), bws(bbytes);
+  fws.fill_bytes(0xFF);  // any contents on entry
+  bws.fill_bytes(0xFF);
+  csattn::DeviceBatch batch;
+  batch.x = dx_in.get();
+  batch.cu_seqlens = cu.get();
+  batch.cu_seqlens_padded = cup.get();
+  batch.rows = T;
+  batch.segments = B;
+  batch.max_seqlen = L;
+  batch.real_rows = layout.real_rows();
+  DeviceForwardOutputs out{dyout.get(), cfg.has_indexer() ? topk.get() : nullptr, loss.get()};
+  cudaStream_t stream = nullptr;
+  CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  dev.forward(batch, fws.get(), fbytes, out, stream);
+  CU(cudaStreamSynchronize(stream));
+
+  const std::vector<std::uint16_t> y = dyout.download();
+  const std::vector<float> hy = ho.output.to_f32();
+  for (std::size_t i = 0; i < y.size(); ++i)
+    ASSERT_EQ(bf16_bits_to_float(y[i]), hy[i]) << "output element " << i;
+  if (cfg.has_indexer()) {
+    EXPECT_EQ(topk.download(), topk_vector(ho));
+    EXPECT_EQ(loss.download()[0], ho.indexer_loss);
+  } else {
+    EXPECT_EQ(loss.download()[0], 0.0f);
+  }
+
+  dev.backward(batch, fws.get(), bws.get(), bbytes, ddy.get(), 1.0f, dxo.get(), stream);
+  CU(cudaStreamSynchronize(stream));
+  const Similarity sx = similarity(dxo.download(), to_double(hg.grad_input.to_f32()));
+  EXPECT_GT(sx.cosine, 1.0 - 1e-6);
+  const std::vector<unsigned char> raw = bws.download();
+  for (const auto& [name, offset] : dev.weight_gradient_offsets(T, B, L)) {
+    const Tensor& ref = hg.grad.at(name);
+    std::vector<float> got(static_cast<std::size_t>(ref.numel()));
+    ASSERT_LE(offset + got.size() * 4, raw.size()) << name;
+    std::memcpy(got.data(), raw.data() + offset, got.size() * 4);
+    double rmax = 0.0;
+    for (float v : ref.to_f32()) rmax = std::max(rmax, static_cast<double>(std::fabs(v)));
+    if (rmax == 0.0) {
+      for (float v : got) ASSERT_EQ(v, 0.0f) << name;
+      continue;
+    }
+    EXPECT_GT(similarity(got, to_double(ref.to_f32())).cosine, 1.0 - 1e-6) << name;
+  }
+
+  // The forward in a CUDA graph (global capture mode: an allocation or a host sync inside
+  // would fail the capture), replayed: bitwise the eager output.
+  dyout.fill_bytes(0x5A);
+  cudaGraph_t graph = nullptr;
+  CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  dev.forward(batch, fws.get(), fbytes, out, stream);
+  CU(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CU(cudaGraphInstantiate(&exec, graph, 0));
+  CU(cudaGraphLaunch(exec, stream));
+  CU(cudaStreamSynchronize(stream));
+  EXPECT_EQ(dyout.download(), y);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+
+  EXPECT_THROW(dev.forward(batch, fws.get(), fbytes - 1, out, stream), Error);
+  EXPECT_THROW(dev.forward(batch, fws.get() + 16, fbytes - 16, out, stream), Error);
+  EXPECT_THROW(dev.backward(batch, fws.get(), bws.get(), bbytes - 1, ddy.get(), 1.0f, dxo.get(), stream), Error);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, CudaDeviceLayer, ::testing::Values(0, 4, 128),
+                         [](const auto& i) { return std::string(layer_kind_name(layer_kind(i.param))); });
+#endif  // CSATTN_HAVE_CUDA
+
+}  // namespace
+}  // namespace csattn
