@@ -25,6 +25,7 @@
 #include "csattn/layout.hpp"
 #include "csattn/tensor.hpp"
 #include "csattn/weights.hpp"
+#include "bind_util.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -32,36 +33,7 @@ using namespace nb::literals;
 namespace csattn {
 namespace {
 
-using F32Array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
-
-Tensor to_tensor(const F32Array& a) {
-  Shape s;
-  for (std::size_t i = 0; i < a.ndim(); ++i) s.push_back(static_cast<std::int64_t>(a.shape(i)));
-  return Tensor::from_f32(std::vector<float>(a.data(), a.data() + a.size()), s);
-}
-
-nb::object to_numpy(const Tensor& t) {
-  std::vector<std::size_t> shape;
-  for (std::int64_t d : t.shape()) shape.push_back(static_cast<std::size_t>(d));
-  const std::size_t bytes = t.nbytes();
-  auto* owned = new std::vector<unsigned char>(bytes);
-  if (bytes) std::memcpy(owned->data(), t.data(), bytes);
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<unsigned char>*>(p); });
-  if (t.dtype() == DType::i32)
-    return nb::cast(nb::ndarray<nb::numpy, std::int32_t>(owned->data(), shape.size(), shape.data(), owner));
-  require(t.dtype() == DType::f32, ErrorKind::Internal, "expected an f32 or i32 tensor");
-  return nb::cast(nb::ndarray<nb::numpy, float>(owned->data(), shape.size(), shape.data(), owner));
-}
-
-SeqLayout layout_of(const std::vector<std::int32_t>& cu, const std::optional<std::vector<std::int32_t>>& padded) {
-  return SeqLayout::thd(cu, padded ? *padded : std::vector<std::int32_t>{});
-}
-
-Precision precision_of(const std::string& v) {
-  if (v == "bf16") return Precision::bf16;
-  if (v == "fp32") return Precision::fp32;
-  throw Error(ErrorKind::InvalidArgument, "precision '" + v + "': expected 'bf16' or 'fp32'");
-}
+using namespace py;
 
 nb::dict work_dict(const CpWork& w) {
   nb::dict d;
@@ -90,7 +62,7 @@ void bind_cp(nb::module_& m) {
           "all_reduce_sum",
           [](Communicator& c, const std::map<std::string, F32Array>& arrays) {
             std::map<std::string, Tensor> t;
-            for (const auto& [k, a] : arrays) t[k] = to_tensor(a);
+            for (const auto& [k, a] : arrays) t[k] = f32_tensor(a);
             {
               nb::gil_scoped_release unlocked;
               all_reduce_sum(c, t);
@@ -108,7 +80,7 @@ void bind_cp(nb::module_& m) {
       .def_static(
           "build",
           [](const std::vector<std::int32_t>& cu, const std::optional<std::vector<std::int32_t>>& padded,
-             const std::string& mode, int ranks) { return CpPartition::build(layout_of(cu, padded), parse_cp_mode(mode), ranks); },
+             const std::string& mode, int ranks) { return CpPartition::build(make_layout(cu, padded), parse_cp_mode(mode), ranks); },
           "cu_seqlens"_a, "cu_seqlens_padded"_a, "mode"_a, "ranks"_a)
       .def_prop_ro("mode", [](const CpPartition& p) { return std::string(cp_mode_name(p.mode())); })
       .def_prop_ro("ranks", &CpPartition::ranks)
@@ -119,7 +91,7 @@ void bind_cp(nb::module_& m) {
       "pad_for_context_parallel",
       [](const std::vector<std::int32_t>& cu, const std::optional<std::vector<std::int32_t>>& padded,
          const std::string& mode, int ranks, int min_local_rows) {
-        return pad_for_context_parallel(layout_of(cu, padded), parse_cp_mode(mode), ranks, min_local_rows)
+        return pad_for_context_parallel(make_layout(cu, padded), parse_cp_mode(mode), ranks, min_local_rows)
             .cu_seqlens_padded();
       },
       "cu_seqlens"_a, "cu_seqlens_padded"_a, "mode"_a, "ranks"_a, "min_local_rows"_a = 0,
@@ -140,7 +112,7 @@ void bind_cp(nb::module_& m) {
           [](ContextParallelLayer* self, const AttentionConfig& cfg, const LayerWeights& w, const std::string& precision,
              int threads) {
             RunOptions o;
-            o.precision = precision_of(precision);
+            o.precision = parse_precision(precision);
             o.threads = threads;
             new (self) ContextParallelLayer(cfg, w, o);
           },
@@ -148,7 +120,7 @@ void bind_cp(nb::module_& m) {
       .def(
           "forward",
           [](const ContextParallelLayer& l, Communicator& comm, const CpPartition& part, const F32Array& x_local) {
-            const Tensor x = to_tensor(x_local);
+            const Tensor x = f32_tensor(x_local);
             nb::gil_scoped_release unlocked;
             return l.forward(comm, part, x);
           },
@@ -157,7 +129,7 @@ void bind_cp(nb::module_& m) {
           "backward",
           [](const ContextParallelLayer& l, Communicator& comm, const CpLayerOutputs& fwd, const F32Array& dy,
              float grad_indexer_loss) {
-            const Tensor g = to_tensor(dy);
+            const Tensor g = f32_tensor(dy);
             CpLayerGradients grads;
             {
               nb::gil_scoped_release unlocked;

@@ -27,6 +27,7 @@
 #include "csattn/layout.hpp"
 #include "csattn/tensor.hpp"
 #include "csattn/weights.hpp"
+#include "bind_util.hpp"
 #include "oracle.hpp"
 
 namespace nb = nanobind;
@@ -35,51 +36,7 @@ using namespace nb::literals;
 namespace csattn {
 namespace {
 
-using F32Array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
-using F64Array = nb::ndarray<const double, nb::c_contig, nb::device::cpu>;
-using I32Array = nb::ndarray<const std::int32_t, nb::c_contig, nb::device::cpu>;
-
-// A NumPy array owning `values` (moved into the capsule that frees them).
-template <class T>
-nb::ndarray<nb::numpy, T> numpy_array(std::vector<T> values, const std::vector<std::size_t>& shape) {
-  auto* owned = new std::vector<T>(std::move(values));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T>(owned->data(), shape.size(), shape.data(), owner);
-}
-
-std::vector<std::size_t> shape_of(const Tensor& t) {
-  std::vector<std::size_t> s;
-  for (std::int64_t d : t.shape()) s.push_back(static_cast<std::size_t>(d));
-  return s;
-}
-
-nb::ndarray<nb::numpy, float> tensor_to_numpy(const Tensor& t) {
-  require(t.dtype() == DType::f32, ErrorKind::Internal, "expected an f32 tensor");
-  const float* p = t.ptr<float>();
-  return numpy_array(std::vector<float>(p, p + t.numel()), shape_of(t));
-}
-
-template <class Array>
-Shape shape_of(const Array& a) {
-  Shape s;
-  for (std::size_t i = 0; i < a.ndim(); ++i) s.push_back(static_cast<std::int64_t>(a.shape(i)));
-  return s;
-}
-
-Tensor f32_tensor(const F32Array& a) {
-  const float* p = a.data();
-  return Tensor::from_f32(std::vector<float>(p, p + a.size()), shape_of(a));
-}
-
-SeqLayout make_layout(const std::vector<std::int32_t>& cu, const std::optional<std::vector<std::int32_t>>& cu_padded) {
-  return SeqLayout::thd(cu, cu_padded ? *cu_padded : std::vector<std::int32_t>{});
-}
-
-Precision parse_precision(const std::string& v) {
-  if (v == "bf16") return Precision::bf16;
-  if (v == "fp32") return Precision::fp32;
-  throw Error(ErrorKind::InvalidArgument, "precision '" + v + "': expected 'bf16' or 'fp32'");
-}
+using namespace py;
 
 Device parse_device(const std::string& v) {
   if (v == "cpu") return Device::cpu;
@@ -106,8 +63,8 @@ struct Layer {
 
 nb::dict gradients_to_dict(const LayerGradients& g) {
   nb::dict out;
-  out["input"] = tensor_to_numpy(g.grad_input);
-  for (const auto& [name, t] : g.grad) out[name.c_str()] = tensor_to_numpy(t);
+  out["input"] = to_numpy(g.grad_input);
+  for (const auto& [name, t] : g.grad) out[name.c_str()] = to_numpy(t);
   return out;
 }
 
@@ -196,7 +153,7 @@ NB_MODULE(_csattn, m) {
              for (const ParamInfo& p : w.params()) names.push_back(p.name);
              return names;
            })
-      .def("__getitem__", [](const LayerWeights& w, const std::string& name) { return tensor_to_numpy(w.get(name)); })
+      .def("__getitem__", [](const LayerWeights& w, const std::string& name) { return to_numpy(w.get(name)); })
       .def("__setitem__",
            [](LayerWeights& w, const std::string& name, const F32Array& a) {
              Tensor& t = w.get(name);
@@ -209,7 +166,7 @@ NB_MODULE(_csattn, m) {
   nb::class_<Forward>(m, "Forward", "A forward pass: its outputs and the state its backward needs.")
       // Properties return through nb::cast: their default policy (reference_internal) cannot
       // apply to arrays that own their data.
-      .def_prop_ro("output", [](const Forward& f) { return nb::cast(tensor_to_numpy(f.outputs.output)); },
+      .def_prop_ro("output", [](const Forward& f) { return to_numpy(f.outputs.output); },
                    "[T, d_model] float32 (bf16-valued in bf16 mode)")
       .def_prop_ro(
           "topk",

@@ -20,6 +20,7 @@
 #include "csattn/ops.hpp"
 #include "csattn/plan.hpp"
 #include "csattn/tensor.hpp"
+#include "bind_util.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -27,15 +28,7 @@ using namespace nb::literals;
 namespace csattn {
 namespace {
 
-using F32Array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
-using U8Array = nb::ndarray<const std::uint8_t, nb::c_contig, nb::device::cpu>;
-
-template <class Array>
-Shape shape_of(const Array& a) {
-  Shape s;
-  for (std::size_t i = 0; i < a.ndim(); ++i) s.push_back(static_cast<std::int64_t>(a.shape(i)));
-  return s;
-}
+using namespace py;
 
 // A NumPy array of `shape` owning zero-filled storage, and a view of it for an operator.
 template <class T>
@@ -46,12 +39,9 @@ struct Out {
   Out(const Out&) = delete;
   Out& operator=(const Out&) = delete;
   TensorView view(DType dt) const { return {data->data(), dt, shape, Device::cpu}; }
-  nb::ndarray<nb::numpy, T> release() {
-    std::vector<std::size_t> dims(shape.begin(), shape.end());
-    nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-    std::vector<T>* d = data;
-    data = nullptr;
-    return nb::ndarray<nb::numpy, T>(d->data(), dims.size(), dims.data(), owner);
+  nb::ndarray<nb::numpy, T> release() {  // the storage moves into the array (no copy)
+    std::vector<T> values = std::move(*data);
+    return numpy_array(std::move(values), dims_of(shape));
   }
   ~Out() { delete data; }
 };
