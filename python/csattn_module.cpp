@@ -72,6 +72,7 @@ nb::dict gradients_to_dict(const LayerGradients& g) {
 
 void bind_ops(nb::module_& m);  // csattn_ops.cpp
 void bind_cp(nb::module_& m);   // csattn_cp.cpp
+void bind_device(nb::module_& m);  // csattn_device.cpp
 
 }  // namespace csattn
 
@@ -274,6 +275,7 @@ NB_MODULE(_csattn, m) {
 
   bind_ops(m);
   bind_cp(m);
+  bind_device(m);
 
   m.def("cuda_available", []() {
     std::string why;

@@ -22,7 +22,7 @@ P)`` (``pad_for_context_parallel`` pads a layout to what a mode accepts), and
 import numpy as np
 
 from ._csattn import (AttentionConfig, Communicator, ContextParallelLayer, CpForward,
-                      CpPartition, Error, Forward, LayerWeights, cuda_available,
+                      CpPartition, DeviceLayer, Error, Forward, LayerWeights, cuda_available,
                       hf_config_layers, mpi_available, mpi_world, pad_for_context_parallel,
                       preset_layers, preset_names)
 from . import _csattn
@@ -30,7 +30,7 @@ from ._arrays import host_array as _host, int_list as _offsets
 from .ops import compact_indexer_topk, dequantize_mxfp8, pack_mxfp8_scales, quantize_mxfp8
 
 __all__ = ["AttentionConfig", "Communicator", "ContextParallelLayer", "CpForward", "CpPartition",
-           "Error", "Forward", "Layer", "LayerWeights", "bshd_cu_seqlens", "compact_indexer_topk",
+           "DeviceLayer", "Error", "Forward", "Layer", "LayerWeights", "bshd_cu_seqlens", "compact_indexer_topk",
            "cuda_available", "dequantize_mxfp8", "hf_config_layers", "mpi_available", "mpi_world",
            "oracle_forward", "pack_mxfp8_scales", "pad_for_context_parallel", "preset_layers",
            "preset_names", "quantize_mxfp8"]
