@@ -5,8 +5,10 @@
 // crossing a segment boundary has several) into the CTA's score slot with the first radix
 // digit's histogram, then selected by the radix select. Only the scoring differs.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
+#include "cuda/check.hpp"
 #include "cuda/indexer_select.cuh"
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/params.hpp"
@@ -85,6 +87,26 @@ __device__ void select_block(const LayerDims& d, unsigned selecting, const Share
     idxsel::select_topk_radix<kThreads>(slot + i * row_stride, sh.n[i], d.topk, hist + i * idxsel::kBins,
                                         sel, topk + static_cast<long>(t0 + i) * d.topk);
   }
+}
+
+// The signature both kernels share, and their common launch (host): a persistent grid of
+// at most ctas_per_sm CTAs per SM (and no more than the scratch's kIdxTiledMaxCtas slots),
+// the scratch split into the ticket counter (zeroed here) and the CTAs' score slots.
+using BlockKernel = void (*)(LayerDims, DeviceMetadata, const bf16*, const float*, const bf16*,
+                             std::int32_t*, unsigned*, float*, long);
+inline void launch_block_kernel(BlockKernel kernel, int threads, int ctas_per_sm, std::size_t smem,
+                                const char* what, const LayerDims& d, const DeviceMetadata& meta,
+                                const bf16* qi, const float* w_eff, const bf16* keys,
+                                std::int32_t* topk, void* scratch, cudaStream_t stream) {
+  const int blocks = (d.rows + kRows - 1) / kRows;
+  const int grid = std::min({blocks, ctas_per_sm * multiprocessor_count(), kIdxTiledMaxCtas});
+  allow_dynamic_smem(kernel, smem, what);
+  unsigned* counter = static_cast<unsigned*>(scratch);
+  float* slots = reinterpret_cast<float*>(static_cast<unsigned char*>(scratch) + kIdxTiledHeaderBytes);
+  CSATTN_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream));
+  kernel<<<grid, threads, smem, stream>>>(d, meta, qi, w_eff, keys, topk, counter, slots,
+                                          static_cast<long>(indexer_tiled_row_stride(d)));
+  CSATTN_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace csattn::cuda::idxblock

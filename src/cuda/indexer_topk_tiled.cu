@@ -176,17 +176,9 @@ std::size_t tiled_smem_bytes() {
 template <int DI>
 void launch_tiled(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                   const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream) {
-  const int sms = multiprocessor_count();
-  const int blocks = (d.rows + kRows - 1) / kRows;
-  const int grid = std::min({blocks, 2 * sms, kIdxTiledMaxCtas});
-  const std::size_t smem = tiled_smem_bytes<DI>();
-  allow_dynamic_smem(indexer_topk_tiled_kernel<DI>, smem, "the tiled CUDA indexer");
-  unsigned* counter = static_cast<unsigned*>(scratch);
-  float* slots = reinterpret_cast<float*>(static_cast<unsigned char*>(scratch) + kIdxTiledHeaderBytes);
-  CSATTN_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream));
-  indexer_topk_tiled_kernel<DI><<<grid, kThreads, smem, stream>>>(
-      d, meta, qi, w_eff, keys, topk, counter, slots, static_cast<long>(indexer_tiled_row_stride(d)));
-  CSATTN_CUDA_LAUNCH_CHECK();
+  // Two CTAs per SM (their shared memory allows two).
+  idxblock::launch_block_kernel(indexer_topk_tiled_kernel<DI>, kThreads, 2, tiled_smem_bytes<DI>(),
+                                "the tiled CUDA indexer", d, meta, qi, w_eff, keys, topk, scratch, stream);
 }
 
 }  // namespace

@@ -191,18 +191,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int DI>
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                   const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream) {
-  const int sms = multiprocessor_count();
-  const int blocks = (d.rows + kRows - 1) / kRows;
-  // One CTA per SM (its shared memory allows one); the scratch has kIdxTiledMaxCtas slots.
-  const int grid = std::min({blocks, sms, kIdxTiledMaxCtas});
-  const std::size_t smem = 1024 + Layout<DI>::kBytes;  // + the base's alignment to 1024
-  allow_dynamic_smem(indexer_topk_wgmma_kernel<DI>, smem, "the wgmma indexer");
-  unsigned* counter = static_cast<unsigned*>(scratch);
-  float* slots = reinterpret_cast<float*>(static_cast<unsigned char*>(scratch) + kIdxTiledHeaderBytes);
-  CSATTN_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream));
-  indexer_topk_wgmma_kernel<DI><<<grid, kThreads, smem, stream>>>(
-      d, meta, qi, w_eff, keys, topk, counter, slots, static_cast<long>(indexer_tiled_row_stride(d)));
-  CSATTN_CUDA_LAUNCH_CHECK();
+  // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
+  idxblock::launch_block_kernel(indexer_topk_wgmma_kernel<DI>, kThreads, 1, 1024 + Layout<DI>::kBytes,
+                                "the wgmma indexer", d, meta, qi, w_eff, keys, topk, scratch, stream);
 }
 
 }  // namespace
