@@ -23,7 +23,7 @@ namespace csattn {
 namespace cuda { class CudaLayer; }
 
 struct DeviceBatch {
-  const void* x = nullptr;                          // bf16 [rows, d_model]
+  const void* x = nullptr;  // bf16 [rows, d_model]; forward only (the backward reads its copy)
   const std::int32_t* cu_seqlens = nullptr;         // [segments + 1], real lengths
   const std::int32_t* cu_seqlens_padded = nullptr;  // [segments + 1], physical lengths
   int rows = 0;                                     // cu_seqlens_padded[segments]

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 
 #include "csattn/error.hpp"
 
@@ -22,18 +21,31 @@ std::uint64_t checksum(const std::vector<std::int32_t>& v) {
   return fnv1a(v.data(), v.size() * sizeof(std::int32_t), fnv1a(&n, sizeof(n)));
 }
 
+namespace {
+
+// Folds one field's bytes into the hash (its size first, so adjacent fields cannot alias).
+template <typename T>
+void mix(std::uint64_t& h, const T& v) {
+  const std::uint64_t n = sizeof(T);
+  h = fnv1a(&v, sizeof(T), fnv1a(&n, sizeof(n), h));
+}
+
+}  // namespace
+
 std::uint64_t checksum(const AttentionConfig& c) {
-  std::ostringstream s;
-  s.precision(17);
-  s << c.d_model << ' ' << c.n_heads << ' ' << c.head_dim << ' ' << c.rope_dim << ' '
-    << c.q_lora_rank << ' ' << c.o_groups << ' ' << c.o_lora_rank << ' ' << c.window << ' '
-    << c.compress_ratio << ' ' << c.index_n_heads << ' ' << c.index_head_dim << ' '
-    << c.index_topk << ' ' << c.rope_theta << ' ' << c.compress_rope_theta << ' '
-    << c.yarn_factor << ' ' << c.yarn_original_max_pos << ' ' << c.yarn_beta_fast << ' '
-    << c.yarn_beta_slow << ' ' << c.norm_eps << ' ' << c.loss_coeff << ' ' << c.sparse_loss
-    << ' ' << c.per_token_loss << ' ' << indexer_precision_name(c.indexer_precision);
-  const std::string text = s.str();
-  return fnv1a(text.data(), text.size());
+  // Field by field, no text formatting: the ranks run the same build, so equal configs have
+  // equal bytes (doubles compared bitwise, which is what "the same config" means here).
+  std::uint64_t h = 1469598103934665603ull;
+  for (int v : {c.d_model, c.n_heads, c.head_dim, c.rope_dim, c.q_lora_rank, c.o_groups,
+                c.o_lora_rank, c.window, c.compress_ratio, c.index_n_heads, c.index_head_dim,
+                c.index_topk, c.yarn_original_max_pos})
+    mix(h, v);
+  for (double v : {c.rope_theta, c.compress_rope_theta, c.yarn_factor, c.yarn_beta_fast,
+                   c.yarn_beta_slow, c.norm_eps, c.loss_coeff})
+    mix(h, v);
+  for (bool v : {c.sparse_loss, c.per_token_loss}) mix(h, static_cast<unsigned char>(v));
+  mix(h, static_cast<int>(c.indexer_precision));
+  return h;
 }
 
 std::uint64_t checksum(const LayerWeights& w) {

@@ -448,13 +448,15 @@ StageProfile CudaLayer::profile_backward(int warmup, int iters) {
 
 namespace {
 
-void check_batch(const AttentionConfig& c, const DeviceBatch& b) {
+// The backward reads x from the forward workspace (the forward copied it there), so only the
+// forward needs batch.x.
+void check_batch(const AttentionConfig& c, const DeviceBatch& b, bool needs_x) {
   require(b.rows >= 0 && b.segments >= 1 && b.max_seqlen >= 0, ErrorKind::InvalidArgument,
           "DeviceBatch: rows = " + std::to_string(b.rows) + ", segments = " + std::to_string(b.segments) +
               ", max_seqlen = " + std::to_string(b.max_seqlen) + " (need rows >= 0, segments >= 1)");
   require(b.cu_seqlens && b.cu_seqlens_padded, ErrorKind::InvalidArgument,
           "DeviceBatch: cu_seqlens and cu_seqlens_padded are required (device arrays)");
-  require(b.rows == 0 || b.x, ErrorKind::InvalidArgument, "DeviceBatch: x is null");
+  require(!needs_x || b.rows == 0 || b.x, ErrorKind::InvalidArgument, "DeviceBatch: x is null");
   require(b.real_rows >= 0 && b.real_rows <= b.rows, ErrorKind::InvalidArgument,
           "DeviceBatch: real_rows = " + std::to_string(b.real_rows) + " outside [0, rows = " +
               std::to_string(b.rows) + "]");
@@ -499,7 +501,7 @@ void CudaLayer::forward_device(const DeviceBatch& b, void* workspace, std::size_
                                const DeviceForwardOutputs& out, void* stream_ptr) const {
   const CudaLayerImpl& s = *impl_;
   const AttentionConfig& c = s.cfg;
-  check_batch(c, b);
+  check_batch(c, b, true);
   require(b.rows == 0 || out.y, ErrorKind::InvalidArgument, "DeviceForwardOutputs: y is null");
   const WorkspacePlan plan = plan_forward(c, b.rows, b.segments, b.max_seqlen);
   check_workspace(workspace, bytes, plan.bytes, "the forward workspace");
@@ -543,7 +545,7 @@ void CudaLayer::backward_device(const DeviceBatch& b, void* forward_workspace, v
                                 void* stream_ptr) const {
   const CudaLayerImpl& s = *impl_;
   const AttentionConfig& c = s.cfg;
-  check_batch(c, b);
+  check_batch(c, b, false);
   require(b.rows == 0 || (dy && dx), ErrorKind::InvalidArgument, "backward: dy and dx are required");
   const WorkspacePlan plan = plan_forward(c, b.rows, b.segments, b.max_seqlen);
   require(forward_workspace != nullptr, ErrorKind::InvalidArgument,

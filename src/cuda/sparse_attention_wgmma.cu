@@ -3,31 +3,41 @@
 //
 // Work item = (query token, block of 64 heads): the heads of a token share one K=V head, so
 // each gathered 64-key tile serves all 64 head rows. Persistent grid (one CTA per SM walks the
-// items with stride gridDim.x). Three warpgroups:
-//   WG0, producer (40 registers): builds each item's key list (CSA: compacts the top-k row),
-//     gathers its key tiles (window rows contiguous, compressed rows by id) with 16-byte
-//     cp.async into a 2-stage ring, completion signalled on the stage's `full` mbarrier
-//     (cp.async.mbarrier.arrive.noinc); it waits on `empty` before reuse. It loads the item's Q
-//     (q_full) once the consumers' last S of the previous item has read Q (q_empty), so the
-//     next item's set-up overlaps the current item's last tiles and epilogue.
-//   WG1, WG2, consumers c = 0, 1 (232 registers): consumer c computes S for keys
-//     [32c, 32c + 32) of the tile over all 512 dims (32 x wgmma m64n32k16, A = Q, B = K tile,
-//     both K-major), and owns output dims [256c, 256c + 256) (O: 64 x 256 fp32 = 128
-//     registers). Per tile the consumers exchange their row maxima (named barrier 2), write
-//     their half of P (bf16, 128B-swizzled [64 x 64]) to shared memory (named barrier 3), and
-//     each runs O += P V over all 64 keys (4 x wgmma m64n256k16, A = P, B = the same key tile
-//     read MN-major: V = K, its rows are keys = the reduction dim, dims contiguous = N).
+// items with stride gridDim.x). The item's key tiles are taken in pairs (2p, 2p + 1); tile 2p
+// goes to key buffer 0 and consumer 0, tile 2p + 1 to buffer 1 and consumer 1 (an odd last
+// tile is paired with a fully masked one). Three warpgroups:
+//   WG0, producer (56 registers): builds each item's key list (CSA: compacts the top-k row),
+//     gathers the pair's tiles with 16-byte cp.async by halves of the dims (buffer 0 dims
+//     0-255, buffer 1 dims 256-511, buffer 0 dims 256-511, buffer 1 dims 0-255: the order the
+//     consumers free them), each half signalled on its own `ready` mbarrier and refilled after
+//     its own `free` mbarrier; loads the item's Q once both consumers' last S of the previous
+//     item has read Q (q_empty), so a CTA's set-up overlaps the previous item's tail.
+//   WG1, WG2, consumers c = 0, 1 (224 registers): consumer c computes S_c = Q K_c^T for its own
+//     tile over all 512 dims (32 x wgmma m64n64k16: as many shared-memory bytes per tensor
+//     cycle as the pipe delivers, where a 32-key S would need 1.5x) and owns output dims
+//     [256c, 256c + 256) (O: 64 x 256 fp32 = 128 registers). Per pair:
+//       c0: softmax of S_0 against the running max, publishes its max m_0 (named barrier M0),
+//           O += P_0 V_0[:, 0:256] with P_0 from registers, frees buffer 0's first half;
+//       c1: softmax of S_1 against m_0 -> m_1, publishes m_1 and P_1 (bf16, shared memory),
+//           O += P_1 V_1[:, 256:512] from registers;
+//       c0: rescales P_0 and O to m_1, publishes P_0 (S0), O += P_1 V_1[:, 0:256];
+//       c1: O += P_0 V_0[:, 256:512]; frees the second halves of both buffers;
+//       c0: (next pair, once its next S is issued) frees buffer 1's first half.
+//     So one consumer's softmax runs while the other's MMAs keep the tensor pipe busy, and
+//     both end every pair on the same max m_1 (the next pair's running max).
 // Shared memory (1024-byte aligned, every operand in 128-byte-swizzle atoms, see wgmma.cuh):
-//   Q [64 x 512] 64 KB | 2 key stages [64 x 512] 128 KB | P [64 x 64] 8 KB | barriers, row
-//   maxima / sums, key counts | CSA: the compacted top-k ids of the producer's item.
+//   Q [64 x 512] 64 KB | key buffers 0, 1 [64 x 512] 128 KB | P_0, P_1 [64 x 64] 16 KB |
+//   barriers, published maxima, row sums, key counts | CSA: the compacted top-k ids.
 // A [R x 512] tile (R = 64 rows) is 8 column blocks of [R x 64 dims] (R x 128 bytes), row r at
-// r * 128, 16-byte chunk c at c ^ (r % 8). K-major operands (Q, keys for S, P) step 8 rows by
-// SBO = 1024; the MN-major V operand steps 8 keys by SBO = 1024 and 64 dims by LBO = 8 KB.
+// r * 128, 16-byte chunk c at c ^ (r % 8), so dims 0-255 are the tile's first 32 KB. K-major
+// operands (Q, keys for S, P) step 8 rows by SBO = 1024; the MN-major V operand steps 8 keys by
+// SBO = 1024 and 64 dims by LBO = 8 KB.
 //
-// Softmax as in the mma kernel: log2 domain, the sink as the initial running max (a zero-value
-// logit, its exp counted once per row), slots past the key list -inf, LSE natural-log with the
-// sink. Key order is the mma kernel's (window, then compressed: HCA all visible, CSA the valid
-// top-k ids in the order given). Head rows past H are zero and never written.
+// Softmax: log2 domain, the sink as the initial running max (a zero-value logit, its exp
+// counted once per row), slots past the key list -inf, LSE natural-log with the sink. Key order
+// is the mma kernel's (window, then compressed: HCA all visible, CSA the valid top-k ids in the
+// order given). Head rows past H are zero and never written. The published maxima and the fixed
+// order of every reduction make runs bitwise repeatable.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -46,27 +56,35 @@ namespace {
 constexpr int kDim = 512;
 constexpr int kRows = 64;   // head rows per CTA (one wgmma M)
 constexpr int kKeys = 64;   // keys per tile
-constexpr int kStages = 2;
 constexpr int kProducerThreads = 128;
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = kProducerThreads + kConsumerThreads;
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;  // 128 x 40 + 256 x 232 <= 64K registers
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerRegs = 224;  // 128 x 56 + 256 x 224 <= 64K registers
 static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536,
               "register file");
-constexpr int kBlockBytes = 64 * 128;             // one [64 rows x 64 dims] column block
+constexpr int kBlockBytes = 64 * 128;                  // one [64 rows x 64 dims] column block
 constexpr int kTileBytes = (kDim / 64) * kBlockBytes;  // [64 x 512] bf16 = 64 KB
+constexpr int kHalfBytes = kTileBytes / 2;             // dims 0-255 or 256-511
 constexpr int kQOff = 0;
 constexpr int kKOff = kQOff + kTileBytes;
-constexpr int kPOff = kKOff + kStages * kTileBytes;
-constexpr int kBarOff = kPOff + kBlockBytes;         // full[2], empty[2], q_full, q_empty
-constexpr int kMaxOff = kBarOff + (2 * kStages + 2) * 8;     // row maxima [2][64]
-constexpr int kSumOff = kMaxOff + 2 * kRows * 4;             // row sums [2][64]
-constexpr int kCountOff = kSumOff + 2 * kRows * 4;           // producer warp counts [4]
+constexpr int kPOff = kKOff + 2 * kTileBytes;           // P_0, P_1 [64 x 64] bf16
+constexpr int kBarOff = kPOff + 2 * kBlockBytes;        // ready[2][2], free[2][2], q_full, q_empty
+constexpr int kMaxOff = kBarOff + 10 * 8;               // published row maxima [64]
+constexpr int kSumOff = kMaxOff + kRows * 4;            // row sums [2 items][2 consumers][64]
+constexpr int kCountOff = kSumOff + 4 * kRows * 4;      // producer warp counts [4]
 constexpr int kItemOff = kCountOff + (kProducerThreads / 32) * 4;  // key counts [2]
-constexpr int kSelOff = kItemOff + 2 * 4;                    // CSA ids [topk]
+constexpr int kSelOff = kItemOff + 2 * 4;               // CSA ids [topk]
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+// Named barriers (0 is __syncthreads): the consumers' hand-overs, each arrived at by one
+// consumer (128 threads) and waited on by the other.
+constexpr int kBarM0 = 1;       // c0 -> c1: m_0 published
+constexpr int kBarM1P1 = 2;     // c1 -> c0: m_1 and P_1 published
+constexpr int kBarP0 = 3;       // c0 -> c1: P_0 (rescaled to m_1) published
+constexpr int kBarSums = 4;     // both: the row sums of an item
+constexpr int kProducerBar = 5;
 
 // Byte offset of 16-byte chunk `chunk` (0..63) of row `row` in a swizzled [64 x 512] tile.
 __device__ __forceinline__ std::uint32_t tile_off(int row, int chunk) {
@@ -82,7 +100,6 @@ std::size_t wgmma_smem_bytes(const LayerDims& d) {
 // The valid (>= 0) entries of a top-k row in their order, written to `out`; called by the
 // producer warpgroup (named barrier kProducerBar). Loads are batched: one global round trip
 // per 4 x 128 ids.
-constexpr int kProducerBar = 5;
 __device__ int compact_selection(const std::int32_t* sel, int K, int* out, int* warp_count) {
   constexpr int kBatch = 4;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -116,11 +133,100 @@ __device__ int compact_selection(const std::int32_t* sel, int K, int* out, int* 
   return total;
 }
 
+// S [64 rows x 64 keys] += Q K^T over the 256 dims of half `half` (16 k16 steps, 4 per 64-dim
+// column block); the first step of half `first` overwrites S.
+__device__ __forceinline__ void s_half(float (&s)[32], std::uint32_t q_base, std::uint32_t k_base,
+                                       int half, bool first) {
+#pragma unroll
+  for (int kk = 0; kk < 16; ++kk) {
+    const std::uint32_t off = (4 * half + (kk >> 2)) * kBlockBytes + (kk & 3) * 32;
+    wgmma_m64n64k16_ss<0>(s, wgmma_desc_sw128(q_base + off, 16, 1024),
+                          wgmma_desc_sw128(k_base + off, 16, 1024), first && kk == 0 ? 0 : 1);
+  }
+}
+
+// O [64 x 256] += P [64 x 64 keys] V [64 keys x the 256 dims of half `half`], P from
+// registers (p[4kk..4kk+3] is step kk's A fragment). V's step kk starts at key row 16 kk
+// (2 KB); its 4 column blocks are LBO = 8 KB apart.
+__device__ __forceinline__ void pv_regs(float (&o)[128], const std::uint32_t (&p)[16],
+                                        std::uint32_t v_base, int half) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    const std::uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+    wgmma_m64n256k16_rs<1>(
+        o, a, wgmma_desc_sw128(v_base + half * kHalfBytes + kk * 16 * 128, kBlockBytes, 1024));
+  }
+}
+
+// The same with P from shared memory (a swizzled [64 x 64] bf16 tile, K-major).
+__device__ __forceinline__ void pv_smem(float (&o)[128], std::uint32_t p_base,
+                                        std::uint32_t v_base, int half) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk)
+    wgmma_m64n256k16_ss<1>(
+        o, wgmma_desc_sw128(p_base + kk * 32, 16, 1024),
+        wgmma_desc_sw128(v_base + half * kHalfBytes + kk * 16 * 128, kBlockBytes, 1024), 1);
+}
+
+// Scales S to the log2 domain and masks slots at or past n (keys `key0 + column`).
+__device__ __forceinline__ void scale_and_mask(float (&s)[32], int key0, int n, float scale2,
+                                               int qd, float (&mx)[2]) {
+  mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int key = key0 + 8 * i + 2 * qd + (j & 1);
+      const float v = key < n ? s[4 * i + j] * scale2 : -INFINITY;
+      s[4 * i + j] = v;
+      mx[j >> 1] = fmaxf(mx[j >> 1], v);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+  }
+}
+
+// P = exp2(S - m) in place (fp32), its row partial sums added to l, and its bf16 A fragments.
+__device__ __forceinline__ void exponentiate(float (&s)[32], const float (&m)[2], float (&l)[2],
+                                             std::uint32_t (&p)[16]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    s[i] = exp2f(s[i] - m[(i >> 1) & 1]);
+    l[(i >> 1) & 1] += s[i];
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j) p[j] = pack_bf16(s[2 * j], s[2 * j + 1]);
+}
+
+__device__ __forceinline__ void rescale(float (&o)[128], float (&l)[2], const float (&f)[2]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    o[4 * i] *= f[0];
+    o[4 * i + 1] *= f[0];
+    o[4 * i + 2] *= f[1];
+    o[4 * i + 3] *= f[1];
+  }
+  l[0] *= f[0];
+  l[1] *= f[1];
+}
+
+// Writes this thread's part of a P tile (bf16 pairs p[]) into the swizzled [64 x 64] tile.
+__device__ __forceinline__ void store_p(unsigned char* tile, const std::uint32_t (&p)[16], int row0,
+                                        int qd) {
+  const int row1 = row0 + 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    *reinterpret_cast<std::uint32_t*>(tile + row0 * 128 + ((i ^ (row0 & 7)) << 4) + qd * 4) = p[2 * i];
+    *reinterpret_cast<std::uint32_t*>(tile + row1 * 128 + ((i ^ (row1 & 7)) << 4) + qd * 4) =
+        p[2 * i + 1];
+  }
+}
+
 // Persistent: CTA i handles work items i, i + gridDim.x, ... (item = token * head_blocks +
 // head block). The producer runs ahead across items: it builds the next item's key list and
-// streams its tiles into the same ring while the consumers finish the current item, and loads
-// the next Q as soon as the consumers' last S of the current item has read Q (q_empty), so a
-// CTA's set-up latency (metadata, top-k compaction, Q, first tiles) hides behind compute.
+// streams its tiles while the consumers finish the current item.
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
@@ -136,18 +242,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* warp_count = reinterpret_cast<int*>(smem + kCountOff);
   int* item_keys = reinterpret_cast<int*>(smem + kItemOff);  // key count per item, [2]
   int* sel_s = reinterpret_cast<int*>(smem + kSelOff);
-  auto full_bar = [&](int s) { return base + kBarOff + 8u * s; };
-  auto empty_bar = [&](int s) { return base + kBarOff + 8u * (kStages + s); };
-  const std::uint32_t q_full_bar = base + kBarOff + 8u * (2 * kStages);
+  // ready / free of (buffer b, half h): b = tile parity, h = dims 0-255 / 256-511.
+  auto ready_bar = [&](int b, int h) { return base + kBarOff + 8u * (2 * b + h); };
+  auto free_bar = [&](int b, int h) { return base + kBarOff + 8u * (4 + 2 * b + h); };
+  const std::uint32_t q_full_bar = base + kBarOff + 8u * 8;
   const std::uint32_t q_empty_bar = q_full_bar + 8u;
 
   const int H = d.heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar(s), kProducerThreads);          // one cp.async arrival per thread
-      mbar_init(empty_bar(s), kConsumerThreads / 32);    // one arrival per consumer warp
-    }
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 2; ++h) {
+        mbar_init(ready_bar(b, h), kProducerThreads);  // one cp.async arrival per thread
+        mbar_init(free_bar(b, h), 4);                  // one arrival per warp of the freeing consumer
+      }
     mbar_init(q_full_bar, kProducerThreads + 1);  // cp.async arrivals + the key count's
     mbar_init(q_empty_bar, kConsumerThreads / 32);
     mbar_init_fence();
@@ -158,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- producer: key lists, Q, key tiles ----------------
     setmaxnreg_dec<kProducerRegs>();
     const bool csa = d.ratio == 4;
-    int ring = 0;  // tiles issued so far (ring slot and phase)
+    int ring = 0;  // pairs issued so far (barrier phases)
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
       const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
@@ -184,12 +292,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       else
         n_comp = d.ratio > 1 ? min((pos + 1) / d.ratio, meta.comp_start[b + 1] - comp0) : 0;
       const int n = n_win + n_comp;
-      const int tiles = (n + kKeys - 1) / kKeys;
+      const int pairs = (n + 2 * kKeys - 1) / (2 * kKeys);
       const bf16* win_base = kv + (static_cast<long>(meta.cu_padded[b]) + w0) * kDim;
       const bf16* comp_base = comp + static_cast<long>(comp0) * kDim;
 
       // Q of this item once the consumers' S no longer reads the previous one (issued after
-      // this item's first tile, so that tile's gather overlaps the wait); rows past H are
+      // this item's first half tile, so that gather overlaps the wait); rows past H are
       // zero-filled by the copy itself (source size 0).
       auto load_q = [&]() {
         mbar_wait(q_empty_bar, (local & 1) ^ 1);
@@ -206,198 +314,268 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive(q_full_bar);  // release: the key count is visible with the phase
         }
       };
-      if (tiles == 0) load_q();
+      if (pairs == 0) load_q();
       auto key_row = [&](int slot) -> const bf16* {
         if (slot >= n) slot = 0;  // past the list: a real row (finite), masked by the consumers
         if (slot < n_win) return win_base + static_cast<long>(slot) * kDim;
         const int j = slot - n_win;
         return comp_base + static_cast<long>(csa ? sel_s[j] : j) * kDim;
       };
-      for (int tile = 0; tile < tiles; ++tile, ++ring) {
-        const int s = ring % kStages;
-        mbar_wait(empty_bar(s), ((ring / kStages) & 1) ^ 1);
-        // Warp w gathers rows 16w..16w+15; lane j < 16 resolves row 16w + j.
-        const bf16* mine = key_row(tile * kKeys + warp * 16 + (lane & 15));
-        const std::uint32_t dst = base + kKOff + s * kTileBytes;
+      // Half `h` of the tile whose rows lane j < 16 of warp w resolved (row 16w + j) into
+      // buffer `buf`: 32 lanes x 16 bytes = the half's 512 contiguous bytes of a row.
+      auto gather_half = [&](const bf16* mine, int buf, int h) {
+        const std::uint32_t dst = base + kKOff + buf * kTileBytes;
 #pragma unroll 4
         for (int j = 0; j < 16; ++j) {
           const bf16* src = reinterpret_cast<const bf16*>(
               __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), j));
-          const int r = warp * 16 + j;
-          // 32 lanes x 16 bytes = 512 contiguous bytes of the row per instruction.
-          cp_async_16(dst + tile_off(r, lane), src + lane * 8);
-          cp_async_16(dst + tile_off(r, lane + 32), src + (lane + 32) * 8);
+          cp_async_16(dst + tile_off(warp * 16 + j, 32 * h + lane), src + (32 * h + lane) * 8);
         }
-        cp_async_mbar_arrive(full_bar(s));
-        if (tile == 0) load_q();
+        cp_async_mbar_arrive(ready_bar(buf, h));
+      };
+      for (int pair = 0; pair < pairs; ++pair, ++ring) {
+        const std::uint32_t phase = (ring & 1) ^ 1;
+        const int row = warp * 16 + (lane & 15);
+        const bf16* mine0 = key_row(2 * pair * kKeys + row);
+        const bf16* mine1 = key_row((2 * pair + 1) * kKeys + row);
+        // The next pair's rows into L2 now, one pair ahead of their gathers: at 32K+ keys the
+        // random rows are mostly not in L2, and the gather of a freed half is on the critical
+        // path. Lane l takes the half l / 16 of its row (4 lines of 128 bytes) in both tiles.
+        if (pair + 1 < pairs) {
+          const char* n0 = reinterpret_cast<const char*>(key_row((2 * pair + 2) * kKeys + row));
+          const char* n1 = reinterpret_cast<const char*>(key_row((2 * pair + 3) * kKeys + row));
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            prefetch_l2(n0 + (lane >> 4) * 512 + i * 128);
+            prefetch_l2(n1 + (lane >> 4) * 512 + i * 128);
+          }
+        }
+        mbar_wait(free_bar(0, 0), phase);
+        gather_half(mine0, 0, 0);
+        if (pair == 0) load_q();
+        mbar_wait(free_bar(1, 1), phase);
+        gather_half(mine1, 1, 1);
+        mbar_wait(free_bar(0, 1), phase);
+        gather_half(mine0, 0, 1);
+        mbar_wait(free_bar(1, 0), phase);
+        gather_half(mine1, 1, 0);
       }
       // sel_s is rewritten by the next item's compaction only after every lane of the
       // warpgroup resolved its rows of this item.
       named_barrier_sync(kProducerBar, kProducerThreads);
     }
     cp_async_wait_all();
-  } else {
-    // ---------------- consumers ----------------
-    setmaxnreg_inc<kConsumerRegs>();
-    const int c = warp / 4 - 1;           // consumer index: keys [32c, 32c+32), dims [256c, +256)
-    const int g = lane >> 2, qd = lane & 3;
-    const int row0 = 16 * (warp & 3) + g, row1 = row0 + 8;
-    const float scale2 = d.scale * kLog2e;
-    const std::uint32_t q_base = base + kQOff, p_base = base + kPOff;
-    unsigned char* p_s = smem + kPOff;
-    int ring = 0;
-    int local = 0;
-    for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
-      const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
-      mbar_wait(q_full_bar, local & 1);
-      fence_proxy_async_smem();  // the producer's cp.async writes of Q -> wgmma
-      const int n = item_keys[local & 1];
-      const int tiles = (n + kKeys - 1) / kKeys;
-      if (tiles == 0 && lane == 0) mbar_arrive(q_empty_bar);  // no S reads this Q
+    return;
+  }
 
-      float m_run[2] = {(h0 + row0 < H ? sink[h0 + row0] : 0.0f) * kLog2e,
-                        (h0 + row1 < H ? sink[h0 + row1] : 0.0f) * kLog2e};
-      // The sink's exp(sigma - m) = 1 with m = sigma, counted by one thread of the row.
-      float l_part[2] = {c == 0 && qd == 0 ? 1.0f : 0.0f, c == 0 && qd == 0 ? 1.0f : 0.0f};
-      float o[128];
+  // ---------------- consumers ----------------
+  setmaxnreg_inc<kConsumerRegs>();
+  const int c = warp / 4 - 1;  // consumer: tiles of parity c, output dims [256c, 256c + 256)
+  const int g = lane >> 2, qd = lane & 3;
+  const int row0 = 16 * (warp & 3) + g, row1 = row0 + 8;
+  const float scale2 = d.scale * kLog2e;
+  const std::uint32_t q_base = base + kQOff;
+  const std::uint32_t k0_base = base + kKOff, k1_base = k0_base + kTileBytes;
+  const std::uint32_t p0_base = base + kPOff, p1_base = p0_base + kBlockBytes;
+  unsigned char* p0_s = smem + kPOff;
+  unsigned char* p1_s = p0_s + kBlockBytes;
+  int ring = 0;
+  int local = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
+    const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
+    mbar_wait(q_full_bar, local & 1);
+    fence_proxy_async_smem();  // the producer's cp.async writes of Q -> wgmma
+    const int n = item_keys[local & 1];
+    const int pairs = (n + 2 * kKeys - 1) / (2 * kKeys);
+    if (pairs == 0 && lane == 0) mbar_arrive(q_empty_bar);  // no S reads this Q
+
+    float m_run[2] = {(h0 + row0 < H ? sink[h0 + row0] : 0.0f) * kLog2e,
+                      (h0 + row1 < H ? sink[h0 + row1] : 0.0f) * kLog2e};
+    // The sink's exp(sigma - m) = 1 with m = sigma, counted by one thread of the row.
+    float l_part[2] = {c == 0 && qd == 0 ? 1.0f : 0.0f, c == 0 && qd == 0 ? 1.0f : 0.0f};
+    float o[128];
 #pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    float s[32];
+    std::uint32_t p[16];
 
-      for (int tile = 0; tile < tiles; ++tile, ++ring) {
-        const int s = ring % kStages;
-        mbar_wait(full_bar(s), (ring / kStages) & 1);
-        fence_proxy_async_smem();  // the producer's cp.async writes -> this warpgroup's wgmma
-        const std::uint32_t k_base = base + kKOff + s * kTileBytes;
-
-        // S [64 rows x 32 keys] over 512 dims: 32 k16 steps, 4 per 64-dim column block.
-        float sacc[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) sacc[i] = 0.0f;
+    if (c == 0) {
+      // S_0 over both halves of buffer 0 (the producer refills the first half first); the
+      // first pair's here, every later one's at the end of the previous pair, overlapping
+      // that pair's last O += P_1 V_1.
+      // `pending`: the previous pair's O += P_1 V_1[:, 0:256] is in flight; it is waited for
+      // right after the first half's S is issued, so buffer 1's first half is freed before
+      // this S waits for buffer 0's second half (which the producer fills only after it).
+      auto issue_s0 = [&](std::uint32_t phase, bool pending) {
+        mbar_wait(ready_bar(0, 0), phase);
+        fence_proxy_async_smem();
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kDim / 16; ++kk) {
-          const std::uint32_t a = q_base + (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-          const std::uint32_t bk = k_base + (kk >> 2) * kBlockBytes + c * 32 * 128 + (kk & 3) * 32;
-          wgmma_m64n32k16_ss<0>(sacc, wgmma_desc_sw128(a, 16, 1024),
-                                wgmma_desc_sw128(bk, 16, 1024), kk > 0 ? 1 : 0);
-        }
+        s_half(s, q_base, k0_base, 0, true);
         wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_pin(sacc);
-        // The last S of the item has read Q: the producer may load the next item's.
-        if (tile == tiles - 1 && lane == 0) mbar_arrive(q_empty_bar);
-
-        // Online softmax in the log2 domain; slots past the key list are -inf.
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int key = tile * kKeys + 32 * c + 8 * i + 2 * qd + (j & 1);
-            const float v = key < n ? sacc[4 * i + j] * scale2 : -INFINITY;
-            sacc[4 * i + j] = v;
-            mx[j >> 1] = fmaxf(mx[j >> 1], v);
-          }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        if (pending) {
+          wgmma_wait<1>();
+          wgmma_pin(o);
+          if (lane == 0) mbar_arrive(free_bar(1, 0));
         }
-        if (qd == 0) {
-          row_max[c * kRows + row0] = mx[0];
-          row_max[c * kRows + row1] = mx[1];
-        }
-        named_barrier_sync(2, kConsumerThreads);
-        // Same expression in both consumers (fixed operand order): identical m in both.
-        const float tmax[2] = {fmaxf(row_max[row0], row_max[kRows + row0]),
-                               fmaxf(row_max[row1], row_max[kRows + row1])};
-        float corr[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float m_new = fmaxf(m_run[r], tmax[r]);
-          corr[r] = exp2f(m_run[r] - m_new);
-          m_run[r] = m_new;
-        }
-        float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          sacc[i] = exp2f(sacc[i] - m_run[(i >> 1) & 1]);
-          sum[(i >> 1) & 1] += sacc[i];
-        }
-        l_part[0] = l_part[0] * corr[0] + sum[0];
-        l_part[1] = l_part[1] * corr[1] + sum[1];
-        // This consumer's half of P into the swizzled [64 x 64] bf16 tile (chunk 4c + i).
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int chunk = 4 * c + i;
-          *reinterpret_cast<std::uint32_t*>(p_s + row0 * 128 + ((chunk ^ (row0 & 7)) << 4) + qd * 4) =
-              pack_bf16(sacc[4 * i], sacc[4 * i + 1]);
-          *reinterpret_cast<std::uint32_t*>(p_s + row1 * 128 + ((chunk ^ (row1 & 7)) << 4) + qd * 4) =
-              pack_bf16(sacc[4 * i + 2], sacc[4 * i + 3]);
-        }
-        fence_proxy_async_smem();  // P's st.shared -> both consumers' wgmma
-        named_barrier_sync(3, kConsumerThreads);
-
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          o[4 * i] *= corr[0];
-          o[4 * i + 1] *= corr[0];
-          o[4 * i + 2] *= corr[1];
-          o[4 * i + 3] *= corr[1];
-        }
-        // O [64 x 256] += P [64 x 64 keys] V [64 keys x dims 256c..256c+255]: 4 k16 steps; V's
-        // step kk starts at key row 16 kk (2 KB), its 4 column blocks are LBO = 8 KB apart.
+        mbar_wait(ready_bar(0, 1), phase);
+        fence_proxy_async_smem();
         wgmma_fence();
+        s_half(s, q_base, k0_base, 1, false);
+        wgmma_commit();
+      };
+      if (pairs > 0) {
+        issue_s0(ring & 1, false);
+        wgmma_wait<0>();
+        wgmma_pin(s);
+      }
+      for (int pair = 0; pair < pairs; ++pair, ++ring) {
+        if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
+        float mx[2];
+        scale_and_mask(s, 2 * pair * kKeys, n, scale2, qd, mx);
+        float m0[2], f[2];
 #pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk) {
-          const std::uint32_t a = p_base + kk * 32;
-          const std::uint32_t bv = k_base + 4 * c * kBlockBytes + kk * 16 * 128;
-          wgmma_m64n256k16_ss<1>(o, wgmma_desc_sw128(a, 16, 1024),
-                                 wgmma_desc_sw128(bv, kBlockBytes, 1024), 1);
+        for (int r = 0; r < 2; ++r) {
+          m0[r] = fmaxf(m_run[r], mx[r]);
+          f[r] = exp2f(m_run[r] - m0[r]);
         }
+        rescale(o, l_part, f);
+        exponentiate(s, m0, l_part, p);
+        if (qd == 0) {
+          row_max[row0] = m0[0];
+          row_max[row1] = m0[1];
+        }
+        named_barrier_arrive(kBarM0, kConsumerThreads);
+
+        // O += P_0 V_0[:, 0:256], then buffer 0's first half is free.
+        wgmma_fence();
+        pv_regs(o, p, k0_base, 0);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_pin(o);
-        if (lane == 0) mbar_arrive(empty_bar(s));  // this warp is done with the stage
-      }
+        if (lane == 0) mbar_arrive(free_bar(0, 0));
 
-      // Row sums: the four lanes of a row, then the two consumers (fixed order).
+        // m_1 (>= m_0) and P_1 from consumer 1; P_0 rescaled to m_1 for it.
+        named_barrier_sync(kBarM1P1, kConsumerThreads);
+        float m1[2];
+        m1[0] = row_max[row0];
+        m1[1] = row_max[row1];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 1);
-        l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 2);
-      }
-      if (qd == 0) {
-        row_sum[c * kRows + row0] = l_part[0];
-        row_sum[c * kRows + row1] = l_part[1];
-      }
-      named_barrier_sync(2, kConsumerThreads);
-      const float l0 = row_sum[row0] + row_sum[kRows + row0];
-      const float l1 = row_sum[row1] + row_sum[kRows + row1];
-      named_barrier_sync(3, kConsumerThreads);  // both have read row_sum before its reuse
-      const float inv[2] = {1.0f / l0, 1.0f / l1};
-      // 8-byte stores: lane pairs (qd, qd ^ 1) swap one bf16 pair so that the even lane holds
-      // dims 8i + 2qd .. +3 of column group i and the odd lane those of group i + 1.
-      const bool odd = (qd & 1) != 0;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = r == 0 ? row0 : row1;
-        bf16* orow = out + (static_cast<long>(t) * H + h0 + row) * kDim + 256 * c;
-#pragma unroll
-        for (int i = 0; i < 32; i += 2) {
-          const std::uint32_t a = pack_bf16(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
-          const std::uint32_t b =
-              pack_bf16(o[4 * (i + 1) + 2 * r] * inv[r], o[4 * (i + 1) + 2 * r + 1] * inv[r]);
-          const std::uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
-          const int dim = odd ? 8 * (i + 1) + 2 * (qd - 1) : 8 * i + 2 * qd;
-          if (h0 + row < H)
-            *reinterpret_cast<uint2*>(orow + dim) = odd ? make_uint2(got, b) : make_uint2(a, got);
+        for (int r = 0; r < 2; ++r) {
+          f[r] = exp2f(m0[r] - m1[r]);
+          m_run[r] = m1[r];
         }
+#pragma unroll
+        for (int j = 0; j < 16; ++j) p[j] = pack_bf16(s[2 * j] * f[j & 1], s[2 * j + 1] * f[j & 1]);
+        store_p(p0_s, p, row0, qd);
+        fence_proxy_async_smem();  // P_0's st.shared -> consumer 1's wgmma
+        named_barrier_arrive(kBarP0, kConsumerThreads);
+        rescale(o, l_part, f);
+
+        // O += P_1 V_1[:, 0:256], overlapped with the next pair's S_0.
+        wgmma_fence();
+        pv_smem(o, p1_base, k1_base, 0);
+        wgmma_commit();
+        if (pair + 1 < pairs) {
+          issue_s0((ring + 1) & 1, true);
+        } else {
+          wgmma_wait<0>();
+          wgmma_pin(o);
+          if (lane == 0) mbar_arrive(free_bar(1, 0));  // O += P_1 V_1 is done
+        }
+        wgmma_wait<0>();
+        wgmma_pin(s);
+        wgmma_pin(o);
       }
-      if (c == 0 && qd == 0) {
-        if (h0 + row0 < H) lse[static_cast<long>(t) * H + h0 + row0] = (m_run[0] + log2f(l0)) * kLn2;
-        if (h0 + row1 < H) lse[static_cast<long>(t) * H + h0 + row1] = (m_run[1] + log2f(l1)) * kLn2;
+    } else {
+      for (int pair = 0; pair < pairs; ++pair, ++ring) {
+        const std::uint32_t phase = ring & 1;
+        // S_1 over buffer 1, second half first (the producer fills it before the first).
+        mbar_wait(ready_bar(1, 1), phase);
+        fence_proxy_async_smem();
+        wgmma_fence();
+        s_half(s, q_base, k1_base, 1, true);
+        wgmma_commit();
+        mbar_wait(ready_bar(1, 0), phase);
+        fence_proxy_async_smem();
+        wgmma_fence();
+        s_half(s, q_base, k1_base, 0, false);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_pin(s);
+        if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
+
+        float mx[2];
+        scale_and_mask(s, (2 * pair + 1) * kKeys, n, scale2, qd, mx);
+        named_barrier_sync(kBarM0, kConsumerThreads);
+        float m1[2], f[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          m1[r] = fmaxf(r == 0 ? row_max[row0] : row_max[row1], mx[r]);
+          f[r] = exp2f(m_run[r] - m1[r]);
+          m_run[r] = m1[r];
+        }
+        rescale(o, l_part, f);
+        exponentiate(s, m1, l_part, p);
+        store_p(p1_s, p, row0, qd);
+        if (qd == 0) {
+          row_max[row0] = m1[0];
+          row_max[row1] = m1[1];
+        }
+        fence_proxy_async_smem();  // P_1's st.shared -> consumer 0's wgmma
+        named_barrier_arrive(kBarM1P1, kConsumerThreads);
+
+        // O += P_1 V_1[:, 256:512] (P_1 from registers), then O += P_0 V_0[:, 256:512].
+        wgmma_fence();
+        pv_regs(o, p, k1_base, 1);
+        wgmma_commit();
+        named_barrier_sync(kBarP0, kConsumerThreads);
+        pv_smem(o, p0_base, k0_base, 1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (lane == 0) mbar_arrive(free_bar(1, 1));
+        wgmma_wait<0>();
+        wgmma_pin(o);
+        if (lane == 0) mbar_arrive(free_bar(0, 1));
       }
+    }
+
+    // Row sums: the four lanes of a row, then the two consumers (fixed order). Both consumers
+    // end on the same running max (m_1 of the last pair).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 1);
+      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 2);
+    }
+    float* sums = row_sum + (local & 1) * 2 * kRows;  // double-buffered by item
+    if (qd == 0) {
+      sums[c * kRows + row0] = l_part[0];
+      sums[c * kRows + row1] = l_part[1];
+    }
+    named_barrier_sync(kBarSums, kConsumerThreads);
+    const float l0 = sums[row0] + sums[kRows + row0];
+    const float l1 = sums[row1] + sums[kRows + row1];
+    const float inv[2] = {1.0f / l0, 1.0f / l1};
+    // 8-byte stores: lane pairs (qd, qd ^ 1) swap one bf16 pair so that the even lane holds
+    // dims 8i + 2qd .. +3 of column group i and the odd lane those of group i + 1.
+    const bool odd = (qd & 1) != 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = r == 0 ? row0 : row1;
+      bf16* orow = out + (static_cast<long>(t) * H + h0 + row) * kDim + 256 * c;
+#pragma unroll
+      for (int i = 0; i < 32; i += 2) {
+        const std::uint32_t a = pack_bf16(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        const std::uint32_t b =
+            pack_bf16(o[4 * (i + 1) + 2 * r] * inv[r], o[4 * (i + 1) + 2 * r + 1] * inv[r]);
+        const std::uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
+        const int dim = odd ? 8 * (i + 1) + 2 * (qd - 1) : 8 * i + 2 * qd;
+        if (h0 + row < H)
+          *reinterpret_cast<uint2*>(orow + dim) = odd ? make_uint2(got, b) : make_uint2(a, got);
+      }
+    }
+    if (c == 0 && qd == 0) {
+      if (h0 + row0 < H) lse[static_cast<long>(t) * H + h0 + row0] = (m_run[0] + log2f(l0)) * kLn2;
+      if (h0 + row1 < H) lse[static_cast<long>(t) * H + h0 + row1] = (m_run[1] + log2f(l1)) * kLn2;
     }
   }
 }

@@ -58,6 +58,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// Arrives on named barrier `id` without waiting (the producer side of a hand-over whose
+// consumer calls named_barrier_sync with the same count).
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // Shared memory written through the generic proxy (st.shared, cp.async) and read next by
 // wgmma (async proxy): the writer's or the reader's fence before the hand-over.
 __device__ __forceinline__ void fence_proxy_async_smem() {

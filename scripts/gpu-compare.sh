@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (device tool), from the repository root: an A/B measurement of
+# kernel variants picked by an environment variable, in one build and one call.
+#   COMPARE_VAR=CSATTN_ATTENTION COMPARE_VALUES="wgmma split" CSATTN_BENCH_SECTIONS=attention \
+#     bash scripts/gpu-compare.sh
+# builds csattn (scripts/device-build.sh), runs the gtest cases of COMPARE_FILTER (if set) and
+# the ctest entries matching COMPARE_CTEST (if set), then `csattn bench --device cuda` once per
+# value with COMPARE_VAR set to it (the sections of CSATTN_BENCH_SECTIONS), each run's table in
+# $OUT/summary.txt and its JSON in $OUT/bench_<value>.json.
+# Here, first: scripts/prepare-device-deps.sh; call the device tool with carry: [".device"].
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+start=$(date +%s)
+SUMMARY="$OUT/summary.txt"
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$SUMMARY" 2>&1
+
+source scripts/device-build.sh
+
+rc=0
+if [ -n "${COMPARE_FILTER:-}" ]; then
+  echo "== tests: $COMPARE_FILTER"
+  build-gpu/tests/csattn_tests --gtest_filter="$COMPARE_FILTER" > "$OUT/tests.log" 2>&1 || rc=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:" "$OUT/tests.log" | head -40
+fi
+if [ -n "${COMPARE_CTEST:-}" ]; then
+  echo "== ctest -R $COMPARE_CTEST"
+  ctest --test-dir build-gpu -R "$COMPARE_CTEST" --output-on-failure --timeout 300 > "$OUT/ctest.log" 2>&1 || rc=1
+  grep -E "tests passed|Failed|\*\*\*|Error|error" "$OUT/ctest.log" | head -40
+fi
+
+var=${COMPARE_VAR:-}
+for value in ${COMPARE_VALUES:-default}; do
+  echo "== bench: ${var:-(no variable)}=$value" | tee -a "$SUMMARY"
+  if [ -n "$var" ] && [ "$value" != default ]; then
+    env "$var=$value" build-gpu/csattn bench --device cuda --out "$OUT/bench_$value.json" \
+      2>> "$OUT/bench.err" | tee -a "$SUMMARY"
+  else
+    build-gpu/csattn bench --device cuda --out "$OUT/bench_$value.json" 2>> "$OUT/bench.err" |
+      tee -a "$SUMMARY"
+  fi
+  [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; tail -5 "$OUT/bench.err"; }
+done
+echo "gpu-compare: rc $rc, $(( $(date +%s) - start )) s"
+exit $rc
