@@ -79,3 +79,54 @@ def test_dtype_is_kept_and_only_x_may_be_used():
     assert x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all()
     with pytest.raises(csattn.Error, match="cu_seqlens"):
         attn(x, [0, 299])
+
+
+def _cosine(a, b):
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and csattn.cuda_available()[0]),
+                    reason="needs a GPU and torch with CUDA")
+@pytest.mark.parametrize("kind", ["SWA", "CSA", "HCA"])
+def test_cuda_tensors_take_the_device_layer(kind):
+    """CUDA tensors with device="cuda": csattn.DeviceLayer on torch's tensors and stream. Same
+    kernels as csattn.Layer(device="cuda") on host arrays: the output bitwise, the gradients
+    (fp32 atomics in both) to 1e-6 in cosine; after an optimizer step the layer is rebuilt."""
+    cfg = {c.kind: c for c in csattn.preset_layers("small")}[kind]
+    cfg.loss_coeff = 0.5
+    weights = csattn.LayerWeights.random(cfg, 41)
+    attn = HybridAttention(cfg, weights, device="cuda").cuda()
+    host = csattn.Layer(cfg, weights, device="cuda")
+    g = torch.Generator().manual_seed(42)
+    x_cpu = torch.randn(CU_PADDED[-1], cfg.d_model, generator=g).to(torch.bfloat16)
+    gy_cpu = torch.randn(x_cpu.shape, generator=g).to(torch.bfloat16)
+    x = x_cpu.cuda().requires_grad_()
+
+    out = attn(x, CU, CU_PADDED)
+    assert attn._cached_device is not None and attn._cached is None  # no host-array layer
+    assert out.output.is_cuda and out.output.dtype == torch.bfloat16
+    ref = host.forward(x_cpu.float().numpy(), CU, CU_PADDED)
+    np.testing.assert_array_equal(out.output.detach().float().cpu().numpy(), ref.output)
+    assert out.indexer_loss.item() == pytest.approx(ref.indexer_loss, rel=0, abs=0)
+    if kind == "CSA":
+        np.testing.assert_array_equal(out.topk.cpu().numpy(), ref.topk)
+
+    (out.output.float() * gy_cpu.float().cuda()).sum().add(out.indexer_loss * 2.0).backward()
+    grads = host.backward(ref, gy_cpu.float().numpy(), grad_indexer_loss=2.0)
+    assert x.grad.is_cuda and x.grad.dtype == torch.bfloat16
+    assert _cosine(x.grad.float().cpu().numpy(), grads["input"]) > 1 - 1e-4  # dx rounded to bf16
+    for name, p in attn.parameters_by_name():
+        want = grads[name]
+        assert p.grad.is_cuda, name
+        got = p.grad.cpu().numpy()
+        if not want.any():
+            assert not got.any(), name
+        else:
+            assert _cosine(got, want) > 1 - 1e-6, name
+
+    first = attn._cached_device[1]
+    with torch.no_grad():
+        attn.parameters_by_name()[0][1].mul_(0.5)
+    attn(x, CU, CU_PADDED)
+    assert attn._cached_device[1] is not first  # rebuilt from the changed parameter
