@@ -186,17 +186,30 @@ json sparse_attention_case(int heads, int topk, int keys, int queries, double ge
   return in.record(ms, 2.0 * (512 + 512), gemm_tflops);
 }
 
-// The sparse attention backward kernel alone (the one CSATTN_ATTENTION_BACKWARD selects),
-// after one forward for O and LSE. FLOPs = 2 * H * (3 * 512 + 2 * 512) per (query, key):
-// S, dP, dQ, and the two products of dK (P^T dO, dS^T Q).
+// The sparse attention backward kernel alone (the one launch_attention_backward picks;
+// CSATTN_ATTENTION_BACKWARD=mma / baseline force an older one), after one forward for O and
+// LSE. FLOPs = 2 * H * (3 * 512 + 2 * 512) per (query, key): S, dP, dQ, and the two products
+// of dK (P^T dO, dS^T Q). discard_key_grads (wgmma kernel only) times the same kernel without
+// its key-gradient reductions: what those cost.
 json sparse_attention_backward_case(int heads, int topk, int keys, int queries,
-                                    double gemm_tflops) {
+                                    double gemm_tflops, bool discard_key_grads) {
   const SparseAttentionInputs in(heads, topk, keys, queries, true);
   in.forward();
-  const double ms = median_ms([&] { in.backward(); }, 1, 5);
+  const std::string kernel = attention_backward_kernel_name(in.d);
+  double ms;
+  if (discard_key_grads) {
+    require(kernel == "wgmma", ErrorKind::Unsupported,
+            "discarding key gradients is a wgmma-kernel measurement");
+    ms = median_ms([&] {
+      launch_attention_backward_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev,
+                                      in.out, in.lse, in.dout, in.dq, in.dkv, in.dcomp, in.dsink,
+                                      nullptr, GradChunk{}, true);
+    }, 1, 5);
+  } else {
+    ms = median_ms([&] { in.backward(); }, 1, 5);
+  }
   json j = in.record(ms, 2.0 * (3 * 512 + 2 * 512), gemm_tflops);
-  const char* env = std::getenv("CSATTN_ATTENTION_BACKWARD");
-  j["kernel"] = env != nullptr && std::string(env) == "baseline" ? "baseline" : "mma";
+  j["kernel"] = discard_key_grads ? kernel + " (no dK writes)" : kernel;
   return j;
 }
 
@@ -410,16 +423,19 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
     }
     if (want("attention_backward")) {
       std::printf("\nsparse attention backward (same shapes; FLOPs = 2*H*keys*(3*512 + 2*512) per query)\n");
-      std::printf("%6s %6s %7s %10s %9s %8s %9s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM", "kernel");
+      std::printf("%6s %6s %7s %10s %9s %8s  %s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM", "kernel");
       for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
-        for (int keys : {8192, 32768, 65536}) {
-          std::fprintf(stderr, "cuda_bench: sparse attention backward H %d top-k %d keys %d\n", heads, topk, keys);
-          json j = sparse_attention_backward_case(heads, topk, keys, 4096, gemm);
-          std::printf("%6d %6d %7d %10.3f %9.1f %8.3f %9s\n", heads, topk, keys, j["ms"].get<double>(),
-                      j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>(),
-                      j["kernel"].get<std::string>().c_str());
-          report["sparse_attention_backward"].push_back(j);
-        }
+        for (int keys : {8192, 32768, 65536})
+          for (bool discard : {false, true}) {
+            if (discard && report["sparse_attention_backward"].back()["kernel"] != "wgmma") continue;
+            std::fprintf(stderr, "cuda_bench: sparse attention backward H %d top-k %d keys %d%s\n",
+                         heads, topk, keys, discard ? " (no dK writes)" : "");
+            json j = sparse_attention_backward_case(heads, topk, keys, 4096, gemm, discard);
+            std::printf("%6d %6d %7d %10.3f %9.1f %8.3f  %s\n", heads, topk, keys, j["ms"].get<double>(),
+                        j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>(),
+                        j["kernel"].get<std::string>().c_str());
+            report["sparse_attention_backward"].push_back(j);
+          }
     }
     if (want("layer")) {
       std::printf("\nlayer forward + backward (flash shape, one sequence)\n");

@@ -1,5 +1,5 @@
-// Sparse attention backward, baseline (CUDA cores), and the dispatch to the tensor-core kernel
-// (attention_backward_mma.cu) for head_dim 512. The baseline: one block per query row; for each tile
+// Sparse attention backward, baseline (CUDA cores), and the dispatch to the tensor-core kernels
+// for head_dim 512 (attention_backward_wgmma.cu, attention_backward_mma.cu). The baseline: one block per query row; for each tile
 // of 32 keys, loop over the heads, recompute P from the saved LSE, and accumulate
 //   dz = P (dO.v - D_row),   dq_h += tau dz K,   dK_k += sum_h (P dO_h + tau dz q_h)
 // (K = V, so the key and value terms land on the same row). The head sum of dK happens in
@@ -134,13 +134,18 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The one dispatch decision (launch_attention_backward and attention_backward_copies must
-// agree): CSATTN_ATTENTION_BACKWARD=baseline forces the CUDA-core kernel.
-bool use_tensor_core_backward(const LayerDims& d) {
-  static const bool force_baseline = [] {
+// agree): the wgmma kernel where it applies, else the mma.sync kernel, else the baseline;
+// CSATTN_ATTENTION_BACKWARD=mma or =baseline forces an older kernel (benchmarks, bisecting).
+enum class BackwardKernel { wgmma, mma, baseline };
+BackwardKernel backward_kernel(const LayerDims& d) {
+  static const std::string forced = [] {
     const char* v = std::getenv("CSATTN_ATTENTION_BACKWARD");
-    return v != nullptr && std::string(v) == "baseline";
+    return std::string(v != nullptr ? v : "");
   }();
-  return !force_baseline && attention_backward_mma_supported(d);
+  if (forced != "baseline" && forced != "mma" && attention_backward_wgmma_supported(d))
+    return BackwardKernel::wgmma;
+  if (forced != "baseline" && attention_backward_mma_supported(d)) return BackwardKernel::mma;
+  return BackwardKernel::baseline;
 }
 
 }  // namespace
@@ -151,20 +156,35 @@ void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, c
                                const bf16* dout, float* dq_acc, float* dkv_acc,
                                float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                const GradChunk& chunk) {
-  // head_dim 512 (every DeepSeek-V4 preset) takes the tensor-core kernel, unless
-  // CSATTN_ATTENTION_BACKWARD=baseline asks for this one (benchmarks, bisecting); key lists
-  // too long for its shared memory fall back here too.
-  if (use_tensor_core_backward(d)) {
-    launch_attention_backward_mma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
-                                  dkv_acc, dcomp_acc, dsink_part, stream, chunk);
-    return;
+  // head_dim 512 (every DeepSeek-V4 preset) takes a tensor-core kernel; key lists too long
+  // for their shared memory fall back to the baseline.
+  switch (backward_kernel(d)) {
+    case BackwardKernel::wgmma:
+      launch_attention_backward_wgmma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
+                                      dkv_acc, dcomp_acc, dsink_part, stream, chunk);
+      return;
+    case BackwardKernel::mma:
+      launch_attention_backward_mma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
+                                    dkv_acc, dcomp_acc, dsink_part, stream, chunk);
+      return;
+    case BackwardKernel::baseline:
+      launch_attention_backward_baseline(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
+                                         dkv_acc, dcomp_acc, dsink_part, stream, chunk);
+      return;
   }
-  launch_attention_backward_baseline(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
-                                     dkv_acc, dcomp_acc, dsink_part, stream, chunk);
 }
 
 int attention_backward_copies(const LayerDims& d) {
-  return use_tensor_core_backward(d) ? (d.heads + 63) / 64 : 1;
+  return backward_kernel(d) == BackwardKernel::baseline ? 1 : (d.heads + 63) / 64;
+}
+
+const char* attention_backward_kernel_name(const LayerDims& d) {
+  switch (backward_kernel(d)) {
+    case BackwardKernel::wgmma: return "wgmma";
+    case BackwardKernel::mma: return "mma";
+    case BackwardKernel::baseline: return "baseline";
+  }
+  return "?";
 }
 
 void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata& meta,

@@ -23,6 +23,7 @@
 
 #include "cuda/atomic_util.cuh"
 #include "cuda/attention_keys.cuh"
+#include "cuda/attention_row_terms.cuh"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
@@ -96,8 +97,7 @@ __device__ __forceinline__ void flush_dk(const DkTarget& tgt, int query, int hea
   (void)query;
   (void)head_block;
   float* row = kScratch ? scratch + static_cast<long>(slot) * kDim
-               : id >= 0 ? tgt.dkv_acc + static_cast<long>(id) * kDim
-                         : tgt.dcomp_acc + static_cast<long>(-id - 1) * kDim;
+                        : key_grad_row(id, tgt.dkv_acc, tgt.dcomp_acc, kDim);
   const int col = dim0 + 2 * (qd & ~1);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -173,40 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tiles > 0) load_tile(0, 0);
   cp_async_commit();
 
-  // Per row: Drow = dO . O (fp32 over bf16 inputs), the sink gradient, LSE in log2 units.
-  // Warp w owns rows 8w..8w+7; each lane reads 16 dims as two 16-byte vectors.
-  for (int r = warp * 8; r < warp * 8 + 8; ++r) {
-    const int h = h0 + r;
-    if (h >= H) {  // uniform per warp
-      if (lane == 0) {
-        drow_s[r] = 0.0f;
-        lse2_s[r] = INFINITY;  // P = exp2(S - inf) = 0 on padding rows
-      }
-      continue;
-    }
-    const long base = (static_cast<long>(t) * H + h) * kDim;
-    float acc = 0.0f;
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      const int dim = (v * 32 + lane) * 8;
-      const uint4 ov = *reinterpret_cast<const uint4*>(out + base + dim);
-      const uint4 gv = *reinterpret_cast<const uint4*>(dout + base + dim);
-      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
-      const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 of = __bfloat1622float2(o2[k]), gf = __bfloat1622float2(g2[k]);
-        acc += of.x * gf.x + of.y * gf.y;
-      }
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-      const float l = lse[static_cast<long>(t) * H + h];
-      drow_s[r] = acc;
-      lse2_s[r] = l * kLog2e;
-      dsink_part[static_cast<long>(t) * H + h] = -expf(sink[h] - l) * acc;
-    }
-  }
+  attention_row_terms(H, kDim, t, h0, out, dout, lse, sink, dsink_part, drow_s, lse2_s);
 
   const float scale2 = d.scale * kLog2e;
   const int wr = warp & 3;          // phases A, B: row block 16 wr

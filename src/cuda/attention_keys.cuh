@@ -10,6 +10,10 @@ namespace csattn::cuda {
 __device__ __forceinline__ const bf16* key_row_ptr(int id, const bf16* kv, const bf16* comp, int D) {
   return id >= 0 ? kv + static_cast<long>(id) * D : comp + static_cast<long>(-id - 1) * D;
 }
+// The fp32 gradient row of the same key: the raw kv rows' or the compressed rows' accumulator.
+__device__ __forceinline__ float* key_grad_row(int id, float* dkv, float* dcomp, int D) {
+  return id >= 0 ? dkv + static_cast<long>(id) * D : dcomp + static_cast<long>(-id - 1) * D;
+}
 
 __device__ __forceinline__ int build_key_list(const LayerDims& d, const DeviceMetadata& meta,
                                               const std::int32_t* topk, int t, int* ids,

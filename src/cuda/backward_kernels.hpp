@@ -17,8 +17,9 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
                              const std::int32_t* comp_start, int segments, cudaStream_t stream);
 
 // Sparse attention backward: dq_acc (overwritten), dkv_acc / dcomp_acc (atomic
-// accumulation), dsink_part[t, h] = -P_sink * D_row. Dispatches to the tensor-core kernel for
-// head_dim 512 unless CSATTN_ATTENTION_BACKWARD=baseline (attention_backward.cu).
+// accumulation), dsink_part[t, h] = -P_sink * D_row. Dispatches to the wgmma kernel for
+// head_dim 512, else the mma.sync kernel, else the baseline; CSATTN_ATTENTION_BACKWARD=mma or
+// =baseline forces an older one (attention_backward.cu).
 void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                const bf16* kv, const bf16* comp, const float* sink,
                                const std::int32_t* topk, const bf16* out, const float* lse,
@@ -28,6 +29,8 @@ void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, c
 // How many contributions per (row, slot) the kernel launch_attention_backward picks writes in
 // deterministic mode (its head blocks: 1 for the baseline).
 int attention_backward_copies(const LayerDims& d);
+// The kernel launch_attention_backward picks: "wgmma", "mma" or "baseline" (benchmarks).
+const char* attention_backward_kernel_name(const LayerDims& d);
 // The CUDA-core baseline (any head_dim up to 1024), the reference of the tensor-core kernel.
 void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata& meta,
                                         const bf16* q, const bf16* kv, const bf16* comp,
@@ -36,7 +39,18 @@ void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata
                                         float* dq_acc, float* dkv_acc, float* dcomp_acc,
                                         float* dsink_part, cudaStream_t stream,
                                         const GradChunk& chunk = {});
-// The tensor-core kernel (attention_backward_mma.cu): head_dim 512 and a key list that fits
+// The wgmma kernel (attention_backward_wgmma.cu, Hopper): head_dim 512 and a key list that
+// fits its shared memory; same contract. discard_key_grads skips every key-gradient write
+// (measurement only: what the reductions cost).
+bool attention_backward_wgmma_supported(const LayerDims& d);
+void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta,
+                                     const bf16* q, const bf16* kv, const bf16* comp,
+                                     const float* sink, const std::int32_t* topk,
+                                     const bf16* out, const float* lse, const bf16* dout,
+                                     float* dq_acc, float* dkv_acc, float* dcomp_acc,
+                                     float* dsink_part, cudaStream_t stream,
+                                     const GradChunk& chunk = {}, bool discard_key_grads = false);
+// The mma.sync kernel (attention_backward_mma.cu): head_dim 512 and a key list that fits
 // its shared memory; same contract.
 bool attention_backward_mma_supported(const LayerDims& d);
 void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,

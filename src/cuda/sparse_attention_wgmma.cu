@@ -48,6 +48,7 @@
 #include "cuda/mma_util.cuh"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
+#include "cuda/wgmma_tile.cuh"
 
 namespace csattn::cuda {
 
@@ -63,7 +64,7 @@ constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = 224;  // 128 x 56 + 256 x 224 <= 64K registers
 static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536,
               "register file");
-constexpr int kBlockBytes = 64 * 128;                  // one [64 rows x 64 dims] column block
+constexpr int kBlockBytes = kSwizzleBlockBytes;       // one [64 rows x 64 dims] column block
 constexpr int kTileBytes = (kDim / 64) * kBlockBytes;  // [64 x 512] bf16 = 64 KB
 constexpr int kHalfBytes = kTileBytes / 2;             // dims 0-255 or 256-511
 constexpr int kQOff = 0;
@@ -85,12 +86,6 @@ constexpr int kBarM1P1 = 2;     // c1 -> c0: m_1 and P_1 published
 constexpr int kBarP0 = 3;       // c0 -> c1: P_0 (rescaled to m_1) published
 constexpr int kBarSums = 4;     // both: the row sums of an item
 constexpr int kProducerBar = 5;
-
-// Byte offset of 16-byte chunk `chunk` (0..63) of row `row` in a swizzled [64 x 512] tile.
-__device__ __forceinline__ std::uint32_t tile_off(int row, int chunk) {
-  return static_cast<std::uint32_t>((chunk >> 3) * kBlockBytes + row * 128 +
-                                    (((chunk & 7) ^ (row & 7)) << 4));
-}
 
 std::size_t wgmma_smem_bytes(const LayerDims& d) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
@@ -210,18 +205,6 @@ __device__ __forceinline__ void rescale(float (&o)[128], float (&l)[2], const fl
   }
   l[0] *= f[0];
   l[1] *= f[1];
-}
-
-// Writes this thread's part of a P tile (bf16 pairs p[]) into the swizzled [64 x 64] tile.
-__device__ __forceinline__ void store_p(unsigned char* tile, const std::uint32_t (&p)[16], int row0,
-                                        int qd) {
-  const int row1 = row0 + 8;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    *reinterpret_cast<std::uint32_t*>(tile + row0 * 128 + ((i ^ (row0 & 7)) << 4) + qd * 4) = p[2 * i];
-    *reinterpret_cast<std::uint32_t*>(tile + row1 * 128 + ((i ^ (row1 & 7)) << 4) + qd * 4) =
-        p[2 * i + 1];
-  }
 }
 
 // Persistent: CTA i handles work items i, i + gridDim.x, ... (item = token * head_blocks +
@@ -466,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
 #pragma unroll
         for (int j = 0; j < 16; ++j) p[j] = pack_bf16(s[2 * j] * f[j & 1], s[2 * j + 1] * f[j & 1]);
-        store_p(p0_s, p, row0, qd);
+        store_fragment(p0_s, p, row0, qd);
         fence_proxy_async_smem();  // P_0's st.shared -> consumer 1's wgmma
         named_barrier_arrive(kBarP0, kConsumerThreads);
         rescale(o, l_part, f);
@@ -516,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         rescale(o, l_part, f);
         exponentiate(s, m1, l_part, p);
-        store_p(p1_s, p, row0, qd);
+        store_fragment(p1_s, p, row0, qd);
         if (qd == 0) {
           row_max[row0] = m1[0];
           row_max[row1] = m1[1];

@@ -1,9 +1,10 @@
-// The tensor-core sparse attention backward (attention_backward_mma.cu) against the CUDA-core
-// baseline (attention_backward.cu) at kernel level: random Q, kv, compressed rows, dO and
-// top-k (with -1 slots), the forward run for out / LSE, then both backwards on the same
-// inputs with every output NaN-poisoned first. Both accumulate in fp32; the tensor-core
-// kernel rounds P and dS to bf16 before its MMAs, so the gate is a tight relative L2 error,
-// not bitwise. Skips (with the reason) where no GPU is present.
+// The tensor-core sparse attention backwards (attention_backward_wgmma.cu,
+// attention_backward_mma.cu) against the CUDA-core baseline (attention_backward.cu) at kernel
+// level: random Q, kv, compressed rows, dO and top-k (with -1 slots), the forward run for out /
+// LSE, then every backward on the same inputs with every output NaN-poisoned first. All
+// accumulate in fp32; the tensor-core kernels round P and dS to bf16 before their MMAs, so
+// the gate is a tight relative L2 error, not bitwise. Skips (with the reason) where no GPU is
+// present.
 #ifdef CSATTN_HAVE_CUDA
 #include <gtest/gtest.h>
 
@@ -77,6 +78,16 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& ref,
   EXPECT_GT(cosine, 1.0 - 1e-4) << name;
 }
 
+// launch_attention_backward_wgmma with the others' signature (key gradients written).
+void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q, const bf16* kv,
+                  const bf16* comp, const float* sink, const std::int32_t* topk, const bf16* out,
+                  const float* lse, const bf16* dout, float* dq_acc, float* dkv_acc,
+                  float* dcomp_acc, float* dsink_part, cudaStream_t stream,
+                  const GradChunk& chunk) {
+  launch_attention_backward_wgmma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
+                                  dkv_acc, dcomp_acc, dsink_part, stream, chunk);
+}
+
 class CudaAttentionBackward : public ::testing::TestWithParam<BwdCase> {};
 
 TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
@@ -101,6 +112,7 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   const int H = d.heads, D = d.head_dim, Nc = d.comp_capacity, K = d.topk;
   ASSERT_EQ(D, 512);
   ASSERT_TRUE(attention_backward_mma_supported(d));
+  ASSERT_TRUE(attention_backward_wgmma_supported(d));
 
   // Metadata on the device (the forward's kernel builds the per-row part).
   testing_util::DeviceMetadataArrays metadata;
@@ -143,30 +155,38 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
 
   DeviceArray<float> dq(rowsHD), dkv(static_cast<std::size_t>(T) * D),
       dcomp(static_cast<std::size_t>(Nc) * D), dsink(static_cast<std::size_t>(T) * H);
-  auto run = [&](bool mma) {
+  enum class Kernel { wgmma, mma, baseline };
+  auto launcher = [](Kernel k) {
+    return k == Kernel::wgmma ? launch_wgmma
+           : k == Kernel::mma ? launch_attention_backward_mma
+                              : launch_attention_backward_baseline;
+  };
+  const auto name = [](Kernel k) {
+    return k == Kernel::wgmma ? "wgmma kernel" : k == Kernel::mma ? "mma kernel" : "baseline";
+  };
+  auto run = [&](Kernel k) {
     // dq and dsink_part are written: NaN first. The key gradients are accumulated: zero.
     dq.fill_bytes(0xFF);
     dsink.fill_bytes(0xFF);
     dkv.fill_bytes(0);
     dcomp.fill_bytes(0);
-    auto launch = mma ? launch_attention_backward_mma : launch_attention_backward_baseline;
-    launch(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
-           topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(), dkv.get(),
-           dcomp.get(), dsink.get(), nullptr, GradChunk{});
+    launcher(k)(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
+                topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(),
+                dkv.get(), dcomp.get(), dsink.get(), nullptr, GradChunk{});
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
     return Grads{dq.download(), dkv.download(), dcomp.download(), dsink.download()};
   };
-  const Grads ref = run(false), got = run(true);
+  const Grads ref = run(Kernel::baseline), got = run(Kernel::wgmma), got_mma = run(Kernel::mma);
 
   // Deterministic mode: row chunks write per-(row, head block, slot) contributions to a
   // NaN-poisoned scratch (a slot the kernel forgot stays NaN and poisons the sum), then the
   // ordered scatter adds them per key row in row order.
-  auto run_deterministic = [&](bool mma, int chunk_rows) {
+  auto run_deterministic = [&](Kernel k, int chunk_rows) {
     dq.fill_bytes(0xFF);
     dsink.fill_bytes(0xFF);
     dkv.fill_bytes(0);
     dcomp.fill_bytes(0);
-    const int copies = mma ? (H + 63) / 64 : 1, slots = max_keys_per_query(d);
+    const int copies = k == Kernel::baseline ? 1 : (H + 63) / 64, slots = max_keys_per_query(d);
     DeviceArray<float> scratch(static_cast<std::size_t>(chunk_rows) * copies * slots * D);
     scratch.fill_bytes(0xFF);
     OrderedScatter os;
@@ -176,21 +196,20 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
     os.dst_window = dkv.get();
     os.dst_comp = dcomp.get();
     os.copies = copies;
-    auto launch = mma ? launch_attention_backward_mma : launch_attention_backward_baseline;
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
       const GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.get(), slots, copies};
-      launch(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
-             topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(), dkv.get(),
-             dcomp.get(), dsink.get(), nullptr, chunk);
+      launcher(k)(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
+                  sink.get(), topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout),
+                  dq.get(), dkv.get(), dcomp.get(), dsink.get(), nullptr, chunk);
       launch_ordered_scatter(d, meta, topk.get(), os, chunk.r0, chunk.rows, scratch.get(), nullptr);
     }
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
     return Grads{dq.download(), dkv.download(), dcomp.download(), dsink.download()};
   };
-  for (bool mma : {true, false}) {
-    SCOPED_TRACE(mma ? "deterministic tensor-core kernel" : "deterministic baseline kernel");
-    const Grads a = run_deterministic(mma, 37), b = run_deterministic(mma, 37);
-    const Grads& fast = mma ? got : ref;
+  for (Kernel k : {Kernel::wgmma, Kernel::mma, Kernel::baseline}) {
+    SCOPED_TRACE(std::string("deterministic ") + name(k));
+    const Grads a = run_deterministic(k, 37), b = run_deterministic(k, 37);
+    const Grads& fast = k == Kernel::wgmma ? got : k == Kernel::mma ? got_mma : ref;
     expect_close(a.dq, fast.dq, "dq");
     expect_close(a.dkv, fast.dkv, "dkv");
     expect_close(a.dcomp, fast.dcomp, "dcomp");
@@ -199,25 +218,30 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
     EXPECT_EQ(a.dcomp, b.dcomp) << "dcomp is not bitwise repeatable";
     EXPECT_EQ(a.dq, b.dq) << "dq is not bitwise repeatable";
   }
-  expect_close(got.dq, ref.dq, "dq");
-  expect_close(got.dkv, ref.dkv, "dkv");
-  expect_close(got.dcomp, ref.dcomp, "dcomp");
-  expect_close(got.dsink, ref.dsink, "dsink");
+  for (const Grads* g : {&got, &got_mma}) {
+    SCOPED_TRACE(g == &got ? "wgmma kernel" : "mma kernel");
+    expect_close(g->dq, ref.dq, "dq");
+    expect_close(g->dkv, ref.dkv, "dkv");
+    expect_close(g->dcomp, ref.dcomp, "dcomp");
+    expect_close(g->dsink, ref.dsink, "dsink");
+  }
 
   // Per-row spot check: the worst row of dq relative to its own norm (a wrong row among many
   // good ones would hide in the global L2 error).
-  double worst = 0.0;
-  for (long r = 0; r < static_cast<long>(T) * H; ++r) {
-    double e2 = 0.0, r2 = 0.0;
-    for (int i = 0; i < D; ++i) {
-      const double e = static_cast<double>(got.dq[r * D + i]) - ref.dq[r * D + i];
-      e2 += e * e;
-      r2 += static_cast<double>(ref.dq[r * D + i]) * ref.dq[r * D + i];
+  for (const Grads* g : {&got, &got_mma}) {
+    double worst = 0.0;
+    for (long r = 0; r < static_cast<long>(T) * H; ++r) {
+      double e2 = 0.0, r2 = 0.0;
+      for (int i = 0; i < D; ++i) {
+        const double e = static_cast<double>(g->dq[r * D + i]) - ref.dq[r * D + i];
+        e2 += e * e;
+        r2 += static_cast<double>(ref.dq[r * D + i]) * ref.dq[r * D + i];
+      }
+      if (r2 > 0.0) worst = std::max(worst, std::sqrt(e2 / r2));
+      else EXPECT_EQ(e2, 0.0) << "dq row " << r;
     }
-    if (r2 > 0.0) worst = std::max(worst, std::sqrt(e2 / r2));
-    else EXPECT_EQ(e2, 0.0) << "dq row " << r;
+    EXPECT_LT(worst, 5e-2) << "worst dq row, " << (g == &got ? "wgmma kernel" : "mma kernel");
   }
-  EXPECT_LT(worst, 5e-2) << "worst dq row";
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionBackward,

@@ -1,0 +1,426 @@
+// Warpgroup-MMA sparse attention backward for head_dim 512 (Hopper, sm_90a); the contract of
+// launch_attention_backward (backward_kernels.hpp), checked against the CUDA-core baseline.
+//
+// One CTA per (query token, block of 64 heads), 256 threads = two warpgroups; the heads share
+// one K=V head, so each gathered 64-key tile serves all 64 head rows. Per key tile, with P
+// recomputed from the forward's LSE (all products bf16 x bf16 -> fp32 wgmma):
+//   S  = Q K^T                    [64 heads x 64 keys]  WG0   32 x m64n64k16  (Q, K: smem)
+//   dP = dO K^T                   [64 x 64]             WG1   32 x m64n64k16  (dO, K: smem)
+//   P  = exp2(S scale log2e - LSE log2e)                WG0 -> bf16 P tile
+//   dS = scale P (dP - D_row)     (P as the bf16 tile)  WG1 -> bf16 dS tile, and registers
+//   dQ[:, 256c..] += dS K[:, 256c..]                    WG c  4 x m64n256k16 (WG1: dS from
+//                                                        registers; WG0: the dS tile)
+//   dK[:, 128j..] = P^T dO + dS^T Q  (K = V: key and value terms on one row)
+//                                                        WG c, chunks j = 2c, 2c + 1:
+//                                                        8 x m64n128k16, A = the P / dS tiles
+//                                                        read transposed (MN-major), B = dO / Q
+//                                                        read MN-major
+// dQ (64 x 512 fp32) stays in registers over the tiles (128 a thread); each dK chunk
+// (64 keys x 128 dims, 64 registers) is flushed as soon as it is complete: vector fp32
+// reductions into the key-gradient rows (fast mode), or stores into this CTA's rows of the
+// chunk scratch (deterministic mode, grad_chunk.hpp). Every wgmma group is waited for within
+// its tile: reading an accumulator after wgmma.wait_group 1 across the loop's back edge (a
+// flush of one tile's last chunk overlapping the next tile's S) makes ptxas serialise every
+// wgmma of the kernel (C7514).
+//
+// Shared memory (1024-byte aligned, 128B-swizzle layout of wgmma_tile.cuh):
+//   Q, dO, K [64 x 512] 64 KB each | P, dS [64 x 64] 8 KB each | 2 mbarriers | LSE2, D_row | ids.
+// One key buffer: WG c gathers the next tile's dims [256c, 256c + 256) (cp.async, completing
+// on mbarrier ready[c]) as soon as its own dQ - the last reader of those dims - is done, so
+// the gather overlaps both warpgroups' dK. Hand-overs between the warpgroups (named barriers,
+// each arrived at by one warpgroup and waited on by the other, once per tile):
+//   P ready (WG0 -> WG1), dS ready (WG1 -> WG0), P / dS free (WG1 -> WG0: WG1's dK of the
+//   previous tile, the last reader of both tiles besides WG0's own, is complete).
+// WG0 and WG1 run separate loops: a loop shared through `if (c == 0)` makes ptxas serialise
+// every wgmma (C7514 / C7515).
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cuda/atomic_util.cuh"
+#include "cuda/attention_keys.cuh"
+#include "cuda/attention_row_terms.cuh"
+#include "cuda/backward_kernels.hpp"
+#include "cuda/check.hpp"
+#include "cuda/mma_util.cuh"
+#include "cuda/wgmma.cuh"
+#include "cuda/wgmma_sync.cuh"
+#include "cuda/wgmma_tile.cuh"
+
+namespace csattn::cuda {
+
+namespace {
+
+constexpr int kDim = 512;
+constexpr int kRows = 64;  // head rows per CTA (one wgmma M)
+constexpr int kKeys = 64;  // keys per tile
+constexpr int kThreads = 256;
+constexpr int kWgThreads = 128;
+constexpr int kBlockBytes = kSwizzleBlockBytes;       // [64 rows x 64 dims] bf16
+constexpr int kTileBytes = (kDim / 64) * kBlockBytes;  // [64 x 512] bf16 = 64 KB
+constexpr int kHalfBytes = kTileBytes / 2;             // dims 0-255 or 256-511
+constexpr int kQOff = 0;
+constexpr int kDoOff = kQOff + kTileBytes;
+constexpr int kKOff = kDoOff + kTileBytes;
+constexpr int kPOff = kKOff + kTileBytes;
+constexpr int kDsOff = kPOff + kBlockBytes;
+constexpr int kBarOff = kDsOff + kBlockBytes;  // ready[2]
+constexpr int kLseOff = kBarOff + 2 * 8;
+constexpr int kDrowOff = kLseOff + kRows * 4;
+constexpr int kCountOff = kDrowOff + kRows * 4;
+constexpr int kIdsOff = kCountOff + 16;
+
+// Named barriers (0 is __syncthreads), each over both warpgroups.
+constexpr int kBarPReady = 1;   // WG0 -> WG1: the P tile of this key tile is written
+constexpr int kBarDsReady = 2;  // WG1 -> WG0: the dS tile is written
+constexpr int kBarPdsFree = 3;  // WG1 -> WG0: WG1 no longer reads the P / dS tiles
+
+// A value the compiler must treat as computed here (blocks hoisting what derives from it).
+__device__ __forceinline__ std::uint32_t opaque(std::uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
+// Where the key gradients go (mode of the kernel instance).
+enum class KeyGrads { atomic, scratch, discard };
+
+std::size_t wgmma_backward_smem_bytes(int max_keys) {
+  // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
+  return 1024 + kIdsOff + sizeof(int) * static_cast<std::size_t>(max_keys);
+}
+
+// S (or dP) [64 rows x 64 keys] = A K^T over all 512 dims: A = Q or dO, both K-major.
+__device__ __forceinline__ void scores(float (&s)[32], std::uint32_t a_base,
+                                       std::uint32_t k_base) {
+#pragma unroll
+  for (int kk = 0; kk < kDim / 16; ++kk) {
+    const std::uint32_t off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+    wgmma_m64n64k16_ss<0>(s, wgmma_desc_sw128(a_base + off, 16, 1024),
+                          wgmma_desc_sw128(k_base + off, 16, 1024), kk == 0 ? 0 : 1);
+  }
+}
+
+// dQ [64 x 256] += dS [64 x 64 keys] K [64 keys x dims of half `half`], K read MN-major (its
+// 4 column blocks LBO = 8 KB apart, key step kk at row 16 kk), dS from the swizzled tile.
+__device__ __forceinline__ void dq_from_tile(float (&dq)[128], std::uint32_t ds_base,
+                                             std::uint32_t k_base, int half) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk)
+    wgmma_m64n256k16_ss<1>(
+        dq, wgmma_desc_sw128(ds_base + kk * 32, 16, 1024),
+        wgmma_desc_sw128(k_base + half * kHalfBytes + kk * 16 * 128, kBlockBytes, 1024), 1);
+}
+
+// The same with dS from registers (ds[4 kk .. 4 kk + 3]: key step kk's A fragment).
+__device__ __forceinline__ void dq_from_regs(float (&dq)[128], const std::uint32_t (&ds)[16],
+                                             std::uint32_t k_base, int half) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    const std::uint32_t a[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
+    wgmma_m64n256k16_rs<1>(
+        dq, a, wgmma_desc_sw128(k_base + half * kHalfBytes + kk * 16 * 128, kBlockBytes, 1024));
+  }
+}
+
+// dK [64 keys x 128 dims from dim0] = P^T dO + dS^T Q over the 64 head rows. A = the [heads x
+// keys] P / dS tiles read MN-major (row = head = the K index, 64 keys along a row), head step
+// kk at row 16 kk; B = the dO / Q tiles read MN-major from column block dim0 / 64 (2 blocks,
+// LBO = 8 KB). The first product overwrites dK.
+__device__ __forceinline__ void dk_chunk(float (&dk)[64], std::uint32_t p_base,
+                                         std::uint32_t ds_base, std::uint32_t do_base,
+                                         std::uint32_t q_base, int dim0) {
+#pragma unroll
+  for (int kk = 0; kk < kRows / 16; ++kk) {
+    const std::uint32_t a_off = kk * 16 * 128;
+    const std::uint32_t b_off = (dim0 / 64) * kBlockBytes + kk * 16 * 128;
+    wgmma_m64n128k16_ss<1, 1>(dk, wgmma_desc_sw128(p_base + a_off, kBlockBytes, 1024),
+                              wgmma_desc_sw128(do_base + b_off, kBlockBytes, 1024),
+                              kk == 0 ? 0 : 1);
+    wgmma_m64n128k16_ss<1, 1>(dk, wgmma_desc_sw128(ds_base + a_off, kBlockBytes, 1024),
+                              wgmma_desc_sw128(q_base + b_off, kBlockBytes, 1024), 1);
+  }
+}
+
+// Adds (or stores) one warpgroup's dK chunk: keys slot0 + 16 w + lane / 4 (+8) of the key
+// list, dims dim0 + 8 i + 2 (lane % 4) (+1) for i < 16 (the m64n128 accumulator layout). Lane
+// pairs (q, q ^ 1) first swap halves in place, so that dk[4i .. 4i + 3] of the even lane are
+// dims 8 i + 2 q .. + 3 of row g and those of the odd lane dims 8 i + 2 (q - 1) .. + 3 of row
+// g + 8; then one 16-byte reduction (or store) per column group. Slots past the key list
+// (the last tile's tail) are skipped. dk is consumed.
+template <KeyGrads kMode>
+__device__ __forceinline__ void flush_dk(float (&dk)[64], const int* ids, int n, float* dkv_acc,
+                                         float* dcomp_acc, float* scratch, int slot0, int dim0) {
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, qd = lane & 3;
+  const bool odd = (qd & 1) != 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    // The even lane sends its row g + 8 values (4i + 2, 4i + 3), the odd lane its row g ones.
+    const float s0 = odd ? dk[4 * i] : dk[4 * i + 2];
+    const float s1 = odd ? dk[4 * i + 1] : dk[4 * i + 3];
+    const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+    const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+    if (odd) {
+      dk[4 * i] = r0;
+      dk[4 * i + 1] = r1;
+    } else {
+      dk[4 * i + 2] = r0;
+      dk[4 * i + 3] = r1;
+    }
+  }
+  // discard (measurement only) stops here. The test is true whenever the two accumulators are
+  // distinct buffers (always), but ptxas cannot know it, so it must keep the dK products: it
+  // drops wgmmas whose accumulators nothing reads.
+  if (kMode == KeyGrads::discard && dkv_acc != dcomp_acc) return;
+  const int slot = slot0 + 16 * w + g + (odd ? 8 : 0);
+  if (slot >= n) return;
+  float* row = kMode == KeyGrads::scratch ? scratch + static_cast<long>(slot) * kDim
+                                          : key_grad_row(ids[slot], dkv_acc, dcomp_acc, kDim);
+  row += dim0 + 2 * (qd & ~1);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    if (kMode == KeyGrads::scratch)  // this CTA's own row: a plain store
+      *reinterpret_cast<float4*>(row + 8 * i) =
+          make_float4(dk[4 * i], dk[4 * i + 1], dk[4 * i + 2], dk[4 * i + 3]);
+    else
+      red_add_v4(row + 8 * i, dk[4 * i], dk[4 * i + 1], dk[4 * i + 2], dk[4 * i + 3]);
+  }
+}
+
+template <KeyGrads kMode>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_backward_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
+                                    const bf16* kv, const bf16* comp, const float* sink,
+                                    const std::int32_t* topk, const bf16* out, const float* lse,
+                                    const bf16* dout, float* dq_acc, float* dkv_acc,
+                                    float* dcomp_acc, float* dsink_part, int head_blocks,
+                                    GradChunk chunk) {
+  extern __shared__ unsigned char smem_raw[];
+  // wgmma's 128B swizzle is anchored at 1024-byte boundaries (descriptor base offset 0).
+  const std::uint32_t raw = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  const std::uint32_t base = smem_addr(smem);
+  // The loops re-derive their operand addresses from these through opaque() each tile, so
+  // that ptxas does not hoist the ~90 wgmma descriptors into registers for the whole loop.
+  const std::uint32_t q_base0 = base + kQOff, do_base0 = base + kDoOff, k_base0 = base + kKOff;
+  const std::uint32_t p_base0 = base + kPOff, ds_base0 = base + kDsOff;
+  const std::uint32_t ready0 = base + kBarOff, ready1 = ready0 + 8;
+  float* lse2_s = reinterpret_cast<float*>(smem + kLseOff);
+  float* drow_s = reinterpret_cast<float*>(smem + kDrowOff);
+  int* ids = reinterpret_cast<int*>(smem + kIdsOff);
+
+  const int H = d.heads;
+  const int hb = static_cast<int>(blockIdx.x % head_blocks), h0 = hb * kRows;
+  const int t = chunk.r0 + static_cast<int>(blockIdx.x / head_blocks);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int c = warp >> 2;  // warpgroup
+
+  if (tid == 0) {
+    mbar_init(ready0, kWgThreads);  // one cp.async arrival per thread of the gathering WG
+    mbar_init(ready1, kWgThreads);
+    mbar_init_fence();
+  }
+  // (build_key_list ends with __syncthreads: the barriers are initialised for everyone.)
+  const int n = build_key_list(d, meta, topk, t, ids, reinterpret_cast<int*>(smem + kCountOff));
+  const int tiles = (n + kKeys - 1) / kKeys;
+
+  // Q and dO rows h0 .. h0 + 63 (zero-filled past H).
+  for (int i = tid; i < kRows * 64; i += kThreads) {
+    const int r = i >> 6, ch = i & 63;
+    const bool real = h0 + r < H;
+    const long off = (static_cast<long>(t) * H + (real ? h0 + r : 0)) * kDim + ch * 8;
+    cp_async_16_zfill(q_base0 + tile_off(r, ch), q + off, real);
+    cp_async_16_zfill(do_base0 + tile_off(r, ch), dout + off, real);
+  }
+  // Warpgroup c gathers dims [256c, 256c + 256) of key tile `tile`: warp w of the group rows
+  // 16 w .. 16 w + 15, lane l the 16-byte chunk l of each (a row's half is 512 contiguous
+  // bytes). Slots past the list load a real row (finite; its P is masked to 0).
+  const int w4 = warp & 3;
+  auto gather = [&](int tile) {
+    const int slot = tile * kKeys + 16 * w4 + (lane & 15);
+    const bf16* mine = key_row_ptr(ids[slot < n ? slot : 0], kv, comp, kDim);
+#pragma unroll 4
+    for (int j = 0; j < 16; ++j) {
+      const bf16* src = reinterpret_cast<const bf16*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), j));
+      cp_async_16(k_base0 + tile_off(16 * w4 + j, 32 * c + lane), src + (32 * c + lane) * 8);
+    }
+    cp_async_mbar_arrive(c == 0 ? ready0 : ready1);
+  };
+  gather(0);
+
+  attention_row_terms(H, kDim, t, h0, out, dout, lse, sink, dsink_part, drow_s, lse2_s);
+  cp_async_wait_all();  // this thread's Q / dO copies
+  fence_proxy_async_smem();
+  __syncthreads();
+
+  const int g = lane >> 2, qd = lane & 3;
+  const int row0 = 16 * w4 + g, row1 = row0 + 8;
+  const float scale = d.scale, scale2 = d.scale * kAttentionLog2e;
+  float* scratch = nullptr;
+  if (kMode == KeyGrads::scratch)  // rows (query, head block, slot) of the chunk's scratch
+    scratch = chunk.scratch +
+              static_cast<long>((t - chunk.r0) * chunk.copies + hb) * chunk.slots * kDim;
+
+  float dq[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) dq[i] = 0.0f;
+  float dk[64];
+  float s[32];
+  std::uint32_t p[16];  // WG0: P; WG1: dS (bf16 pairs, the A fragment layout)
+
+  if (c == 0) {
+    // ---------------- WG0: S, P; dQ and dK for dims 0-255 ----------------
+    for (int tile = 0; tile < tiles; ++tile) {
+      const std::uint32_t parity = tile & 1;
+      const std::uint32_t q_base = opaque(q_base0), do_base = opaque(do_base0),
+                          k_base = opaque(k_base0), p_base = opaque(p_base0),
+                          ds_base = opaque(ds_base0);
+      mbar_wait(ready0, parity);
+      mbar_wait(ready1, parity);
+      fence_proxy_async_smem();
+      wgmma_fence();
+      scores(s, q_base, k_base);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_pin(s);
+
+      const float l2a = lse2_s[row0], l2b = lse2_s[row1];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int key = tile * kKeys + 8 * (j >> 2) + 2 * qd + (j & 1);
+        s[j] = key < n ? exp2f(s[j] * scale2 - ((j & 2) ? l2b : l2a)) : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) p[j] = pack_bf16(s[2 * j], s[2 * j + 1]);
+      named_barrier_sync(kBarPdsFree, kThreads);  // WG1's previous dK is done with P / dS
+      store_fragment(smem + kPOff, p, row0, qd);
+      fence_proxy_async_smem();  // st.shared -> wgmma (both warpgroups' dK)
+      named_barrier_arrive(kBarPReady, kThreads);
+      named_barrier_sync(kBarDsReady, kThreads);
+
+      wgmma_fence();
+      dq_from_tile(dq, ds_base, k_base, 0);
+      wgmma_commit();
+      dk_chunk(dk, p_base, ds_base, do_base, q_base, 0);
+      wgmma_commit();
+      wgmma_wait<1>();  // dQ: the last read of the key tile's dims 0-255
+      wgmma_pin(dq);
+      if (tile + 1 < tiles) gather(tile + 1);
+      wgmma_wait<0>();
+      wgmma_pin(dk);
+      flush_dk<kMode>(dk, ids, n, dkv_acc, dcomp_acc, scratch, tile * kKeys, 0);
+      wgmma_fence();
+      dk_chunk(dk, p_base, ds_base, do_base, q_base, 128);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_pin(dk);
+      flush_dk<kMode>(dk, ids, n, dkv_acc, dcomp_acc, scratch, tile * kKeys, 128);
+    }
+    named_barrier_sync(kBarPdsFree, kThreads);  // WG1's last arrival
+  } else {
+    // ---------------- WG1: dP, dS; dQ and dK for dims 256-511 ----------------
+    named_barrier_arrive(kBarPdsFree, kThreads);  // the P / dS tiles start free
+    for (int tile = 0; tile < tiles; ++tile) {
+      const std::uint32_t parity = tile & 1;
+      const std::uint32_t q_base = opaque(q_base0), do_base = opaque(do_base0),
+                          k_base = opaque(k_base0), p_base = opaque(p_base0),
+                          ds_base = opaque(ds_base0);
+      mbar_wait(ready0, parity);
+      mbar_wait(ready1, parity);
+      fence_proxy_async_smem();
+      wgmma_fence();
+      scores(s, do_base, k_base);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_pin(s);
+
+      // dS = scale P (dP - D_row), P as WG0 stored it (bf16: the value dK's P^T dO uses).
+      named_barrier_sync(kBarPReady, kThreads);
+      const float da = drow_s[row0], db = drow_s[row1];
+      const unsigned char* p_tile = smem + kPOff;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int row = (j & 1) ? row1 : row0;
+        const std::uint32_t pv =
+            *reinterpret_cast<const std::uint32_t*>(p_tile + fragment_off(row, j >> 1, qd));
+        const float2 pf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pv));
+        const float dr = (j & 1) ? db : da;
+        p[j] = pack_bf16(scale * pf.x * (s[2 * j] - dr), scale * pf.y * (s[2 * j + 1] - dr));
+      }
+      store_fragment(smem + kDsOff, p, row0, qd);
+      fence_proxy_async_smem();  // st.shared -> wgmma (WG0's dQ, both warpgroups' dK)
+      named_barrier_arrive(kBarDsReady, kThreads);
+
+      wgmma_fence();
+      dq_from_regs(dq, p, k_base, 1);
+      wgmma_commit();
+      dk_chunk(dk, p_base, ds_base, do_base, q_base, 256);
+      wgmma_commit();
+      wgmma_wait<1>();  // dQ: the last read of the key tile's dims 256-511
+      wgmma_pin(dq);
+      if (tile + 1 < tiles) gather(tile + 1);
+      wgmma_wait<0>();
+      wgmma_pin(dk);
+      flush_dk<kMode>(dk, ids, n, dkv_acc, dcomp_acc, scratch, tile * kKeys, 256);
+      wgmma_fence();
+      dk_chunk(dk, p_base, ds_base, do_base, q_base, 384);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_pin(dk);
+      named_barrier_arrive(kBarPdsFree, kThreads);  // this tile's P / dS reads are done
+      flush_dk<kMode>(dk, ids, n, dkv_acc, dcomp_acc, scratch, tile * kKeys, 384);
+    }
+  }
+
+  // dQ: warpgroup c's dims [256c, 256c + 256); rows past H are never written.
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int dim = 256 * c + 8 * i + 2 * qd;
+    if (h0 + row0 < H)
+      *reinterpret_cast<float2*>(dq_acc + (static_cast<long>(t) * H + h0 + row0) * kDim + dim) =
+          make_float2(dq[4 * i], dq[4 * i + 1]);
+    if (h0 + row1 < H)
+      *reinterpret_cast<float2*>(dq_acc + (static_cast<long>(t) * H + h0 + row1) * kDim + dim) =
+          make_float2(dq[4 * i + 2], dq[4 * i + 3]);
+  }
+}
+
+// The opt-in shared-memory maximum of a Hopper block (227 KB).
+constexpr std::size_t kMaxDynamicSmem = 227 * 1024;
+
+}  // namespace
+
+bool attention_backward_wgmma_supported(const LayerDims& d) {
+  return d.head_dim == kDim &&
+         wgmma_backward_smem_bytes(max_keys_per_query(d)) <= kMaxDynamicSmem;
+}
+
+void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
+                                     const bf16* kv, const bf16* comp, const float* sink,
+                                     const std::int32_t* topk, const bf16* out, const float* lse,
+                                     const bf16* dout, float* dq_acc, float* dkv_acc,
+                                     float* dcomp_acc, float* dsink_part, cudaStream_t stream,
+                                     const GradChunk& chunk, bool discard_key_grads) {
+  const int rows = chunk.launch_rows(d.rows);
+  if (rows <= 0) return;
+  require(d.head_dim == kDim, ErrorKind::Unsupported,
+          "the wgmma attention backward needs head_dim 512, got " + std::to_string(d.head_dim));
+  const int max_keys = max_keys_per_query(d);
+  const std::size_t smem = wgmma_backward_smem_bytes(max_keys);
+  require(smem <= kMaxDynamicSmem, ErrorKind::Unsupported,
+          "the wgmma attention backward needs " + std::to_string(smem) +
+              " bytes of shared memory for " + std::to_string(max_keys) + " keys per query");
+  auto kernel = discard_key_grads ? attention_backward_wgmma_kernel<KeyGrads::discard>
+                : chunk.scratch   ? attention_backward_wgmma_kernel<KeyGrads::scratch>
+                                  : attention_backward_wgmma_kernel<KeyGrads::atomic>;
+  allow_dynamic_smem(kernel, smem, "the wgmma attention backward");
+  const int head_blocks = (d.heads + kRows - 1) / kRows;
+  const long blocks = static_cast<long>(rows) * head_blocks;
+  require(blocks < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+      d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part,
+      head_blocks, chunk);
+  CSATTN_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace csattn::cuda
