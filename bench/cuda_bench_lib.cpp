@@ -441,7 +441,22 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       std::printf("\nlayer forward + backward (flash shape, one sequence)\n");
       std::printf("%5s %7s %10s %10s %12s %9s  forward stages (ms)\n", "type", "tokens", "fwd ms", "bwd ms",
                   "tokens/s", "peak GiB");
-      for (int tokens : {4096, 16384, 65536})
+      // CSATTN_BENCH_LAYER_TOKENS (comma list) picks the sequence lengths.
+      std::vector<int> token_list{4096, 16384, 65536};
+      if (const char* env = std::getenv("CSATTN_BENCH_LAYER_TOKENS")) {
+        token_list.clear();
+        for (const char* p = env; *p != '\0';) {
+          char* end = nullptr;
+          const long v = std::strtol(p, &end, 10);
+          require(end != p && v > 0 && v < (1l << 24), ErrorKind::InvalidArgument,
+                  std::string("CSATTN_BENCH_LAYER_TOKENS: not a token count list: ") + env);
+          token_list.push_back(static_cast<int>(v));
+          p = *end == ',' ? end + 1 : end;
+          require(*end == ',' || *end == '\0', ErrorKind::InvalidArgument,
+                  std::string("CSATTN_BENCH_LAYER_TOKENS: not a token count list: ") + env);
+        }
+      }
+      for (int tokens : token_list)
         for (int ratio : {0, 4, 128}) {
           std::fprintf(stderr, "cuda_bench: layer ratio %d tokens %d\n", ratio, tokens);
           json j = layer_case("flash", ratio, tokens, true);

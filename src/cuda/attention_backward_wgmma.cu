@@ -33,11 +33,8 @@
 //   previous tile, the last reader of both tiles besides WG0's own, is complete).
 // WG0 and WG1 run separate loops: a loop shared through `if (c == 0)` makes ptxas serialise
 // every wgmma (C7514 / C7515).
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <numeric>
 #include <string>
 
 #include "cuda/atomic_util.cuh"
@@ -84,21 +81,6 @@ __device__ __forceinline__ std::uint32_t opaque(std::uint32_t v) {
   return v;
 }
 
-// The order in which the CTAs take the launch's rows (per head block; head blocks one after
-// the other). Consecutive rows share most of their window keys, so CTAs running at the same
-// time on neighbouring rows add into the same key-gradient rows; in blocks of `block`
-// consecutive rows whose order is permuted by a stride coprime with their count, the CTAs on
-// the machine at one time spread over the whole launch. block = 0: row order.
-struct TokenOrder {
-  int block = 0, stride = 1;
-  __device__ __forceinline__ int token(int idx, int rows) const {
-    if (block <= 0) return idx;
-    const int full = rows / block, b = idx / block;
-    if (b >= full) return idx;  // the partial last block stays in place
-    return static_cast<int>(static_cast<long>(b) * stride % full) * block + idx % block;
-  }
-};
-
 // Where the key gradients go (mode of the kernel instance).
 enum class KeyGrads { atomic, scratch, discard };
 
@@ -140,26 +122,23 @@ __device__ __forceinline__ void dq_from_regs(float (&dq)[128], const std::uint32
   }
 }
 
-// dK [64 keys x 128 dims from dim0] (+)= P^T dO or dS^T Q over the 64 head rows (`a_base`: the
-// P or dS tile, `b_base`: dO or Q). A = the [heads x keys] tile read MN-major (row = head = the
-// K index, 64 keys along a row), head step kk at row 16 kk; B read MN-major from column block
-// dim0 / 64 (2 blocks, LBO = 8 KB). accumulate = 0 overwrites dK.
-__device__ __forceinline__ void dk_product(float (&dk)[64], std::uint32_t a_base,
-                                           std::uint32_t b_base, int dim0, int accumulate) {
-#pragma unroll
-  for (int kk = 0; kk < kRows / 16; ++kk)
-    wgmma_m64n128k16_ss<1, 1>(
-        dk, wgmma_desc_sw128(a_base + kk * 16 * 128, kBlockBytes, 1024),
-        wgmma_desc_sw128(b_base + (dim0 / 64) * kBlockBytes + kk * 16 * 128, kBlockBytes, 1024),
-        kk == 0 ? accumulate : 1);
-}
-
-// dK chunk = P^T dO + dS^T Q (K = V: the value and the key term of the same rows).
+// dK [64 keys x 128 dims from dim0] = P^T dO + dS^T Q over the 64 head rows. A = the [heads x
+// keys] P / dS tiles read MN-major (row = head = the K index, 64 keys along a row), head step
+// kk at row 16 kk; B = the dO / Q tiles read MN-major from column block dim0 / 64 (2 blocks,
+// LBO = 8 KB). The first product overwrites dK.
 __device__ __forceinline__ void dk_chunk(float (&dk)[64], std::uint32_t p_base,
                                          std::uint32_t ds_base, std::uint32_t do_base,
                                          std::uint32_t q_base, int dim0) {
-  dk_product(dk, p_base, do_base, dim0, 0);
-  dk_product(dk, ds_base, q_base, dim0, 1);
+#pragma unroll
+  for (int kk = 0; kk < kRows / 16; ++kk) {
+    const std::uint32_t a_off = kk * 16 * 128;
+    const std::uint32_t b_off = (dim0 / 64) * kBlockBytes + kk * 16 * 128;
+    wgmma_m64n128k16_ss<1, 1>(dk, wgmma_desc_sw128(p_base + a_off, kBlockBytes, 1024),
+                              wgmma_desc_sw128(do_base + b_off, kBlockBytes, 1024),
+                              kk == 0 ? 0 : 1);
+    wgmma_m64n128k16_ss<1, 1>(dk, wgmma_desc_sw128(ds_base + a_off, kBlockBytes, 1024),
+                              wgmma_desc_sw128(q_base + b_off, kBlockBytes, 1024), 1);
+  }
 }
 
 // Adds (or stores) one warpgroup's dK chunk: keys slot0 + 16 w + lane / 4 (+8) of the key
@@ -213,8 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     const bf16* kv, const bf16* comp, const float* sink,
                                     const std::int32_t* topk, const bf16* out, const float* lse,
                                     const bf16* dout, float* dq_acc, float* dkv_acc,
-                                    float* dcomp_acc, float* dsink_part, int rows,
-                                    TokenOrder order, GradChunk chunk) {
+                                    float* dcomp_acc, float* dsink_part, int head_blocks,
+                                    GradChunk chunk) {
   extern __shared__ unsigned char smem_raw[];
   // wgmma's 128B swizzle is anchored at 1024-byte boundaries (descriptor base offset 0).
   const std::uint32_t raw = smem_addr(smem_raw);
@@ -230,8 +209,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* ids = reinterpret_cast<int*>(smem + kIdsOff);
 
   const int H = d.heads;
-  const int hb = static_cast<int>(blockIdx.x) / rows, h0 = hb * kRows;
-  const int t = chunk.r0 + order.token(static_cast<int>(blockIdx.x) % rows, rows);
+  // The head blocks of a token are neighbouring CTAs: they gather the same key rows and add
+  // into the same key-gradient rows close in time, in L2 (a head-block-major order measured
+  // 14% slower at 128 heads, 64K keys; perf.md 2026-12-04).
+  const int hb = static_cast<int>(blockIdx.x % head_blocks), h0 = hb * kRows;
+  const int t = chunk.r0 + static_cast<int>(blockIdx.x / head_blocks);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int c = warp >> 2;  // warpgroup
 
@@ -317,16 +299,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_fragment(smem + kPOff, p, row0, qd);
       fence_proxy_async_smem();  // st.shared -> wgmma (both warpgroups' dK)
       named_barrier_arrive(kBarPReady, kThreads);
-      // Chunk 0's P^T dO needs only P: it runs while WG1 computes dS.
-      wgmma_fence();
-      dk_product(dk, p_base, do_base, 0, 0);
-      wgmma_commit();
       named_barrier_sync(kBarDsReady, kThreads);
 
       wgmma_fence();
       dq_from_tile(dq, ds_base, k_base, 0);
       wgmma_commit();
-      dk_product(dk, ds_base, q_base, 0, 1);
+      dk_chunk(dk, p_base, ds_base, do_base, q_base, 0);
       wgmma_commit();
       wgmma_wait<1>();  // dQ: the last read of the key tile's dims 0-255
       wgmma_pin(dq);
@@ -361,10 +339,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // dS = scale P (dP - D_row), P as WG0 stored it (bf16: the value dK's P^T dO uses).
       named_barrier_sync(kBarPReady, kThreads);
-      // Chunk 0's P^T dO needs only P: it runs while this warpgroup computes dS.
-      wgmma_fence();
-      dk_product(dk, p_base, do_base, 256, 0);
-      wgmma_commit();
       const float da = drow_s[row0], db = drow_s[row1];
       const unsigned char* p_tile = smem + kPOff;
 #pragma unroll
@@ -383,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
       dq_from_regs(dq, p, k_base, 1);
       wgmma_commit();
-      dk_product(dk, ds_base, q_base, 256, 1);
+      dk_chunk(dk, p_base, ds_base, do_base, q_base, 256);
       wgmma_commit();
       wgmma_wait<1>();  // dQ: the last read of the key tile's dims 256-511
       wgmma_pin(dq);
@@ -417,26 +391,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // The opt-in shared-memory maximum of a Hopper block (227 KB).
 constexpr std::size_t kMaxDynamicSmem = 227 * 1024;
 
-// Blocks of kSpreadBlock rows (CSATTN_ATTENTION_BACKWARD_SPREAD overrides it; 0 = row order),
-// the stride such that the CTAs resident at one time (one per multiprocessor) step through the
-// launch's blocks evenly.
-constexpr int kSpreadBlock = 16;
-TokenOrder token_order(int rows) {
-  static const int block = [] {
-    const char* v = std::getenv("CSATTN_ATTENTION_BACKWARD_SPREAD");
-    return v != nullptr ? std::max(0, std::atoi(v)) : kSpreadBlock;
-  }();
-  TokenOrder order;
-  order.block = block;
-  const int full = block > 0 ? rows / block : 0;
-  if (full <= 1) return TokenOrder{};
-  int stride = std::max(1, static_cast<int>(static_cast<long>(full) * block / multiprocessor_count()));
-  while (std::gcd(stride, full) != 1) ++stride;
-  order.stride = stride % full;
-  if (order.stride == 0) order.stride = 1;
-  return order;
-}
-
 }  // namespace
 
 bool attention_backward_wgmma_supported(const LayerDims& d) {
@@ -466,10 +420,9 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long blocks = static_cast<long>(rows) * head_blocks;
   require(blocks < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
-  const TokenOrder order = token_order(rows);
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
       d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part,
-      rows, order, chunk);
+      head_blocks, chunk);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 
