@@ -25,7 +25,7 @@ if [ "${PROFILE_SANITIZE:-1}" != 0 ]; then
 fi
 
 if [ "${PROFILE_NCU:-1}" != 0 ]; then
-  kernels=${PROFILE_KERNELS:-"attention:sparse_attention_wgmma_kernel attention_backward:attention_backward_mma_kernel indexer_loss:indexer_loss_mma_kernel indexer:indexer_topk_tiled_kernel"}
+  kernels=${PROFILE_KERNELS:-"attention:sparse_attention_wgmma_kernel attention_backward:attention_backward_wgmma_kernel indexer_loss:indexer_loss_mma_kernel indexer:indexer_topk_wgmma_kernel"}
   for pair in $kernels; do
     section=${pair%%:*}
     kernel=${pair#*:}
