@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_random.hpp"
 #include "cuda_bench.hpp"
 
 #include "csattn/config.hpp"
@@ -28,14 +29,6 @@ using namespace csattn::cuda;
 using json = nlohmann::json;
 
 namespace {
-
-void fill_bf16(bf16* dev, std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist;
-  std::vector<std::uint16_t> h(n);
-  for (auto& x : h) x = float_to_bf16_bits(dist(rng));
-  CSATTN_CUDA_CHECK(cudaMemcpy(dev, h.data(), n * 2, cudaMemcpyHostToDevice));
-}
 
 template <class T>
 T* device_alloc(std::size_t n) {
@@ -107,8 +100,8 @@ json elementwise_benchmarks(double copy_tbps) {
   bf16* in = device_alloc<bf16>(big);
   bf16* out = device_alloc<bf16>(big);
   bf16* weight = device_alloc<bf16>(std::max(D, cfg.q_lora_rank));
-  fill_bf16(in, big, 1);
-  fill_bf16(weight, std::max(D, cfg.q_lora_rank), 2);
+  fill_random_bf16(in, big, 1);
+  fill_random_bf16(weight, std::max(D, cfg.q_lora_rank), 2);
   float* ape = device_alloc<float>(static_cast<std::size_t>(128) * 2 * D);
   CSATTN_CUDA_CHECK(cudaMemset(ape, 0, sizeof(float) * 128 * 2 * D));
 

@@ -9,6 +9,7 @@
 // Prints a table, writes JSON and an SVG bar chart of the attention figures. Shared by
 // `csattn bench --device cuda` and the standalone `csattn_cuda_bench` (bench/cuda_bench.cpp).
 #include <cublas_v2.h>
+#include <curand.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_random.hpp"
 #include "cuda_bench.hpp"
 
 #include "csattn/layer.hpp"
@@ -36,19 +38,47 @@ using namespace csattn;
 using namespace csattn::cuda;
 using json = nlohmann::json;
 
+namespace csattn::bench {
+
+namespace {
+void curand_check(curandStatus_t status, const char* what) {
+  require(status == CURAND_STATUS_SUCCESS, ErrorKind::Internal,
+          std::string("cuRAND: ") + what + " failed (status " + std::to_string(status) + ")");
+}
+
+}  // namespace
+
+// N(0, scale^2) bf16 values drawn on the device: cuRAND's Philox normals (fp32) in chunks of
+// at most 64M, rounded to bf16 there. (Drawing them on the host took about a minute per
+// benchmark pass at the Pro shapes, on lent device time.)
+void fill_random_bf16(cuda::bf16* dev, std::size_t n, std::uint64_t seed, float scale) {
+  if (n == 0) return;
+  constexpr std::size_t kChunk = std::size_t(1) << 26;  // even: curandGenerateNormal needs it
+  const std::size_t cap = std::min(kChunk, n + (n & 1));
+  float* tmp = nullptr;
+  CSATTN_CUDA_CHECK(cudaMalloc(&tmp, sizeof(float) * cap));
+  curandGenerator_t gen;
+  curand_check(curandCreateGenerator(&gen, CURAND_RNG_PSEUDO_PHILOX4_32_10), "create generator");
+  curand_check(curandSetPseudoRandomGeneratorSeed(gen, seed), "seed");
+  for (std::size_t off = 0; off < n; off += cap) {
+    const std::size_t m = std::min(cap, n - off);
+    curand_check(curandGenerateNormal(gen, tmp, m + (m & 1), 0.0f, scale), "normal draw");
+    launch_f32_to_bf16(tmp, dev + off, static_cast<long>(m), nullptr);
+  }
+  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  curandDestroyGenerator(gen);
+  CSATTN_CUDA_CHECK(cudaFree(tmp));
+}
+
+}  // namespace csattn::bench
+
+using csattn::bench::fill_random_bf16;
+
 namespace {
 
 template <class F>
 double median_ms(F&& run, int warmup, int iters) {  // on the legacy stream
   return median_event_ms(run, nullptr, warmup, iters);
-}
-
-void fill_random_bf16(bf16* dev, std::size_t n, std::uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<std::uint16_t> h(n);
-  for (auto& x : h) x = float_to_bf16_bits(dist(rng));
-  CSATTN_CUDA_CHECK(cudaMemcpy(dev, h.data(), n * 2, cudaMemcpyHostToDevice));
 }
 
 json ceilings() {
