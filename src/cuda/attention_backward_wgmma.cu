@@ -24,7 +24,9 @@
 // wgmma of the kernel (C7514).
 //
 // Shared memory (1024-byte aligned, 128B-swizzle layout of wgmma_tile.cuh):
-//   Q, dO, K [64 x 512] 64 KB each | P, dS [64 x 64] 8 KB each | 2 mbarriers | LSE2, D_row | ids.
+//   Q, dO, K [64 x 512] 64 KB each | P, dS [64 x 64] 8 KB each | 2 mbarriers | LSE2, D_row |
+//   CSA: the compacted top-k row. Key ids are derived per slot (KeyList): no key list is stored,
+//   so HCA segments of any length fit.
 // One key buffer: WG c gathers the next tile's dims [256c, 256c + 256) (cp.async, completing
 // on mbarrier ready[c]) as soon as its own dQ - the last reader of those dims - is done, so
 // the gather overlaps both warpgroups' dK. Hand-overs between the warpgroups (named barriers,
@@ -67,8 +69,8 @@ constexpr int kDsOff = kPOff + kBlockBytes;
 constexpr int kBarOff = kDsOff + kBlockBytes;  // ready[2]
 constexpr int kLseOff = kBarOff + 2 * 8;
 constexpr int kDrowOff = kLseOff + kRows * 4;
-constexpr int kCountOff = kDrowOff + kRows * 4;
-constexpr int kIdsOff = kCountOff + 16;
+constexpr int kCountOff = kDrowOff + kRows * 4;   // warp counts of the top-k compaction [8]
+constexpr int kSelOff = kCountOff + 8 * 4;
 
 // Named barriers (0 is __syncthreads), each over both warpgroups.
 constexpr int kBarPReady = 1;   // WG0 -> WG1: the P tile of this key tile is written
@@ -84,9 +86,9 @@ __device__ __forceinline__ std::uint32_t opaque(std::uint32_t v) {
 // Where the key gradients go (mode of the kernel instance).
 enum class KeyGrads { atomic, scratch, discard };
 
-std::size_t wgmma_backward_smem_bytes(int max_keys) {
+std::size_t wgmma_backward_smem_bytes(const LayerDims& d) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
-  return 1024 + kIdsOff + sizeof(int) * static_cast<std::size_t>(max_keys);
+  return 1024 + kSelOff + (d.ratio == 4 ? sizeof(int) * static_cast<std::size_t>(d.topk) : 0);
 }
 
 // S (or dP) [64 rows x 64 keys] = A K^T over all 512 dims: A = Q or dO, both K-major.
@@ -148,7 +150,7 @@ __device__ __forceinline__ void dk_chunk(float (&dk)[64], std::uint32_t p_base,
 // g + 8; then one 16-byte reduction (or store) per column group. Slots past the key list
 // (the last tile's tail) are skipped. dk is consumed.
 template <KeyGrads kMode>
-__device__ __forceinline__ void flush_dk(float (&dk)[64], const int* ids, int n, float* dkv_acc,
+__device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, float* dkv_acc,
                                          float* dcomp_acc, float* scratch, int slot0, int dim0) {
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, qd = lane & 3;
   const bool odd = (qd & 1) != 0;
@@ -172,9 +174,9 @@ __device__ __forceinline__ void flush_dk(float (&dk)[64], const int* ids, int n,
   // drops wgmmas whose accumulators nothing reads.
   if (kMode == KeyGrads::discard && dkv_acc != dcomp_acc) return;
   const int slot = slot0 + 16 * w + g + (odd ? 8 : 0);
-  if (slot >= n) return;
+  if (slot >= keys.n) return;
   float* row = kMode == KeyGrads::scratch ? scratch + static_cast<long>(slot) * kDim
-                                          : key_grad_row(ids[slot], dkv_acc, dcomp_acc, kDim);
+                                          : key_grad_row(keys.id(slot), dkv_acc, dcomp_acc, kDim);
   row += dim0 + 2 * (qd & ~1);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -206,7 +208,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t ready0 = base + kBarOff, ready1 = ready0 + 8;
   float* lse2_s = reinterpret_cast<float*>(smem + kLseOff);
   float* drow_s = reinterpret_cast<float*>(smem + kDrowOff);
-  int* ids = reinterpret_cast<int*>(smem + kIdsOff);
 
   const int H = d.heads;
   // The head blocks of a token are neighbouring CTAs: they gather the same key rows and add
@@ -222,8 +223,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(ready1, kWgThreads);
     mbar_init_fence();
   }
-  // (build_key_list ends with __syncthreads: the barriers are initialised for everyone.)
-  const int n = build_key_list(d, meta, topk, t, ids, reinterpret_cast<int*>(smem + kCountOff));
+  // (make_key_list ends with __syncthreads: the barriers are initialised for everyone.)
+  const KeyList keys = make_key_list(d, meta, topk, t, reinterpret_cast<int*>(smem + kSelOff),
+                                     reinterpret_cast<int*>(smem + kCountOff));
+  const int n = keys.n;
   const int tiles = (n + kKeys - 1) / kKeys;
 
   // Q and dO rows h0 .. h0 + 63 (zero-filled past H).
@@ -240,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int w4 = warp & 3;
   auto gather = [&](int tile) {
     const int slot = tile * kKeys + 16 * w4 + (lane & 15);
-    const bf16* mine = key_row_ptr(ids[slot < n ? slot : 0], kv, comp, kDim);
+    const bf16* mine = key_row_ptr(keys.id(slot < n ? slot : 0), kv, comp, kDim);
 #pragma unroll 4
     for (int j = 0; j < 16; ++j) {
       const bf16* src = reinterpret_cast<const bf16*>(
@@ -311,13 +314,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tile + 1 < tiles) gather(tile + 1);
       wgmma_wait<0>();
       wgmma_pin(dk);
-      flush_dk<kMode>(dk, ids, n, dkv_acc, dcomp_acc, scratch, tile * kKeys, 0);
+      flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 0);
       wgmma_fence();
       dk_chunk(dk, p_base, ds_base, do_base, q_base, 128);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_pin(dk);
-      flush_dk<kMode>(dk, ids, n, dkv_acc, dcomp_acc, scratch, tile * kKeys, 128);
+      flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 128);
     }
     named_barrier_sync(kBarPdsFree, kThreads);  // WG1's last arrival
   } else {
@@ -364,14 +367,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tile + 1 < tiles) gather(tile + 1);
       wgmma_wait<0>();
       wgmma_pin(dk);
-      flush_dk<kMode>(dk, ids, n, dkv_acc, dcomp_acc, scratch, tile * kKeys, 256);
+      flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 256);
       wgmma_fence();
       dk_chunk(dk, p_base, ds_base, do_base, q_base, 384);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_pin(dk);
       named_barrier_arrive(kBarPdsFree, kThreads);  // this tile's P / dS reads are done
-      flush_dk<kMode>(dk, ids, n, dkv_acc, dcomp_acc, scratch, tile * kKeys, 384);
+      flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 384);
     }
   }
 
@@ -395,7 +398,7 @@ constexpr std::size_t kMaxDynamicSmem = 227 * 1024;
 
 bool attention_backward_wgmma_supported(const LayerDims& d) {
   return d.head_dim == kDim &&
-         wgmma_backward_smem_bytes(max_keys_per_query(d)) <= kMaxDynamicSmem;
+         wgmma_backward_smem_bytes(d) <= kMaxDynamicSmem;
 }
 
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
@@ -408,11 +411,10 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   if (rows <= 0) return;
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention backward needs head_dim 512, got " + std::to_string(d.head_dim));
-  const int max_keys = max_keys_per_query(d);
-  const std::size_t smem = wgmma_backward_smem_bytes(max_keys);
+  const std::size_t smem = wgmma_backward_smem_bytes(d);
   require(smem <= kMaxDynamicSmem, ErrorKind::Unsupported,
           "the wgmma attention backward needs " + std::to_string(smem) +
-              " bytes of shared memory for " + std::to_string(max_keys) + " keys per query");
+              " bytes of shared memory for top-k " + std::to_string(d.topk));
   auto kernel = discard_key_grads ? attention_backward_wgmma_kernel<KeyGrads::discard>
                 : chunk.scratch   ? attention_backward_wgmma_kernel<KeyGrads::scratch>
                                   : attention_backward_wgmma_kernel<KeyGrads::atomic>;

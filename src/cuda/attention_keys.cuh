@@ -1,7 +1,8 @@
 // The key list of one query, shared by the attention kernels: window rows first (raw kv row
 // r >= 0), then compressed rows encoded as -(row + 1): HCA all visible entries, CSA the valid
-// ids of the top-k row (valid ids first, then -1). Called by every thread of the block;
-// returns the count after a __syncthreads.
+// ids of the top-k row in their order. build_key_list stores the whole list (shared memory
+// grows with it: HCA segments of ~1M tokens have ~8K keys); KeyList derives a slot's id from
+// the row's metadata and keeps only the compacted CSA selection.
 #pragma once
 #include "cuda/params.hpp"
 
@@ -15,6 +16,7 @@ __device__ __forceinline__ float* key_grad_row(int id, float* dkv, float* dcomp,
   return id >= 0 ? dkv + static_cast<long>(id) * D : dcomp + static_cast<long>(-id - 1) * D;
 }
 
+// Called by every thread of the block; returns the count after a __syncthreads.
 __device__ __forceinline__ int build_key_list(const LayerDims& d, const DeviceMetadata& meta,
                                               const std::int32_t* topk, int t, int* ids,
                                               int* shared_count) {
@@ -39,5 +41,70 @@ __device__ __forceinline__ int build_key_list(const LayerDims& d, const DeviceMe
   return *shared_count;
 }
 
+
+// A query's key list without storing it: slot s < n_win is raw kv row win_row0 + s; slot
+// n_win + j is compressed row comp_row0 + (sel ? sel[j] : j), sel holding the valid entries
+// of a CSA top-k row in order (shared memory), HCA taking every visible entry in order.
+struct KeyList {
+  int n_win = 0, n = 0, win_row0 = 0, comp_row0 = 0;
+  const int* sel = nullptr;
+  __device__ __forceinline__ int id(int slot) const {
+    if (slot < n_win) return win_row0 + slot;
+    const int j = slot - n_win;
+    return -(comp_row0 + (sel != nullptr ? sel[j] : j) + 1);
+  }
+};
+
+// The KeyList of row t. Called by every thread of the block (blockDim.x a multiple of 32);
+// for CSA it compacts the top-k row into sel_s ([topk] ints of shared memory) with a
+// block-wide ballot scan (4 entries a thread per round, one global round trip), using
+// warp_counts ([blockDim.x / 32] ints of shared memory); ends with a __syncthreads.
+__device__ __forceinline__ KeyList make_key_list(const LayerDims& d, const DeviceMetadata& meta,
+                                                 const std::int32_t* topk, int t, int* sel_s,
+                                                 int* warp_counts) {
+  KeyList k;
+  const int b = meta.row_segment[t], pos = meta.row_position[t];
+  const int w0 = max(0, pos - d.window + 1);
+  k.n_win = pos - w0 + 1;
+  k.win_row0 = meta.cu_padded[b] + w0;
+  k.comp_row0 = meta.comp_start[b];
+  int n_comp = 0;
+  if (d.ratio == 4) {
+    constexpr int kBatch = 4;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const std::int32_t* row = topk + static_cast<long>(t) * d.topk;
+    for (int base = 0; base < d.topk; base += kBatch * static_cast<int>(blockDim.x)) {
+      int v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int kk = base + j * static_cast<int>(blockDim.x) + tid;
+        v[j] = kk < d.topk ? row[kk] : -1;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (base + j * static_cast<int>(blockDim.x) >= d.topk) break;  // uniform
+        const bool ok = v[j] >= 0;
+        const unsigned ballot = __ballot_sync(0xffffffffu, ok);
+        if (lane == 0) warp_counts[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, all = 0;
+        for (int w = 0; w < warps; ++w) {
+          const int c = warp_counts[w];
+          before += w < warp ? c : 0;
+          all += c;
+        }
+        if (ok) sel_s[n_comp + before + __popc(ballot & ((1u << lane) - 1u))] = v[j];
+        n_comp += all;
+        __syncthreads();  // warp_counts is rewritten next; sel_s complete after the last
+      }
+    }
+    k.sel = sel_s;
+  } else if (d.ratio > 1) {
+    n_comp = min((pos + 1) / d.ratio, meta.comp_start[b + 1] - meta.comp_start[b]);
+  }
+  k.n = k.n_win + n_comp;
+  __syncthreads();
+  return k;
+}
 
 }  // namespace csattn::cuda

@@ -244,6 +244,88 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   }
 }
 
+// HCA queries late in a segment of 600K tokens see 128 + ~4.7K keys: more ids than fit beside
+// the wgmma kernel's tiles if the key list were stored (it derives them per slot). Only the
+// last 48 rows are queries (the benchmark's layout), so only the window rows they see and the
+// compressed rows hold data; the wgmma kernel must match the baseline there and write no
+// other key-gradient row.
+TEST(CudaAttentionBackwardLong, HcaSegmentOf600KTokens) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  cfg.compress_ratio = 128;
+  const int L = 600000, Q = 48, W = cfg.window, D = cfg.head_dim, H = cfg.n_heads;
+  const int Nc = L / 128;
+  LayerDims d = make_dims(cfg, Q, 1, L);
+  d.comp_capacity = Nc;
+  ASSERT_GT(max_keys_per_query(d), 4600);  // ~18.5 KB of ids: past the old stored-list limit
+  ASSERT_TRUE(attention_backward_wgmma_supported(d));
+
+  DeviceArray<std::int32_t> cu(std::vector<std::int32_t>{0, L}),
+      comp_start(std::vector<std::int32_t>{0, Nc}), row_segment(std::vector<std::int32_t>(Q, 0)),
+      row_position(Q);
+  std::vector<std::int32_t> pos(Q);
+  for (int t = 0; t < Q; ++t) pos[t] = L - Q + t;
+  row_position.upload(pos);
+  DeviceArray<std::uint8_t> padding(std::vector<std::uint8_t>(Q, 0));
+  DeviceMetadata meta;
+  meta.cu_real = cu.get();
+  meta.cu_padded = cu.get();
+  meta.comp_start = comp_start.get();
+  meta.row_segment = row_segment.get();
+  meta.row_position = row_position.get();
+  meta.row_is_padding = padding.get();
+
+  const std::size_t rowsHD = static_cast<std::size_t>(Q) * H * D;
+  const int first = L - Q - W;  // the first raw row any query sees
+  DeviceArray<std::uint16_t> q(random_bf16(rowsHD, 21)), dout(random_bf16(rowsHD, 22)),
+      comp(random_bf16(static_cast<std::size_t>(Nc) * D, 23)), out(rowsHD),
+      kv(static_cast<std::size_t>(L) * D);
+  kv.fill_bytes(0);
+  const std::vector<std::uint16_t> tail = random_bf16(static_cast<std::size_t>(L - first) * D, 24);
+  CSATTN_CUDA_CHECK(cudaMemcpy(kv.get() + static_cast<std::size_t>(first) * D, tail.data(),
+                               tail.size() * 2, cudaMemcpyHostToDevice));
+  DeviceArray<float> lse(static_cast<std::size_t>(Q) * H), sink(std::vector<float>(H, 0.25f));
+  DeviceArray<std::int32_t> topk(1);
+  launch_sparse_attention(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
+                          sink.get(), topk.get(), dev_cast<bf16>(out), lse.get(), nullptr);
+
+  DeviceArray<float> dq(rowsHD), dkv(static_cast<std::size_t>(L) * D),
+      dcomp(static_cast<std::size_t>(Nc) * D), dsink(static_cast<std::size_t>(Q) * H);
+  struct Result {
+    Grads g;
+    std::vector<float> dkv_before;  // the 1024 rows before `first`: must stay zero
+  };
+  auto run = [&](bool wgmma) {
+    dq.fill_bytes(0xFF);
+    dsink.fill_bytes(0xFF);
+    dkv.fill_bytes(0);
+    dcomp.fill_bytes(0);
+    auto launch = wgmma ? launch_wgmma : launch_attention_backward_baseline;
+    launch(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
+           topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(), dkv.get(),
+           dcomp.get(), dsink.get(), nullptr, GradChunk{});
+    CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    Result r;
+    r.g.dq = dq.download();
+    r.g.dcomp = dcomp.download();
+    r.g.dsink = dsink.download();
+    r.g.dkv.resize(static_cast<std::size_t>(L - first) * D);
+    CSATTN_CUDA_CHECK(cudaMemcpy(r.g.dkv.data(), dkv.get() + static_cast<std::size_t>(first) * D,
+                                 r.g.dkv.size() * 4, cudaMemcpyDeviceToHost));
+    r.dkv_before.resize(static_cast<std::size_t>(1024) * D);
+    CSATTN_CUDA_CHECK(cudaMemcpy(r.dkv_before.data(),
+                                 dkv.get() + static_cast<std::size_t>(first - 1024) * D,
+                                 r.dkv_before.size() * 4, cudaMemcpyDeviceToHost));
+    return r;
+  };
+  const Result ref = run(false), got = run(true);
+  expect_close(got.g.dq, ref.g.dq, "dq");
+  expect_close(got.g.dkv, ref.g.dkv, "dkv (the window rows)");
+  expect_close(got.g.dcomp, ref.g.dcomp, "dcomp");
+  expect_close(got.g.dsink, ref.g.dsink, "dsink");
+  for (float v : got.dkv_before) ASSERT_EQ(v, 0.0f) << "a key-gradient row no query sees";
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionBackward,
                          ::testing::Values(BwdCase{64, 4, 100}, BwdCase{128, 4, 128},
                                            BwdCase{24, 4, 100}, BwdCase{64, 128, 0},
