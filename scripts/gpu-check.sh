@@ -8,7 +8,9 @@
 # GPU_CHECK_TORCH=0 the PyTorch eager comparison, GPU_CHECK_RUN=0 the `csattn run` main job
 # (GPU_CHECK_RUN=2 adds a Flash-shape run); the whole default check takes about 8 minutes
 # of the device's 10-minute call limit;
-# GPU_CHECK_FILTER=<gtest filter> runs only those test cases; CSATTN_BENCH_SECTIONS picks
+# GPU_CHECK_FILTER=<gtest filter> runs only those test cases (parameterised suites carry a
+# prefix: 'Layers/CudaBackward.*', or '*CudaBackward*'; a bare 'CudaBackward.*' matches only the
+# unparameterised cases); CSATTN_BENCH_SECTIONS picks
 # benchmark sections (attention, attention_backward, layer, deterministic, indexer,
 # elementwise, indexer_loss).
 set -uo pipefail

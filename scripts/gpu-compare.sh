@@ -3,7 +3,8 @@
 # kernel variants picked by an environment variable, in one build and one call.
 #   COMPARE_VAR=CSATTN_ATTENTION COMPARE_VALUES="wgmma split" CSATTN_BENCH_SECTIONS=attention \
 #     bash scripts/gpu-compare.sh
-# builds csattn (scripts/device-build.sh), runs the gtest cases of COMPARE_FILTER (if set) and
+# builds csattn (scripts/device-build.sh), runs the gtest cases of COMPARE_FILTER (if set; mind
+# the prefixes of parameterised suites: '*CudaBackward*', not 'CudaBackward.*') and
 # the ctest entries matching COMPARE_CTEST (if set), then `csattn bench --device cuda` once per
 # value with COMPARE_VAR set to it (the sections of CSATTN_BENCH_SECTIONS), each run's table in
 # $OUT/summary.txt and its JSON in $OUT/bench_<value>.json.
