@@ -71,6 +71,7 @@ constexpr int kLseOff = kBarOff + 2 * 8;
 constexpr int kDrowOff = kLseOff + kRows * 4;
 constexpr int kCountOff = kDrowOff + kRows * 4;   // warp counts of the top-k compaction [8]
 constexpr int kSelOff = kCountOff + 8 * 4;
+static_assert(kThreads / 32 <= 8, "make_key_list's warp counts");
 
 // Named barriers (0 is __syncthreads), each over both warpgroups.
 constexpr int kBarPReady = 1;   // WG0 -> WG1: the P tile of this key tile is written
@@ -415,6 +416,10 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   require(smem <= kMaxDynamicSmem, ErrorKind::Unsupported,
           "the wgmma attention backward needs " + std::to_string(smem) +
               " bytes of shared memory for top-k " + std::to_string(d.topk));
+  require(!discard_key_grads || (dkv_acc != nullptr && dcomp_acc != nullptr && dkv_acc != dcomp_acc),
+          ErrorKind::InvalidArgument,
+          "the wgmma attention backward's discard mode (a measurement) needs two distinct "
+          "key-gradient buffers");
   auto kernel = discard_key_grads ? attention_backward_wgmma_kernel<KeyGrads::discard>
                 : chunk.scratch   ? attention_backward_wgmma_kernel<KeyGrads::scratch>
                                   : attention_backward_wgmma_kernel<KeyGrads::atomic>;

@@ -67,7 +67,7 @@ __device__ __forceinline__ KeyList make_key_list(const LayerDims& d, const Devic
   const int w0 = max(0, pos - d.window + 1);
   k.n_win = pos - w0 + 1;
   k.win_row0 = meta.cu_padded[b] + w0;
-  k.comp_row0 = meta.comp_start[b];
+  k.comp_row0 = d.ratio > 1 ? meta.comp_start[b] : 0;
   int n_comp = 0;
   if (d.ratio == 4) {
     constexpr int kBatch = 4;

@@ -39,8 +39,8 @@ void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata
                                         float* dq_acc, float* dkv_acc, float* dcomp_acc,
                                         float* dsink_part, cudaStream_t stream,
                                         const GradChunk& chunk = {});
-// The wgmma kernel (attention_backward_wgmma.cu, Hopper): head_dim 512 and a key list that
-// fits its shared memory; same contract. discard_key_grads skips every key-gradient write
+// The wgmma kernel (attention_backward_wgmma.cu, Hopper): head_dim 512 and a CSA top-k row
+// that fits its shared memory (any HCA / SWA length); same contract. discard_key_grads skips every key-gradient write
 // (measurement only: what the reductions cost).
 bool attention_backward_wgmma_supported(const LayerDims& d);
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta,

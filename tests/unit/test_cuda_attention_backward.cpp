@@ -47,9 +47,11 @@ struct BwdCase {
   int heads;
   int ratio;  // 0 SWA, 4 CSA (top-k), 128 HCA
   int topk;
+  int long_segment = 0;  // > 0: one more segment of this length (rows with > 1000 entries)
 };
 void PrintTo(const BwdCase& c, std::ostream* os) {
-  *os << "heads " << c.heads << " ratio " << c.ratio << " topk " << c.topk;
+  *os << "heads " << c.heads << " ratio " << c.ratio << " topk " << c.topk << " long segment "
+      << c.long_segment;
 }
 
 struct Grads {
@@ -99,7 +101,11 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   if (c.ratio == 4) cfg.index_topk = c.topk;
   // Segments: shorter than a key tile, one row, a padded tail, and two long enough for full
   // windows and many compressed entries (rows with fewer keys than a tile start each one).
-  const std::vector<int> real = {5, 1, 40, 300, 650}, padded = {8, 1, 40, 304, 650};
+  std::vector<int> real = {5, 1, 40, 300, 650}, padded = {8, 1, 40, 304, 650};
+  if (c.long_segment > 0) {
+    real.push_back(c.long_segment);
+    padded.push_back(c.long_segment);
+  }
   const int B = static_cast<int>(real.size());
   std::vector<std::int32_t> cu_real(B + 1, 0), cu_padded(B + 1, 0);
   for (int b = 0; b < B; ++b) {
@@ -324,12 +330,41 @@ TEST(CudaAttentionBackwardLong, HcaSegmentOf600KTokens) {
   expect_close(got.g.dcomp, ref.g.dcomp, "dcomp");
   expect_close(got.g.dsink, ref.g.dsink, "dsink");
   for (float v : got.dkv_before) ASSERT_EQ(v, 0.0f) << "a key-gradient row no query sees";
+
+  // Deterministic mode: chunks of 16 rows into a NaN-poisoned scratch of ~4.8K slots a row,
+  // the ordered scatter after each. Only the compressed rows are compared: the scatter finds
+  // a window row's contributors by row index, which this layout (48 query rows at the end of
+  // a 600K-row key sequence, not a batch of its own) does not keep.
+  dkv.fill_bytes(0);
+  dcomp.fill_bytes(0);
+  const int slots = max_keys_per_query(d), chunk_rows = 16;
+  DeviceArray<float> scratch(static_cast<std::size_t>(chunk_rows) * slots * D);
+  scratch.fill_bytes(0xFF);
+  OrderedScatter os;
+  os.layout = SlotLayout::attention;
+  os.slots = slots;
+  os.width = D;
+  os.dst_window = dkv.get();
+  os.dst_comp = dcomp.get();
+  os.copies = 1;
+  for (int r0 = 0; r0 < Q; r0 += chunk_rows) {
+    const GradChunk chunk{r0, std::min(chunk_rows, Q - r0), scratch.get(), slots, 1};
+    launch_wgmma(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
+                 topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(),
+                 dkv.get(), dcomp.get(), dsink.get(), nullptr, chunk);
+    launch_ordered_scatter(d, meta, topk.get(), os, chunk.r0, chunk.rows, scratch.get(), nullptr);
+  }
+  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  expect_close(dcomp.download(), got.g.dcomp, "deterministic dcomp");
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionBackward,
                          ::testing::Values(BwdCase{64, 4, 100}, BwdCase{128, 4, 128},
                                            BwdCase{24, 4, 100}, BwdCase{64, 128, 0},
-                                           BwdCase{64, 0, 0}),
+                                           BwdCase{64, 0, 0},
+                                           // top-k rows of ~900 valid ids: the wgmma
+                                           // kernel's compaction takes 4 entries a thread
+                                           BwdCase{64, 4, 1024, 4200}),
                          [](const auto& param_info) {
                            const BwdCase& c = param_info.param;
                            std::string name = "H";
@@ -338,6 +373,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionBackward,
                            name += std::to_string(c.ratio);
                            name += "_topk";
                            name += std::to_string(c.topk);
+                           if (c.long_segment > 0) name += "_long" + std::to_string(c.long_segment);
                            return name;
                          });
 
