@@ -243,6 +243,61 @@ json sparse_attention_backward_case(int heads, int topk, int keys, int queries,
   return j;
 }
 
+// Where the wgmma backward's time goes: one launch with clock64() stamps at its phase
+// boundaries (AttentionBackwardStamps), after a warm-up launch; per warpgroup the mean cycles
+// per key tile of each phase over the first wave's CTAs, and the prologue (key list, Q / dO,
+// D_row) and epilogue (dQ store) per CTA.
+json attention_backward_phases_case(int heads, int topk, int keys, int queries) {
+  using Stamps = AttentionBackwardStamps;
+  const SparseAttentionInputs in(heads, topk, keys, queries, true);
+  in.forward();
+  in.backward();
+  long long* dev = nullptr;
+  CSATTN_CUDA_CHECK(cudaMalloc(&dev, sizeof(long long) * Stamps::count()));
+  CSATTN_CUDA_CHECK(cudaMemset(dev, 0, sizeof(long long) * Stamps::count()));
+  launch_attention_backward_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev, in.out,
+                                  in.lse, in.dout, in.dq, in.dkv, in.dcomp, in.dsink, nullptr,
+                                  GradChunk{}, false, dev);
+  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<long long> h(static_cast<std::size_t>(Stamps::count()));
+  CSATTN_CUDA_CHECK(cudaMemcpy(h.data(), dev, sizeof(long long) * h.size(), cudaMemcpyDeviceToHost));
+  CSATTN_CUDA_CHECK(cudaFree(dev));
+  static const char* const names[] = {"ready wait", "S / dP",  "hand-over",           "dQ",
+                                      "dK chunk 0", "flush 0", "dK chunk 1 + flush 1"};
+  json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries}};
+  for (int wg = 0; wg < 2; ++wg) {
+    double sum[7] = {}, prologue = 0.0, epilogue = 0.0;
+    long tiles = 0, ctas = 0;
+    for (int cta = 0; cta < Stamps::ctas; ++cta) {
+      const long long* base = h.data() + static_cast<long>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
+      const long long* head = base + static_cast<long>(Stamps::tiles) * Stamps::phases;
+      if (head[0] == 0 || head[3] == 0) continue;  // a CTA past the grid
+      prologue += static_cast<double>(head[1] - head[0]);
+      epilogue += static_cast<double>(head[3] - head[2]);
+      ++ctas;
+      for (int tile = 0; tile < Stamps::tiles; ++tile) {
+        const long long* r = base + static_cast<long>(tile) * Stamps::phases;
+        if (r[7] == 0) break;  // the CTA had fewer tiles
+        for (int p = 1; p < Stamps::phases; ++p) sum[p - 1] += static_cast<double>(r[p] - r[p - 1]);
+        ++tiles;
+      }
+    }
+    json w;
+    double total = 0.0;
+    for (int p = 0; p < 7; ++p) {
+      w["cycles_per_tile"][names[p]] = tiles > 0 ? sum[p] / tiles : 0.0;
+      total += tiles > 0 ? sum[p] / tiles : 0.0;
+    }
+    w["tile_cycles"] = total;
+    w["prologue_cycles"] = ctas > 0 ? prologue / ctas : 0.0;
+    w["epilogue_cycles"] = ctas > 0 ? epilogue / ctas : 0.0;
+    w["ctas"] = ctas;
+    w["tiles"] = tiles;
+    j[wg == 0 ? "wg0" : "wg1"] = w;
+  }
+  return j;
+}
+
 // The indexer KL loss alone (value + gradients) at the Flash shape: one sequence of `tokens`,
 // window 128, top-k 512 like the indexer's (every visible entry when they fit, else random
 // ones), the forward attention's LSE as input. FLOPs per (row, candidate) pair, counted once:
@@ -466,6 +521,30 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
                         j["kernel"].get<std::string>().c_str());
             report["sparse_attention_backward"].push_back(j);
           }
+      // Where the time goes inside the wgmma kernel (clock64() stamps of one launch).
+      if (!report["sparse_attention_backward"].empty() &&
+          report["sparse_attention_backward"].front()["kernel"] == "wgmma") {
+        std::printf("\nwgmma attention backward phases (cycles per 64-key tile, mean over the first "
+                    "wave's CTAs; prologue / epilogue per CTA)\n");
+        std::printf("%-14s %3s %7s %7s %9s %7s %7s %7s %9s %7s %8s %8s\n", "shape", "WG", "ready",
+                    "S/dP", "hand-over", "dQ", "dK 0", "flush 0", "dK1+fl 1", "tile", "prologue",
+                    "epilogue");
+        for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}}) {
+          std::fprintf(stderr, "cuda_bench: attention backward phases H %d top-k %d\n", heads, topk);
+          json j = attention_backward_phases_case(heads, topk, 32768, 4096);
+          for (const char* wg : {"wg0", "wg1"}) {
+            const json& w = j[wg];
+            const json& c = w["cycles_per_tile"];
+            std::printf("H%-3d top-k %-4d %3s %7.0f %7.0f %9.0f %7.0f %7.0f %7.0f %9.0f %7.0f %8.0f %8.0f\n",
+                        heads, topk, wg, c["ready wait"].get<double>(), c["S / dP"].get<double>(),
+                        c["hand-over"].get<double>(), c["dQ"].get<double>(),
+                        c["dK chunk 0"].get<double>(), c["flush 0"].get<double>(),
+                        c["dK chunk 1 + flush 1"].get<double>(), w["tile_cycles"].get<double>(),
+                        w["prologue_cycles"].get<double>(), w["epilogue_cycles"].get<double>());
+          }
+          report["attention_backward_phases"].push_back(j);
+        }
+      }
     }
     if (want("layer")) {
       std::printf("\nlayer forward + backward (flash shape, one sequence)\n");

@@ -189,14 +189,16 @@ __device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, f
   }
 }
 
-template <KeyGrads kMode>
+// kStamps (measurement only): clock64() at the phase boundaries into `stamps`, laid out as
+// AttentionBackwardStamps (backward_kernels.hpp) says.
+template <KeyGrads kMode, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                     const bf16* kv, const bf16* comp, const float* sink,
                                     const std::int32_t* topk, const bf16* out, const float* lse,
                                     const bf16* dout, float* dq_acc, float* dkv_acc,
                                     float* dcomp_acc, float* dsink_part, int head_blocks,
-                                    GradChunk chunk) {
+                                    GradChunk chunk, long long* stamps) {
   extern __shared__ unsigned char smem_raw[];
   // wgmma's 128B swizzle is anchored at 1024-byte boundaries (descriptor base offset 0).
   const std::uint32_t raw = smem_addr(smem_raw);
@@ -218,6 +220,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int t = chunk.r0 + static_cast<int>(blockIdx.x / head_blocks);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int c = warp >> 2;  // warpgroup
+  using Stamps = AttentionBackwardStamps;
+  auto stamp_at = [&](int row, int phase) {
+    if constexpr (kStamps) {
+      if ((tid & (kWgThreads - 1)) == 0 && static_cast<int>(blockIdx.x) < Stamps::ctas)
+        stamps[((static_cast<long>(blockIdx.x) * 2 + c) * (Stamps::tiles + 1) + row) *
+                   Stamps::phases + phase] = clock64();
+    }
+  };
+  auto stamp = [&](int tile, int phase) {  // key tile `tile`
+    if (tile < Stamps::tiles) stamp_at(tile, phase);
+  };
+  stamp_at(Stamps::tiles, 0);
 
   if (tid == 0) {
     mbar_init(ready0, kWgThreads);  // one cp.async arrival per thread of the gathering WG
@@ -259,6 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   cp_async_wait_all();  // this thread's Q / dO copies
   fence_proxy_async_smem();
   __syncthreads();
+  stamp_at(Stamps::tiles, 1);
 
   const int g = lane >> 2, qd = lane & 3;
   const int row0 = 16 * w4 + g, row1 = row0 + 8;
@@ -279,17 +294,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- WG0: S, P; dQ and dK for dims 0-255 ----------------
     for (int tile = 0; tile < tiles; ++tile) {
       const std::uint32_t parity = tile & 1;
+      stamp(tile, 0);
       const std::uint32_t q_base = opaque(q_base0), do_base = opaque(do_base0),
                           k_base = opaque(k_base0), p_base = opaque(p_base0),
                           ds_base = opaque(ds_base0);
       mbar_wait(ready0, parity);
       mbar_wait(ready1, parity);
+      stamp(tile, 1);
       fence_proxy_async_smem();
       wgmma_fence();
       scores(s, q_base, k_base);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_pin(s);
+      stamp(tile, 2);
 
       const float l2a = lse2_s[row0], l2b = lse2_s[row1];
 #pragma unroll
@@ -304,6 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_proxy_async_smem();  // st.shared -> wgmma (both warpgroups' dK)
       named_barrier_arrive(kBarPReady, kThreads);
       named_barrier_sync(kBarDsReady, kThreads);
+      stamp(tile, 3);
 
       wgmma_fence();
       dq_from_tile(dq, ds_base, k_base, 0);
@@ -312,16 +331,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
       wgmma_wait<1>();  // dQ: the last read of the key tile's dims 0-255
       wgmma_pin(dq);
+      stamp(tile, 4);
       if (tile + 1 < tiles) gather(tile + 1);
       wgmma_wait<0>();
       wgmma_pin(dk);
+      stamp(tile, 5);
       flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 0);
+      stamp(tile, 6);
       wgmma_fence();
       dk_chunk(dk, p_base, ds_base, do_base, q_base, 128);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_pin(dk);
       flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 128);
+      stamp(tile, 7);
     }
     named_barrier_sync(kBarPdsFree, kThreads);  // WG1's last arrival
   } else {
@@ -329,17 +352,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_barrier_arrive(kBarPdsFree, kThreads);  // the P / dS tiles start free
     for (int tile = 0; tile < tiles; ++tile) {
       const std::uint32_t parity = tile & 1;
+      stamp(tile, 0);
       const std::uint32_t q_base = opaque(q_base0), do_base = opaque(do_base0),
                           k_base = opaque(k_base0), p_base = opaque(p_base0),
                           ds_base = opaque(ds_base0);
       mbar_wait(ready0, parity);
       mbar_wait(ready1, parity);
+      stamp(tile, 1);
       fence_proxy_async_smem();
       wgmma_fence();
       scores(s, do_base, k_base);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_pin(s);
+      stamp(tile, 2);
 
       // dS = scale P (dP - D_row), P as WG0 stored it (bf16: the value dK's P^T dO uses).
       named_barrier_sync(kBarPReady, kThreads);
@@ -357,6 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_fragment(smem + kDsOff, p, row0, qd);
       fence_proxy_async_smem();  // st.shared -> wgmma (WG0's dQ, both warpgroups' dK)
       named_barrier_arrive(kBarDsReady, kThreads);
+      stamp(tile, 3);
 
       wgmma_fence();
       dq_from_regs(dq, p, k_base, 1);
@@ -365,10 +392,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
       wgmma_wait<1>();  // dQ: the last read of the key tile's dims 256-511
       wgmma_pin(dq);
+      stamp(tile, 4);
       if (tile + 1 < tiles) gather(tile + 1);
       wgmma_wait<0>();
       wgmma_pin(dk);
+      stamp(tile, 5);
       flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 256);
+      stamp(tile, 6);
       wgmma_fence();
       dk_chunk(dk, p_base, ds_base, do_base, q_base, 384);
       wgmma_commit();
@@ -376,9 +406,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_pin(dk);
       named_barrier_arrive(kBarPdsFree, kThreads);  // this tile's P / dS reads are done
       flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 384);
+      stamp(tile, 7);
     }
   }
 
+  stamp_at(Stamps::tiles, 2);
   // dQ: warpgroup c's dims [256c, 256c + 256); rows past H are never written.
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
@@ -390,6 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<float2*>(dq_acc + (static_cast<long>(t) * H + h0 + row1) * kDim + dim) =
           make_float2(dq[4 * i + 2], dq[4 * i + 3]);
   }
+  stamp_at(Stamps::tiles, 3);
 }
 
 // The opt-in shared-memory maximum of a Hopper block (227 KB).
@@ -407,7 +440,8 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
                                      const std::int32_t* topk, const bf16* out, const float* lse,
                                      const bf16* dout, float* dq_acc, float* dkv_acc,
                                      float* dcomp_acc, float* dsink_part, cudaStream_t stream,
-                                     const GradChunk& chunk, bool discard_key_grads) {
+                                     const GradChunk& chunk, bool discard_key_grads,
+                                     long long* phase_stamps) {
   const int rows = chunk.launch_rows(d.rows);
   if (rows <= 0) return;
   require(d.head_dim == kDim, ErrorKind::Unsupported,
@@ -420,16 +454,20 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
           ErrorKind::InvalidArgument,
           "the wgmma attention backward's discard mode (a measurement) needs two distinct "
           "key-gradient buffers");
-  auto kernel = discard_key_grads ? attention_backward_wgmma_kernel<KeyGrads::discard>
-                : chunk.scratch   ? attention_backward_wgmma_kernel<KeyGrads::scratch>
-                                  : attention_backward_wgmma_kernel<KeyGrads::atomic>;
+  require(phase_stamps == nullptr || (chunk.scratch == nullptr && !discard_key_grads),
+          ErrorKind::InvalidArgument,
+          "the wgmma attention backward's phase stamps are taken in the fast mode only");
+  auto kernel = phase_stamps != nullptr ? attention_backward_wgmma_kernel<KeyGrads::atomic, true>
+                : discard_key_grads     ? attention_backward_wgmma_kernel<KeyGrads::discard, false>
+                : chunk.scratch         ? attention_backward_wgmma_kernel<KeyGrads::scratch, false>
+                                        : attention_backward_wgmma_kernel<KeyGrads::atomic, false>;
   allow_dynamic_smem(kernel, smem, "the wgmma attention backward");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long blocks = static_cast<long>(rows) * head_blocks;
   require(blocks < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
       d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part,
-      head_blocks, chunk);
+      head_blocks, chunk, phase_stamps);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 
