@@ -55,17 +55,17 @@ IndexerLossArgs loss_args(const ForwardParams& f, const BackwardParams& b) {
   l.lse = f.act.lse;
   l.sparse = b.sparse_loss;
   l.scale = b.loss_scale;
+  if (mxfp8_predictor(f, b)) {  // the sparse loss's predictor: the MXFP8 selection's scores
+    l.pred_qi = f.act.qi_proj;   // qi through MXFP8 (forward.cpp)
+    l.pred_keys = f.act.i_keys_mx;
+  }
   return l;
 }
 
 }  // namespace
 
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream) {
-  IndexerLossArgs l = loss_args(f, b);
-  if (mxfp8_predictor(f, b)) {  // the sparse loss's predictor: the MXFP8 selection's scores
-    l.qi = f.act.qi_proj;
-    l.keys = f.act.i_keys_mx;
-  }
+  const IndexerLossArgs l = loss_args(f, b);
   launch_indexer_loss(f.dims, f.meta, l, f.act.loss_rows, f.act.loss, false, 0.0f, nullptr, nullptr,
                       nullptr, stream);
 }

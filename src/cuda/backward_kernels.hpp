@@ -89,6 +89,11 @@ struct IndexerLossArgs {
   const bf16* qi = nullptr;      // [T, H_I*D_I]
   const float* w_eff = nullptr;  // [T, H_I]
   const bf16* keys = nullptr;    // [Nc, D_I]
+  // The sparse loss's predictor operands where they differ from qi / keys (the MXFP8
+  // indexer: its selection's scores are the predictor; the gradients still flow through the
+  // bf16 scores' ReLU masks, spec 03 / numerics.md). Null: qi / keys. Ignored by the dense loss.
+  const bf16* pred_qi = nullptr;
+  const bf16* pred_keys = nullptr;
   const bf16* q = nullptr;       // [T, H*D]
   const bf16* kv = nullptr;      // [T, D]
   const bf16* comp = nullptr;    // [Nc, D]

@@ -103,13 +103,6 @@ void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, 
           "deterministic backward: the indexer loss gradient needs the tensor-core loss kernel "
           "(head_dim 512, index_head_dim 128, at most 64 heads and 64 index heads); use the "
           "fast (atomic) backward for this shape");
-  BackwardParams mode;
-  mode.sparse_loss = c.sparse_loss;
-  require(!(mxfp8_predictor(f, mode) && c.loss_coeff > 0.0 && grad_indexer_loss != 0.0f),
-          ErrorKind::Unsupported,
-          "device cuda: the backward of the sparse indexer loss with the MXFP8 indexer (its "
-          "predictor is the MXFP8 selection's softmax) is not on the GPU yet; use the dense "
-          "loss, grad_indexer_loss = 0, indexer_precision bf16, or the CPU");
 }
 
 }  // namespace

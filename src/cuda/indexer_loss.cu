@@ -6,6 +6,8 @@
 //   KL_t     = sum_j T (log max(T, 1e-10) - log p).
 // With grads, the exact softmax-KL gradient g_j = scale (p_j - T_j) flows into w', qI and
 // K (K through atomics; qI per row; w' per row, summed in a fixed order across warps).
+// The sparse loss with predictor operands (a.pred_qi / a.pred_keys, the MXFP8 indexer's):
+// I, hence p, from those; the gradient's ReLU masks and products from qI / K.
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
@@ -84,18 +86,21 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const long qi_base = static_cast<long>(t) * HI * DI;
+  const bool pred_ops = a.sparse && a.pred_qi != nullptr;
   for (int i = threadIdx.x; i < HI * DI; i += kThreads) {
-    s.qi[i] = a.qi[qi_base + i];
+    s.qi[i] = (pred_ops ? a.pred_qi : a.qi)[qi_base + i];
     s.dqi[i] = 0.0f;
   }
   __syncthreads();
   const float* w = a.w_eff + static_cast<long>(t) * HI;
   const bf16* seg_keys = a.keys + static_cast<long>(meta.comp_start[b]) * DI;
+  const bf16* seg_pred_keys =
+      (pred_ops ? a.pred_keys : a.keys) + static_cast<long>(meta.comp_start[b]) * DI;
   const bf16* seg_comp = a.comp + static_cast<long>(meta.comp_start[b]) * D;
 
-  // Predictor logits.
+  // Predictor logits (from the predictor operands).
   for (int j = warp; j < nc; j += kWarps) {
-    const bf16* key = seg_keys + static_cast<long>(s.cand[j]) * DI;
+    const bf16* key = seg_pred_keys + static_cast<long>(s.cand[j]) * DI;
     float kr[kMaxIdxDimPerLane];
 #pragma unroll
     for (int r = 0; r < kMaxIdxDimPerLane; ++r) {
@@ -219,6 +224,10 @@ __global__ void __launch_bounds__(kThreads)
   kl = block_sum(kl, scratch);
   if (threadIdx.x == 0) loss_rows[t] = kl;
   if (!grads) return;
+  if (pred_ops) {  // the gradients go through the bf16 scores
+    __syncthreads();
+    for (int i = threadIdx.x; i < HI * DI; i += kThreads) s.qi[i] = a.qi[qi_base + i];
+  }
   __syncthreads();
 
   // Gradients: g_j = grad_scale (p_j - T_j) through the ReLU-weighted head sum.

@@ -15,6 +15,10 @@
 //    dqI += G K^I and dK^I = G^T qI as MMAs, dw' += g_j ReLU(S) in registers; dK^I leaves
 //    through add_key_grad (indexer_loss_keygrad.cuh), everything else is summed in a fixed
 //    order (bitwise repeatable per row).
+// The sparse loss computes its predictor logits I once, in its first candidate pass, and the
+// final pass reads them back: with predictor operands (a.pred_qi / a.pred_keys, the MXFP8
+// indexer's) that first pass scores those, and qI is reloaded from a.qi before the final
+// pass, whose S (ReLU masks, products) comes from a.qi / a.keys.
 // Passes over the candidates (no per-row cap on their number; only the sparse loss keeps
 // per-candidate values, top-k of them):
 //  - sparse loss with the forward's LSE (sink + window + top-k = exactly this loss's
@@ -200,17 +204,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   const bool use_lse = a.sparse && a.lse != nullptr && !drop_shared;
+  const bool pred_ops = a.sparse && a.pred_qi != nullptr;
+  const bf16* keys_src = pred_ops ? a.pred_keys : a.keys;  // the predictor tiles' source
 
   // Row inputs: qI (cp.async, joined by the first tile's wait), w', the forward LSE, and the
   // teacher's Q as A fragments in registers (rows past H zero).
-  for (int i = tid; i < kIdxHeads * (kIdxRow / 16); i += kThreads) {
-    const int r = i / (kIdxRow / 16), c = i % (kIdxRow / 16);
-    if (r < HI)
-      cp_async_16(smem_addr(qi_s + swz(r, c, kIdxRow)), a.qi + qi_base + r * kIdxDim + c * 8);
-    else
-      *reinterpret_cast<uint4*>(qi_s + swz(r, c, kIdxRow)) = make_uint4(0u, 0u, 0u, 0u);
-  }
-  cp_async_commit();
+  auto load_qi = [&](const bf16* src) {
+    for (int i = tid; i < kIdxHeads * (kIdxRow / 16); i += kThreads) {
+      const int r = i / (kIdxRow / 16), c = i % (kIdxRow / 16);
+      if (r < HI)
+        cp_async_16(smem_addr(qi_s + swz(r, c, kIdxRow)), src + qi_base + r * kIdxDim + c * 8);
+      else
+        *reinterpret_cast<uint4*>(qi_s + swz(r, c, kIdxRow)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    cp_async_commit();
+  };
+  load_qi(pred_ops ? a.pred_qi : a.qi);
   for (int h = tid; h < kIdxHeads; h += kThreads) w_s[h] = h < HI ? a.w_eff[static_cast<long>(t) * HI + h] : 0.0f;
   if (use_lse)
     for (int h = tid; h < kHeads; h += kThreads)
@@ -266,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = tid; i < kKeys * (kIdxRow / 16); i += kThreads) {
           const int r = i / (kIdxRow / 16), c = i % (kIdxRow / 16);
           const int slot = min(tile * kKeys + r, count - 1);
-          const bf16* row = a.keys + static_cast<long>(c0 + (a.sparse ? cand_s[slot] : slot)) * kIdxDim;
+          const bf16* row = keys_src + static_cast<long>(c0 + (a.sparse ? cand_s[slot] : slot)) * kIdxDim;
           cp_async_16(smem_addr(base + swz(r, c, kIdxRow)), row + c * 8);
         }
       }
@@ -353,12 +362,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             const float mass = teach == Teach::mass
                                    ? ((part_t[lane] + part_t[kKeys + lane]) + part_t[2 * kKeys + lane]) + part_t[3 * kKeys + lane]
                                    : (use_lse ? mass_arr[j] : 0.0f);
-            const float I = pred ? ((part_i[lane] + part_i[kKeys + lane]) + part_i[2 * kKeys + lane]) + part_i[3 * kKeys + lane]
-                                 : logit_arr[j];
+            // The sparse loss's final pass reads the logits of its first candidate pass.
+            const float I = pred && !(a.sparse && final_pass)
+                                ? ((part_i[lane] + part_i[kKeys + lane]) + part_i[2 * kKeys + lane]) + part_i[3 * kKeys + lane]
+                                : logit_arr[j];
             if (!final_pass) {
+              if (a.sparse) logit_arr[j] = I;
               if (use_lse) {
                 mass_arr[j] = mass;
-                logit_arr[j] = I;
                 tacc += mass;
               }
               const float mn = fmaxf(im, I);
@@ -510,6 +521,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
+  if (pred_ops) {  // the final pass's S (gradients) from the bf16 operands
+    keys_src = a.keys;
+    load_qi(a.qi);
+    cp_async_wait<0>();
+    __syncthreads();
+  }
   pass(false, n, use_lse ? Teach::none : Teach::mass, !use_lse || want_grads, true);
 
   if (warp == 0) {

@@ -253,6 +253,71 @@ TEST(CudaIndexerLoss, SparseRaggedMatchesBaseline) {
   compare_kernels(c);
 }
 
+// Relative L2 distance of two runs' values (both finite), for "these differ" checks.
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return norm > 0.0 ? std::sqrt(diff / norm) : 0.0;
+}
+
+// The sparse loss with predictor operands (the MXFP8 indexer's rounded qI / K^I): the
+// predictor from those, the gradients through the bf16 scores. Per kernel: predictor operands
+// equal to qI / K^I give bitwise the plain results; other ones give bitwise the value of a run
+// whose qI / K^I are those operands (the value depends only on the predictor), but gradients
+// that differ from both plain runs; and the two kernels agree. With and without the forward's
+// LSE (the kernel's one-pass and multi-pass teachers).
+TEST(CudaIndexerLoss, SparsePredictorOperands) {
+  SKIP_WITHOUT_GPU();
+  for (bool with_lse : {true, false}) {
+    LossCase c = ragged(with_lse ? "sparse, predictor operands" : "sparse, predictor operands, no lse", true);
+    c.holes = true;
+    c.with_lse = with_lse;
+    Inputs in(c);
+    const int T = in.d.rows, HI = in.d.index_heads, Nc = in.d.comp_capacity;
+    DeviceArray<std::uint16_t> pqi(random_bf16(static_cast<std::size_t>(T) * HI * 128, 24, 1.0f)),
+        pkeys(random_bf16(static_cast<std::size_t>(Nc) * 128, 25, 1.0f));
+    const float gs = 0.37f;
+    for (IndexerLossKernel k : {IndexerLossKernel::baseline, IndexerLossKernel::tensor_core}) {
+      SCOPED_TRACE(c.name + (k == IndexerLossKernel::baseline ? ", CUDA-core kernel" : ", tensor-core kernel"));
+      const IndexerLossArgs plain = in.args;
+      const Outputs ref = run(in, k, true, gs);
+      in.args.pred_qi = plain.qi;  // the same operands: bitwise the plain run
+      in.args.pred_keys = plain.keys;
+      const Outputs same = run(in, k, true, gs);
+      EXPECT_EQ(same.loss_rows, ref.loss_rows);
+      EXPECT_EQ(same.dqi, ref.dqi);
+      EXPECT_EQ(same.dweff, ref.dweff);
+      in.args.pred_qi = Inputs::bf(pqi);
+      in.args.pred_keys = Inputs::bf(pkeys);
+      const Outputs pred_v = run(in, k, false, 0.0f), pred = run(in, k, true, gs);
+      in.args = plain;
+      in.args.qi = Inputs::bf(pqi);  // everything from the predictor operands
+      in.args.keys = Inputs::bf(pkeys);
+      const Outputs other_v = run(in, k, false, 0.0f), other = run(in, k, true, gs);
+      in.args = plain;
+      EXPECT_EQ(pred_v.loss_rows, other_v.loss_rows) << "the value is the predictor's";
+      EXPECT_EQ(pred.loss_rows, pred_v.loss_rows) << "gradients changed the value";
+      EXPECT_GT(rel_diff(pred.dweff, ref.dweff), 1e-2) << "the predictor operands were not used";
+      EXPECT_GT(rel_diff(pred.dkeys, other.dkeys), 1e-2) << "the gradient used the predictor operands";
+      if (k == IndexerLossKernel::tensor_core) {
+        in.args.pred_qi = Inputs::bf(pqi);
+        in.args.pred_keys = Inputs::bf(pkeys);
+        const Outputs base = run(in, IndexerLossKernel::baseline, true, gs);
+        in.args = plain;
+        for (int t = 0; t < T; ++t)
+          EXPECT_NEAR(pred.loss_rows[t], base.loss_rows[t], 2e-4 * std::fabs(base.loss_rows[t]) + 2e-5)
+              << "row " << t;
+        expect_rel_l2(pred.dweff, base.dweff, 2e-3, c.name + " dweff");
+        expect_rel_l2(pred.dqi, base.dqi, 1.5e-2, c.name + " dqi");
+        expect_rel_l2(pred.dkeys, base.dkeys, 1.5e-2, c.name + " dkeys");
+      }
+    }
+  }
+}
+
 TEST(CudaIndexerLoss, SparseWithoutForwardLseMatchesBaseline) {
   SKIP_WITHOUT_GPU();
   LossCase c = ragged("sparse, no lse", true);

@@ -260,20 +260,13 @@ RunPlan resolve_run(const RunArgs& args) {
   std::string why;
   const bool gpu = cuda_available(&why);
   if (args.device == "cuda" && !gpu) bad_option("--device", "cuda: " + why);
-  // auto: the GPU when present and when the run is one the GPU backend serves (bf16; with
-  // the MXFP8 indexer, not the backward of the sparse loss); otherwise the CPU, which serves
-  // everything.
-  const bool mxfp8_sparse_backward = base.indexer_precision == IndexerPrecision::mxfp8 &&
-                                     args.backward && base.sparse_loss && base.loss_coeff > 0.0;
-  if (args.device == "cuda" || (args.device == "auto" && gpu && bf16 && !mxfp8_sparse_backward))
+  // auto: the GPU when present and when the run is one the GPU backend serves (bf16);
+  // otherwise the CPU, which serves everything.
+  if (args.device == "cuda" || (args.device == "auto" && gpu && bf16))
     p.run_options.device = Device::cuda;
   p.run_options.deterministic = args.deterministic;
   if (p.run_options.device == Device::cuda && !bf16)
     bad_option("--dtype", "fp32 runs on the CPU only; the GPU computes in bf16");
-  if (p.run_options.device == Device::cuda && mxfp8_sparse_backward)
-    bad_option("--indexer-precision",
-               "mxfp8 on the GPU: the backward of the sparse indexer loss runs on the CPU only "
-               "so far; use --dense-loss, --loss-coeff 0, --no-backward or --device cpu");
 
   const int d_model = base.d_model;
   if (!args.inputs_file.empty()) {
