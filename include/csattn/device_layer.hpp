@@ -57,8 +57,10 @@ class DeviceLayer {
   void forward(const DeviceBatch& batch, void* workspace, std::size_t workspace_bytes,
                const DeviceForwardOutputs& out, void* stream) const;
   // The gradients of <y, dy> + grad_indexer_loss * indexer_loss for the batch whose forward
-  // left its activations in forward_workspace: dx fp32 [rows, d_model]; the weight
-  // gradients (fp32) stay in the backward workspace at weight_gradient_offsets().
+  // left its activations in forward_workspace (pass the same DeviceBatch, forced_topk
+  // included: a forced selection changes which operands the sparse loss's predictor reads):
+  // dx fp32 [rows, d_model]; the weight gradients (fp32) stay in the backward workspace at
+  // weight_gradient_offsets().
   void backward(const DeviceBatch& batch, void* forward_workspace, void* backward_workspace,
                 std::size_t backward_workspace_bytes, const void* dy, float grad_indexer_loss,
                 float* dx, void* stream) const;

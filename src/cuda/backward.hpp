@@ -30,9 +30,8 @@ void run_backward(const ForwardParams& f, const BackwardParams& b, cublasHandle_
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream);
 
 // True when the sparse loss's predictor is the MXFP8 selection's softmax (MXFP8 indexer, the
-// indexer's own selection): run_indexer_loss then scores the MXFP8 operands. The loss
-// gradient kernels recompute the predictor from the bf16 operands, so the backward of this
-// case is refused (CudaLayer::backward).
+// indexer's own selection): the loss kernels then take the MXFP8 operands (qi_proj,
+// i_keys_mx) as their predictor operands (IndexerLossArgs::pred_qi / pred_keys).
 bool mxfp8_predictor(const ForwardParams& f, const BackwardParams& b);
 
 }  // namespace csattn::cuda

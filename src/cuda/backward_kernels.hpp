@@ -91,7 +91,8 @@ struct IndexerLossArgs {
   const bf16* keys = nullptr;    // [Nc, D_I]
   // The sparse loss's predictor operands where they differ from qi / keys (the MXFP8
   // indexer: its selection's scores are the predictor; the gradients still flow through the
-  // bf16 scores' ReLU masks, spec 03 / numerics.md). Null: qi / keys. Ignored by the dense loss.
+  // bf16 scores' ReLU masks, spec 03 / numerics.md). Null: qi / keys (each on its own).
+  // Ignored by the dense loss.
   const bf16* pred_qi = nullptr;
   const bf16* pred_keys = nullptr;
   const bf16* q = nullptr;       // [T, H*D]

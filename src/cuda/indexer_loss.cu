@@ -86,16 +86,17 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const long qi_base = static_cast<long>(t) * HI * DI;
-  const bool pred_ops = a.sparse && a.pred_qi != nullptr;
+  const bool pred_ops = a.sparse && (a.pred_qi != nullptr || a.pred_keys != nullptr);
+  const bf16* pred_qi = pred_ops && a.pred_qi ? a.pred_qi : a.qi;
   for (int i = threadIdx.x; i < HI * DI; i += kThreads) {
-    s.qi[i] = (pred_ops ? a.pred_qi : a.qi)[qi_base + i];
+    s.qi[i] = pred_qi[qi_base + i];
     s.dqi[i] = 0.0f;
   }
   __syncthreads();
   const float* w = a.w_eff + static_cast<long>(t) * HI;
   const bf16* seg_keys = a.keys + static_cast<long>(meta.comp_start[b]) * DI;
-  const bf16* seg_pred_keys =
-      (pred_ops ? a.pred_keys : a.keys) + static_cast<long>(meta.comp_start[b]) * DI;
+  const bf16* seg_pred_keys = (pred_ops && a.pred_keys ? a.pred_keys : a.keys) +
+                              static_cast<long>(meta.comp_start[b]) * DI;
   const bf16* seg_comp = a.comp + static_cast<long>(meta.comp_start[b]) * D;
 
   // Predictor logits (from the predictor operands).

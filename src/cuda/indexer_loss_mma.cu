@@ -23,7 +23,8 @@
 // per-candidate values, top-k of them):
 //  - sparse loss with the forward's LSE (sink + window + top-k = exactly this loss's
 //    denominator when every valid id is visible): one teacher pass storing the head-summed
-//    mass and the index score of each candidate; the gradient pass recomputes only S.
+//    mass and the index score of each candidate; the gradient pass recomputes only S (for
+//    the gradients: the values come from the stored scores).
 //  - dense loss (denominator: sink + window + ALL visible entries, which the attention's LSE
 //    does not cover), or a sparse row whose top-k holds an id the loss drops: a window pass
 //    and a candidate pass for the per-head (max, sum) statistics and the predictor's, then a
@@ -204,8 +205,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   const bool use_lse = a.sparse && a.lse != nullptr && !drop_shared;
-  const bool pred_ops = a.sparse && a.pred_qi != nullptr;
-  const bf16* keys_src = pred_ops ? a.pred_keys : a.keys;  // the predictor tiles' source
+  const bool pred_ops = a.sparse && (a.pred_qi != nullptr || a.pred_keys != nullptr);
+  const bf16* pred_qi = pred_ops && a.pred_qi ? a.pred_qi : a.qi;
+  const bf16* keys_src = pred_ops && a.pred_keys ? a.pred_keys : a.keys;  // predictor tiles
 
   // Row inputs: qI (cp.async, joined by the first tile's wait), w', the forward LSE, and the
   // teacher's Q as A fragments in registers (rows past H zero).
@@ -219,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     cp_async_commit();
   };
-  load_qi(pred_ops ? a.pred_qi : a.qi);
+  load_qi(pred_qi);
   for (int h = tid; h < kIdxHeads; h += kThreads) w_s[h] = h < HI ? a.w_eff[static_cast<long>(t) * HI + h] : 0.0f;
   if (use_lse)
     for (int h = tid; h < kHeads; h += kThreads)
@@ -521,13 +523,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
-  if (pred_ops) {  // the final pass's S (gradients) from the bf16 operands
+  if (pred_ops && want_grads) {  // the final pass's S (gradients) from the bf16 operands
     keys_src = a.keys;
     load_qi(a.qi);
     cp_async_wait<0>();
     __syncthreads();
   }
-  pass(false, n, use_lse ? Teach::none : Teach::mass, !use_lse || want_grads, true);
+  // The final pass's S: the dense loss's values and gradients, the sparse loss's gradients.
+  pass(false, n, use_lse ? Teach::none : Teach::mass, a.sparse ? want_grads : true, true);
 
   if (warp == 0) {
     kl = warp_sum(kl);

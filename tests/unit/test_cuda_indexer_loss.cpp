@@ -288,8 +288,10 @@ TEST(CudaIndexerLoss, SparsePredictorOperands) {
       in.args.pred_keys = plain.keys;
       const Outputs same = run(in, k, true, gs);
       EXPECT_EQ(same.loss_rows, ref.loss_rows);
-      EXPECT_EQ(same.dqi, ref.dqi);
       EXPECT_EQ(same.dweff, ref.dweff);
+      // The CUDA-core kernel sums dqI with shared-memory atomics: bitwise only on tensor cores.
+      if (k == IndexerLossKernel::tensor_core) EXPECT_EQ(same.dqi, ref.dqi);
+      else expect_rel_l2(same.dqi, ref.dqi, 1e-4, c.name + " dqi, the same operands");
       in.args.pred_qi = Inputs::bf(pqi);
       in.args.pred_keys = Inputs::bf(pkeys);
       const Outputs pred_v = run(in, k, false, 0.0f), pred = run(in, k, true, gs);
