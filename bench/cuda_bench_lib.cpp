@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -243,7 +244,7 @@ json sparse_attention_backward_case(int heads, int topk, int keys, int queries,
   return j;
 }
 
-// Where the wgmma backward's time goes: one launch with clock64() stamps at its phase
+// Where the wgmma backward's time goes: one launch with clock() stamps at its phase
 // boundaries (AttentionBackwardStamps), after a warm-up launch; per warpgroup the mean cycles
 // per key tile of each phase over the first wave's CTAs, and the prologue (key list, Q / dO,
 // D_row) and epilogue (dQ store) per CTA.
@@ -252,15 +253,15 @@ json attention_backward_phases_case(int heads, int topk, int keys, int queries) 
   const SparseAttentionInputs in(heads, topk, keys, queries, true);
   in.forward();
   in.backward();
-  long long* dev = nullptr;
-  CSATTN_CUDA_CHECK(cudaMalloc(&dev, sizeof(long long) * Stamps::count()));
-  CSATTN_CUDA_CHECK(cudaMemset(dev, 0, sizeof(long long) * Stamps::count()));
+  unsigned* dev = nullptr;
+  CSATTN_CUDA_CHECK(cudaMalloc(&dev, sizeof(unsigned) * Stamps::count()));
+  CSATTN_CUDA_CHECK(cudaMemset(dev, 0, sizeof(unsigned) * Stamps::count()));
   launch_attention_backward_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev, in.out,
                                   in.lse, in.dout, in.dq, in.dkv, in.dcomp, in.dsink, nullptr,
                                   GradChunk{}, false, dev);
   CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<long long> h(static_cast<std::size_t>(Stamps::count()));
-  CSATTN_CUDA_CHECK(cudaMemcpy(h.data(), dev, sizeof(long long) * h.size(), cudaMemcpyDeviceToHost));
+  std::vector<unsigned> h(static_cast<std::size_t>(Stamps::count()));
+  CSATTN_CUDA_CHECK(cudaMemcpy(h.data(), dev, sizeof(unsigned) * h.size(), cudaMemcpyDeviceToHost));
   CSATTN_CUDA_CHECK(cudaFree(dev));
   static const char* const names[] = {"ready wait", "S / dP",  "hand-over",           "dQ",
                                       "dK chunk 0", "flush 0", "dK chunk 1 + flush 1"};
@@ -269,14 +270,14 @@ json attention_backward_phases_case(int heads, int topk, int keys, int queries) 
     double sum[7] = {}, prologue = 0.0, epilogue = 0.0;
     long tiles = 0, ctas = 0;
     for (int cta = 0; cta < Stamps::ctas; ++cta) {
-      const long long* base = h.data() + static_cast<long>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
-      const long long* head = base + static_cast<long>(Stamps::tiles) * Stamps::phases;
+      const unsigned* base = h.data() + static_cast<long>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
+      const unsigned* head = base + static_cast<long>(Stamps::tiles) * Stamps::phases;
       if (head[0] == 0 || head[3] == 0) continue;  // a CTA past the grid
-      prologue += static_cast<double>(head[1] - head[0]);
+      prologue += static_cast<double>(head[1] - head[0]);  // unsigned: modulo 2^32
       epilogue += static_cast<double>(head[3] - head[2]);
       ++ctas;
       for (int tile = 0; tile < Stamps::tiles; ++tile) {
-        const long long* r = base + static_cast<long>(tile) * Stamps::phases;
+        const unsigned* r = base + static_cast<long>(tile) * Stamps::phases;
         if (r[7] == 0) break;  // the CTA had fewer tiles
         for (int p = 1; p < Stamps::phases; ++p) sum[p - 1] += static_cast<double>(r[p] - r[p - 1]);
         ++tiles;
@@ -521,7 +522,7 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
                         j["kernel"].get<std::string>().c_str());
             report["sparse_attention_backward"].push_back(j);
           }
-      // Where the time goes inside the wgmma kernel (clock64() stamps of one launch).
+      // Where the time goes inside the wgmma kernel (clock() stamps of one launch).
       if (!report["sparse_attention_backward"].empty() &&
           report["sparse_attention_backward"].front()["kernel"] == "wgmma") {
         std::printf("\nwgmma attention backward phases (cycles per 64-key tile, mean over the first "
@@ -554,15 +555,14 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       std::vector<int> token_list{4096, 16384, 65536};
       if (const char* env = std::getenv("CSATTN_BENCH_LAYER_TOKENS")) {
         token_list.clear();
-        for (const char* p = env; *p != '\0';) {
+        std::stringstream list(env);
+        for (std::string item; std::getline(list, item, ',');) {
           char* end = nullptr;
-          const long v = std::strtol(p, &end, 10);
-          require(end != p && v > 0 && v < (1l << 24), ErrorKind::InvalidArgument,
-                  std::string("CSATTN_BENCH_LAYER_TOKENS: not a token count list: ") + env);
+          const long v = std::strtol(item.c_str(), &end, 10);
+          require(!item.empty() && *end == '\0' && v > 0 && v < (1l << 24),
+                  ErrorKind::InvalidArgument,
+                  std::string("CSATTN_BENCH_LAYER_TOKENS: not a comma list of token counts: ") + env);
           token_list.push_back(static_cast<int>(v));
-          p = *end == ',' ? end + 1 : end;
-          require(*end == ',' || *end == '\0', ErrorKind::InvalidArgument,
-                  std::string("CSATTN_BENCH_LAYER_TOKENS: not a token count list: ") + env);
         }
       }
       for (int tokens : token_list)

@@ -60,7 +60,6 @@ constexpr int kThreads = 256;
 constexpr int kWgThreads = 128;
 constexpr int kBlockBytes = kSwizzleBlockBytes;       // [64 rows x 64 dims] bf16
 constexpr int kTileBytes = (kDim / 64) * kBlockBytes;  // [64 x 512] bf16 = 64 KB
-constexpr int kHalfBytes = kTileBytes / 2;             // dims 0-255 or 256-511
 constexpr int kQOff = 0;
 constexpr int kDoOff = kQOff + kTileBytes;
 constexpr int kKOff = kDoOff + kTileBytes;
@@ -78,51 +77,12 @@ constexpr int kBarPReady = 1;   // WG0 -> WG1: the P tile of this key tile is wr
 constexpr int kBarDsReady = 2;  // WG1 -> WG0: the dS tile is written
 constexpr int kBarPdsFree = 3;  // WG1 -> WG0: WG1 no longer reads the P / dS tiles
 
-// A value the compiler must treat as computed here (blocks hoisting what derives from it).
-__device__ __forceinline__ std::uint32_t opaque(std::uint32_t v) {
-  asm volatile("" : "+r"(v));
-  return v;
-}
-
 // Where the key gradients go (mode of the kernel instance).
 enum class KeyGrads { atomic, scratch, discard };
 
 std::size_t wgmma_backward_smem_bytes(const LayerDims& d) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
   return 1024 + kSelOff + (d.ratio == 4 ? sizeof(int) * static_cast<std::size_t>(d.topk) : 0);
-}
-
-// S (or dP) [64 rows x 64 keys] = A K^T over all 512 dims: A = Q or dO, both K-major.
-__device__ __forceinline__ void scores(float (&s)[32], std::uint32_t a_base,
-                                       std::uint32_t k_base) {
-#pragma unroll
-  for (int kk = 0; kk < kDim / 16; ++kk) {
-    const std::uint32_t off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-    wgmma_m64n64k16_ss<0>(s, wgmma_desc_sw128(a_base + off, 16, 1024),
-                          wgmma_desc_sw128(k_base + off, 16, 1024), kk == 0 ? 0 : 1);
-  }
-}
-
-// dQ [64 x 256] += dS [64 x 64 keys] K [64 keys x dims of half `half`], K read MN-major (its
-// 4 column blocks LBO = 8 KB apart, key step kk at row 16 kk), dS from the swizzled tile.
-__device__ __forceinline__ void dq_from_tile(float (&dq)[128], std::uint32_t ds_base,
-                                             std::uint32_t k_base, int half) {
-#pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk)
-    wgmma_m64n256k16_ss<1>(
-        dq, wgmma_desc_sw128(ds_base + kk * 32, 16, 1024),
-        wgmma_desc_sw128(k_base + half * kHalfBytes + kk * 16 * 128, kBlockBytes, 1024), 1);
-}
-
-// The same with dS from registers (ds[4 kk .. 4 kk + 3]: key step kk's A fragment).
-__device__ __forceinline__ void dq_from_regs(float (&dq)[128], const std::uint32_t (&ds)[16],
-                                             std::uint32_t k_base, int half) {
-#pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk) {
-    const std::uint32_t a[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
-    wgmma_m64n256k16_rs<1>(
-        dq, a, wgmma_desc_sw128(k_base + half * kHalfBytes + kk * 16 * 128, kBlockBytes, 1024));
-  }
 }
 
 // dK [64 keys x 128 dims from dim0] = P^T dO + dS^T Q over the 64 head rows. A = the [heads x
@@ -189,7 +149,7 @@ __device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, f
   }
 }
 
-// kStamps (measurement only): clock64() at the phase boundaries into `stamps`, laid out as
+// kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
 // AttentionBackwardStamps (backward_kernels.hpp) says.
 template <KeyGrads kMode, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -198,16 +158,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     const std::int32_t* topk, const bf16* out, const float* lse,
                                     const bf16* dout, float* dq_acc, float* dkv_acc,
                                     float* dcomp_acc, float* dsink_part, int head_blocks,
-                                    GradChunk chunk, long long* stamps) {
+                                    GradChunk chunk, unsigned* stamps) {
   extern __shared__ unsigned char smem_raw[];
   // wgmma's 128B swizzle is anchored at 1024-byte boundaries (descriptor base offset 0).
   const std::uint32_t raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
   const std::uint32_t base = smem_addr(smem);
-  // The loops re-derive their operand addresses from these through opaque() each tile, so
-  // that ptxas does not hoist the ~90 wgmma descriptors into registers for the whole loop.
-  const std::uint32_t q_base0 = base + kQOff, do_base0 = base + kDoOff, k_base0 = base + kKOff;
-  const std::uint32_t p_base0 = base + kPOff, ds_base0 = base + kDsOff;
+  const std::uint32_t q_base = base + kQOff, do_base = base + kDoOff, k_base = base + kKOff;
+  const std::uint32_t p_base = base + kPOff, ds_base = base + kDsOff;
   const std::uint32_t ready0 = base + kBarOff, ready1 = ready0 + 8;
   float* lse2_s = reinterpret_cast<float*>(smem + kLseOff);
   float* drow_s = reinterpret_cast<float*>(smem + kDrowOff);
@@ -225,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kStamps) {
       if ((tid & (kWgThreads - 1)) == 0 && static_cast<int>(blockIdx.x) < Stamps::ctas)
         stamps[((static_cast<long>(blockIdx.x) * 2 + c) * (Stamps::tiles + 1) + row) *
-                   Stamps::phases + phase] = clock64();
+                   Stamps::phases + phase] = static_cast<unsigned>(clock()) | 1u;
     }
   };
   auto stamp = [&](int tile, int phase) {  // key tile `tile`
@@ -239,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init_fence();
   }
   // (make_key_list ends with __syncthreads: the barriers are initialised for everyone.)
-  const KeyList keys = make_key_list(d, meta, topk, t, reinterpret_cast<int*>(smem + kSelOff),
+  const KeyList keys = make_key_list<kThreads>(d, meta, topk, t, reinterpret_cast<int*>(smem + kSelOff),
                                      reinterpret_cast<int*>(smem + kCountOff));
   const int n = keys.n;
   const int tiles = (n + kKeys - 1) / kKeys;
@@ -249,8 +207,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r = i >> 6, ch = i & 63;
     const bool real = h0 + r < H;
     const long off = (static_cast<long>(t) * H + (real ? h0 + r : 0)) * kDim + ch * 8;
-    cp_async_16_zfill(q_base0 + tile_off(r, ch), q + off, real);
-    cp_async_16_zfill(do_base0 + tile_off(r, ch), dout + off, real);
+    cp_async_16_zfill(q_base + tile_off(r, ch), q + off, real);
+    cp_async_16_zfill(do_base + tile_off(r, ch), dout + off, real);
   }
   // Warpgroup c gathers dims [256c, 256c + 256) of key tile `tile`: warp w of the group rows
   // 16 w .. 16 w + 15, lane l the 16-byte chunk l of each (a row's half is 512 contiguous
@@ -263,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < 16; ++j) {
       const bf16* src = reinterpret_cast<const bf16*>(
           __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), j));
-      cp_async_16(k_base0 + tile_off(16 * w4 + j, 32 * c + lane), src + (32 * c + lane) * 8);
+      cp_async_16(k_base + tile_off(16 * w4 + j, 32 * c + lane), src + (32 * c + lane) * 8);
     }
     cp_async_mbar_arrive(c == 0 ? ready0 : ready1);
   };
@@ -290,24 +248,52 @@ __global__ void __launch_bounds__(kThreads, 1)
   float s[32];
   std::uint32_t p[16];  // WG0: P; WG1: dS (bf16 pairs, the A fragment layout)
 
+  // What both warpgroups do with key tile `tile`, each in its own loop (the calls inline;
+  // one loop shared through `if (c == 0)` would serialise the wgmmas).
+  // Waits for the tile and computes A K^T over all 512 dims into s (A = Q: S; A = dO: dP).
+  auto scores_of_tile = [&](int tile, std::uint32_t a_base) {
+    const std::uint32_t parity = tile & 1;
+    stamp(tile, 0);
+    mbar_wait(ready0, parity);
+    mbar_wait(ready1, parity);
+    stamp(tile, 1);
+    fence_proxy_async_smem();
+    wgmma_fence();
+    qk_half(s, a_base, k_base, 0, true);
+    qk_half(s, a_base, k_base, 1, false);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(s);
+    stamp(tile, 2);
+  };
+  // After this warpgroup issued its dQ and its first dK chunk (dims dim0 .. + 128, dim0 =
+  // 256c): once dQ - the last read of the tile's dims [dim0, +256) - is done, the next tile's
+  // half is gathered; then both dK chunks are flushed, the second computed after the first's
+  // flush. WG1 (frees_pds) frees the P / dS tiles as soon as its last product has read them.
+  auto finish_tile = [&](int tile, int dim0, bool frees_pds) {
+    wgmma_wait<1>();
+    wgmma_pin(dq);
+    stamp(tile, 4);
+    if (tile + 1 < tiles) gather(tile + 1);
+    wgmma_wait<0>();
+    wgmma_pin(dk);
+    stamp(tile, 5);
+    flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dim0);
+    stamp(tile, 6);
+    wgmma_fence();
+    dk_chunk(dk, p_base, ds_base, do_base, q_base, dim0 + 128);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(dk);
+    if (frees_pds) named_barrier_arrive(kBarPdsFree, kThreads);
+    flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dim0 + 128);
+    stamp(tile, 7);
+  };
+
   if (c == 0) {
     // ---------------- WG0: S, P; dQ and dK for dims 0-255 ----------------
     for (int tile = 0; tile < tiles; ++tile) {
-      const std::uint32_t parity = tile & 1;
-      stamp(tile, 0);
-      const std::uint32_t q_base = opaque(q_base0), do_base = opaque(do_base0),
-                          k_base = opaque(k_base0), p_base = opaque(p_base0),
-                          ds_base = opaque(ds_base0);
-      mbar_wait(ready0, parity);
-      mbar_wait(ready1, parity);
-      stamp(tile, 1);
-      fence_proxy_async_smem();
-      wgmma_fence();
-      scores(s, q_base, k_base);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_pin(s);
-      stamp(tile, 2);
+      scores_of_tile(tile, q_base);  // S
 
       const float l2a = lse2_s[row0], l2b = lse2_s[row1];
 #pragma unroll
@@ -325,47 +311,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       stamp(tile, 3);
 
       wgmma_fence();
-      dq_from_tile(dq, ds_base, k_base, 0);
+      pv_half_smem(dq, ds_base, k_base, 0);  // dQ += dS K
       wgmma_commit();
       dk_chunk(dk, p_base, ds_base, do_base, q_base, 0);
       wgmma_commit();
-      wgmma_wait<1>();  // dQ: the last read of the key tile's dims 0-255
-      wgmma_pin(dq);
-      stamp(tile, 4);
-      if (tile + 1 < tiles) gather(tile + 1);
-      wgmma_wait<0>();
-      wgmma_pin(dk);
-      stamp(tile, 5);
-      flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 0);
-      stamp(tile, 6);
-      wgmma_fence();
-      dk_chunk(dk, p_base, ds_base, do_base, q_base, 128);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_pin(dk);
-      flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 128);
-      stamp(tile, 7);
+      finish_tile(tile, 0, false);
     }
     named_barrier_sync(kBarPdsFree, kThreads);  // WG1's last arrival
   } else {
     // ---------------- WG1: dP, dS; dQ and dK for dims 256-511 ----------------
     named_barrier_arrive(kBarPdsFree, kThreads);  // the P / dS tiles start free
     for (int tile = 0; tile < tiles; ++tile) {
-      const std::uint32_t parity = tile & 1;
-      stamp(tile, 0);
-      const std::uint32_t q_base = opaque(q_base0), do_base = opaque(do_base0),
-                          k_base = opaque(k_base0), p_base = opaque(p_base0),
-                          ds_base = opaque(ds_base0);
-      mbar_wait(ready0, parity);
-      mbar_wait(ready1, parity);
-      stamp(tile, 1);
-      fence_proxy_async_smem();
-      wgmma_fence();
-      scores(s, do_base, k_base);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_pin(s);
-      stamp(tile, 2);
+      scores_of_tile(tile, do_base);  // dP
 
       // dS = scale P (dP - D_row), P as WG0 stored it (bf16: the value dK's P^T dO uses).
       named_barrier_sync(kBarPReady, kThreads);
@@ -386,27 +343,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       stamp(tile, 3);
 
       wgmma_fence();
-      dq_from_regs(dq, p, k_base, 1);
+      pv_half_regs(dq, p, k_base, 1);  // dQ += dS K
       wgmma_commit();
       dk_chunk(dk, p_base, ds_base, do_base, q_base, 256);
       wgmma_commit();
-      wgmma_wait<1>();  // dQ: the last read of the key tile's dims 256-511
-      wgmma_pin(dq);
-      stamp(tile, 4);
-      if (tile + 1 < tiles) gather(tile + 1);
-      wgmma_wait<0>();
-      wgmma_pin(dk);
-      stamp(tile, 5);
-      flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 256);
-      stamp(tile, 6);
-      wgmma_fence();
-      dk_chunk(dk, p_base, ds_base, do_base, q_base, 384);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_pin(dk);
-      named_barrier_arrive(kBarPdsFree, kThreads);  // this tile's P / dS reads are done
-      flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, 384);
-      stamp(tile, 7);
+      finish_tile(tile, 256, true);
     }
   }
 
@@ -441,7 +382,7 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
                                      const bf16* dout, float* dq_acc, float* dkv_acc,
                                      float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                      const GradChunk& chunk, bool discard_key_grads,
-                                     long long* phase_stamps) {
+                                     unsigned* phase_stamps) {
   const int rows = chunk.launch_rows(d.rows);
   if (rows <= 0) return;
   require(d.head_dim == kDim, ErrorKind::Unsupported,

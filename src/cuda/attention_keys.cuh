@@ -2,7 +2,10 @@
 // r >= 0), then compressed rows encoded as -(row + 1): HCA all visible entries, CSA the valid
 // ids of the top-k row in their order. build_key_list stores the whole list (shared memory
 // grows with it: HCA segments of ~1M tokens have ~8K keys); KeyList derives a slot's id from
-// the row's metadata and keeps only the compacted CSA selection.
+// the row's metadata and keeps only the compacted CSA selection. The fast kernels take
+// KeyList (the wgmma forward's producer compacts with the same compact_valid_ids); the
+// CUDA-core references and the mma.sync fallbacks keep the stored list on purpose: the
+// kernel tests compare the two derivations of one list.
 #pragma once
 #include "cuda/params.hpp"
 
@@ -55,10 +58,49 @@ struct KeyList {
   }
 };
 
-// The KeyList of row t. Called by every thread of the block (blockDim.x a multiple of 32);
-// for CSA it compacts the top-k row into sel_s ([topk] ints of shared memory) with a
-// block-wide ballot scan (4 entries a thread per round, one global round trip), using
-// warp_counts ([blockDim.x / 32] ints of shared memory); ends with a __syncthreads.
+// The valid (>= 0) entries of sel[0 .. K) in their order into out; returns their count.
+// Called by the kThreads threads (tid = threadIdx.x, warps 0 .. kThreads / 32 - 1) that
+// sync() synchronises - a block or a named barrier; warp_counts: [kThreads / 32] ints of
+// shared memory. kBatch entries a thread per round (one global round trip per
+// kBatch x kThreads entries), a ballot and a scan over the warps' counts per entry.
+template <int kThreads, class Sync>
+__device__ __forceinline__ int compact_valid_ids(const std::int32_t* sel, int K, int* out,
+                                                 int* warp_counts, Sync sync) {
+  constexpr int kBatch = 4;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int total = 0;
+  for (int base = 0; base < K; base += kBatch * kThreads) {
+    int v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int k = base + j * kThreads + tid;
+      v[j] = k < K ? sel[k] : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (base + j * kThreads >= K) break;  // uniform
+      const bool ok = v[j] >= 0;
+      const unsigned ballot = __ballot_sync(0xffffffffu, ok);
+      if (lane == 0) warp_counts[warp] = __popc(ballot);
+      sync();
+      int before = 0, all = 0;
+      for (int w = 0; w < kThreads / 32; ++w) {
+        const int c = warp_counts[w];
+        before += w < warp ? c : 0;
+        all += c;
+      }
+      if (ok) out[total + before + __popc(ballot & ((1u << lane) - 1u))] = v[j];
+      total += all;
+      sync();  // warp_counts is rewritten next; out complete after the last
+    }
+  }
+  return total;
+}
+
+// The KeyList of row t. Called by every thread of a block of kThreads threads; for CSA it
+// compacts the top-k row into sel_s ([topk] ints of shared memory, compact_valid_ids with
+// warp_counts: [kThreads / 32] ints of shared memory); ends with a __syncthreads.
+template <int kThreads>
 __device__ __forceinline__ KeyList make_key_list(const LayerDims& d, const DeviceMetadata& meta,
                                                  const std::int32_t* topk, int t, int* sel_s,
                                                  int* warp_counts) {
@@ -70,34 +112,8 @@ __device__ __forceinline__ KeyList make_key_list(const LayerDims& d, const Devic
   k.comp_row0 = d.ratio > 1 ? meta.comp_start[b] : 0;
   int n_comp = 0;
   if (d.ratio == 4) {
-    constexpr int kBatch = 4;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
-    const std::int32_t* row = topk + static_cast<long>(t) * d.topk;
-    for (int base = 0; base < d.topk; base += kBatch * static_cast<int>(blockDim.x)) {
-      int v[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int kk = base + j * static_cast<int>(blockDim.x) + tid;
-        v[j] = kk < d.topk ? row[kk] : -1;
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if (base + j * static_cast<int>(blockDim.x) >= d.topk) break;  // uniform
-        const bool ok = v[j] >= 0;
-        const unsigned ballot = __ballot_sync(0xffffffffu, ok);
-        if (lane == 0) warp_counts[warp] = __popc(ballot);
-        __syncthreads();
-        int before = 0, all = 0;
-        for (int w = 0; w < warps; ++w) {
-          const int c = warp_counts[w];
-          before += w < warp ? c : 0;
-          all += c;
-        }
-        if (ok) sel_s[n_comp + before + __popc(ballot & ((1u << lane) - 1u))] = v[j];
-        n_comp += all;
-        __syncthreads();  // warp_counts is rewritten next; sel_s complete after the last
-      }
-    }
+    n_comp = compact_valid_ids<kThreads>(topk + static_cast<long>(t) * d.topk, d.topk, sel_s,
+                                         warp_counts, [] { __syncthreads(); });
     k.sel = sel_s;
   } else if (d.ratio > 1) {
     n_comp = min((pos + 1) / d.ratio, meta.comp_start[b + 1] - meta.comp_start[b]);

@@ -50,14 +50,15 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
                                      float* dq_acc, float* dkv_acc, float* dcomp_acc,
                                      float* dsink_part, cudaStream_t stream,
                                      const GradChunk& chunk = {}, bool discard_key_grads = false,
-                                     long long* phase_stamps = nullptr);
-// Measurement only (benchmarks): the wgmma backward's phase_stamps, clock64() values written
-// by the first thread of each warpgroup of CTAs 0 .. ctas - 1 (fast mode), at
+                                     unsigned* phase_stamps = nullptr);
+// Measurement only (benchmarks): the wgmma backward's phase_stamps, the multiprocessor's
+// 32-bit clock() with its lowest bit set (never 0: 0 means "not reached"; subtract modulo
+// 2^32), written by the first thread of each warpgroup of CTAs 0 .. ctas - 1 (fast mode), at
 // stamps[((cta * 2 + warpgroup) * (tiles + 1) + row) * phases + p]. Row i < tiles is key tile
 // i: p = 0 loop top, 1 key tile ready, 2 S (WG0) / dP (WG1) done, 3 hand-over done (WG0: dS
 // ready; WG1: dS written), 4 dQ done, 5 dK chunk 0 done, 6 chunk 0 flushed, 7 chunk 1 done and
 // flushed. Row `tiles`: p = 0 kernel entry, 1 loop entry, 2 loop exit, 3 kernel exit.
-// Stamps not reached stay as the caller left them.
+// Stamps not reached stay as the caller left them (zero them first).
 struct AttentionBackwardStamps {
   static constexpr int ctas = 132, tiles = 24, phases = 8;
   static constexpr long count() { return static_cast<long>(ctas) * 2 * (tiles + 1) * phases; }

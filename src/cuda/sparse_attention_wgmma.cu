@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/attention_keys.cuh"
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/mma_util.cuh"
@@ -66,7 +67,6 @@ static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerReg
               "register file");
 constexpr int kBlockBytes = kSwizzleBlockBytes;       // one [64 rows x 64 dims] column block
 constexpr int kTileBytes = (kDim / 64) * kBlockBytes;  // [64 x 512] bf16 = 64 KB
-constexpr int kHalfBytes = kTileBytes / 2;             // dims 0-255 or 256-511
 constexpr int kQOff = 0;
 constexpr int kKOff = kQOff + kTileBytes;
 constexpr int kPOff = kKOff + 2 * kTileBytes;           // P_0, P_1 [64 x 64] bf16
@@ -90,77 +90,6 @@ constexpr int kProducerBar = 5;
 std::size_t wgmma_smem_bytes(const LayerDims& d) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
   return 1024 + kSelOff + (d.ratio == 4 ? sizeof(int) * static_cast<std::size_t>(d.topk) : 0);
-}
-
-// The valid (>= 0) entries of a top-k row in their order, written to `out`; called by the
-// producer warpgroup (named barrier kProducerBar). Loads are batched: one global round trip
-// per 4 x 128 ids.
-__device__ int compact_selection(const std::int32_t* sel, int K, int* out, int* warp_count) {
-  constexpr int kBatch = 4;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int total = 0;
-  for (int base = 0; base < K; base += kBatch * kProducerThreads) {
-    int v[kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int k = base + j * kProducerThreads + tid;
-      v[j] = k < K ? sel[k] : -1;
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      if (base + j * kProducerThreads >= K) break;  // uniform across the warpgroup
-      const bool ok = v[j] >= 0;
-      const unsigned ballot = __ballot_sync(0xffffffffu, ok);
-      if (lane == 0) warp_count[warp] = __popc(ballot);
-      named_barrier_sync(kProducerBar, kProducerThreads);
-      int before = 0, all = 0;
-#pragma unroll
-      for (int w = 0; w < kProducerThreads / 32; ++w) {
-        const int c = warp_count[w];
-        before += w < warp ? c : 0;
-        all += c;
-      }
-      if (ok) out[total + before + __popc(ballot & ((1u << lane) - 1u))] = v[j];
-      total += all;
-      named_barrier_sync(kProducerBar, kProducerThreads);  // warp_count is rewritten next
-    }
-  }
-  return total;
-}
-
-// S [64 rows x 64 keys] += Q K^T over the 256 dims of half `half` (16 k16 steps, 4 per 64-dim
-// column block); the first step of half `first` overwrites S.
-__device__ __forceinline__ void s_half(float (&s)[32], std::uint32_t q_base, std::uint32_t k_base,
-                                       int half, bool first) {
-#pragma unroll
-  for (int kk = 0; kk < 16; ++kk) {
-    const std::uint32_t off = (4 * half + (kk >> 2)) * kBlockBytes + (kk & 3) * 32;
-    wgmma_m64n64k16_ss<0>(s, wgmma_desc_sw128(q_base + off, 16, 1024),
-                          wgmma_desc_sw128(k_base + off, 16, 1024), first && kk == 0 ? 0 : 1);
-  }
-}
-
-// O [64 x 256] += P [64 x 64 keys] V [64 keys x the 256 dims of half `half`], P from
-// registers (p[4kk..4kk+3] is step kk's A fragment). V's step kk starts at key row 16 kk
-// (2 KB); its 4 column blocks are LBO = 8 KB apart.
-__device__ __forceinline__ void pv_regs(float (&o)[128], const std::uint32_t (&p)[16],
-                                        std::uint32_t v_base, int half) {
-#pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk) {
-    const std::uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-    wgmma_m64n256k16_rs<1>(
-        o, a, wgmma_desc_sw128(v_base + half * kHalfBytes + kk * 16 * 128, kBlockBytes, 1024));
-  }
-}
-
-// The same with P from shared memory (a swizzled [64 x 64] bf16 tile, K-major).
-__device__ __forceinline__ void pv_smem(float (&o)[128], std::uint32_t p_base,
-                                        std::uint32_t v_base, int half) {
-#pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk)
-    wgmma_m64n256k16_ss<1>(
-        o, wgmma_desc_sw128(p_base + kk * 32, 16, 1024),
-        wgmma_desc_sw128(v_base + half * kHalfBytes + kk * 16 * 128, kBlockBytes, 1024), 1);
 }
 
 // Scales S to the log2 domain and masks slots at or past n (keys `key0 + column`).
@@ -271,7 +200,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int comp0 = meta.comp_start[b];
       int n_comp;
       if (csa)
-        n_comp = compact_selection(topk + static_cast<long>(t) * d.topk, d.topk, sel_s, warp_count);
+        n_comp = compact_valid_ids<kProducerThreads>(
+            topk + static_cast<long>(t) * d.topk, d.topk, sel_s, warp_count,
+            [] { named_barrier_sync(kProducerBar, kProducerThreads); });
       else
         n_comp = d.ratio > 1 ? min((pos + 1) / d.ratio, meta.comp_start[b + 1] - comp0) : 0;
       const int n = n_win + n_comp;
@@ -393,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(ready_bar(0, 0), phase);
         fence_proxy_async_smem();
         wgmma_fence();
-        s_half(s, q_base, k0_base, 0, true);
+        qk_half(s, q_base, k0_base, 0, true);
         wgmma_commit();
         if (pending) {
           wgmma_wait<1>();
@@ -403,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(ready_bar(0, 1), phase);
         fence_proxy_async_smem();
         wgmma_fence();
-        s_half(s, q_base, k0_base, 1, false);
+        qk_half(s, q_base, k0_base, 1, false);
         wgmma_commit();
       };
       if (pairs > 0) {
@@ -431,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         // O += P_0 V_0[:, 0:256], then buffer 0's first half is free.
         wgmma_fence();
-        pv_regs(o, p, k0_base, 0);
+        pv_half_regs(o, p, k0_base, 0);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_pin(o);
@@ -456,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         // O += P_1 V_1[:, 0:256], overlapped with the next pair's S_0.
         wgmma_fence();
-        pv_smem(o, p1_base, k1_base, 0);
+        pv_half_smem(o, p1_base, k1_base, 0);
         wgmma_commit();
         if (pair + 1 < pairs) {
           issue_s0((ring + 1) & 1, true);
@@ -476,12 +407,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(ready_bar(1, 1), phase);
         fence_proxy_async_smem();
         wgmma_fence();
-        s_half(s, q_base, k1_base, 1, true);
+        qk_half(s, q_base, k1_base, 1, true);
         wgmma_commit();
         mbar_wait(ready_bar(1, 0), phase);
         fence_proxy_async_smem();
         wgmma_fence();
-        s_half(s, q_base, k1_base, 0, false);
+        qk_half(s, q_base, k1_base, 0, false);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_pin(s);
@@ -509,10 +440,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         // O += P_1 V_1[:, 256:512] (P_1 from registers), then O += P_0 V_0[:, 256:512].
         wgmma_fence();
-        pv_regs(o, p, k1_base, 1);
+        pv_half_regs(o, p, k1_base, 1);
         wgmma_commit();
         named_barrier_sync(kBarP0, kConsumerThreads);
-        pv_smem(o, p0_base, k0_base, 1);
+        pv_half_smem(o, p0_base, k0_base, 1);
         wgmma_commit();
         wgmma_wait<1>();
         if (lane == 0) mbar_arrive(free_bar(1, 1));

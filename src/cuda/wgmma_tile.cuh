@@ -1,13 +1,17 @@
 // Shared-memory tiles in the layout wgmma reads with 128-byte swizzle (see wgmma.cuh), as the
 // attention kernels keep them: a [rows x 512] bf16 tile is 8 column blocks of [rows x 64 dims]
 // (rows x 128 bytes each), row r of a block at r * 128, its 16-byte chunk c at c ^ (r % 8).
-// A [64 x 64] bf16 tile (P, dS) is one such block.
+// A [64 x 64] bf16 tile (P, dS) is one such block. Also the two products the attention kernels
+// build from such tiles, forward and backward: S = A K^T and O += P V (V = the key tile).
 #pragma once
 #include <cstdint>
+
+#include "cuda/wgmma.cuh"
 
 namespace csattn::cuda {
 
 constexpr int kSwizzleBlockBytes = 64 * 128;  // one [64 rows x 64 dims] bf16 column block
+constexpr int kSwizzleHalfBytes = 4 * kSwizzleBlockBytes;  // dims 0-255 or 256-511 of a tile
 
 // Byte offset of 16-byte chunk `chunk` (0..63) of row `row` (0..63) in a [64 x 512] tile.
 __device__ __forceinline__ std::uint32_t tile_off(int row, int chunk) {
@@ -32,6 +36,45 @@ __device__ __forceinline__ void store_fragment(unsigned char* tile, const std::u
     *reinterpret_cast<std::uint32_t*>(tile + fragment_off(row0, i, qd)) = p[2 * i];
     *reinterpret_cast<std::uint32_t*>(tile + fragment_off(row1, i, qd)) = p[2 * i + 1];
   }
+}
+
+// S [64 rows x 64 keys] (+)= A K^T over the 256 dims of half `half` (16 k16 steps, 4 per
+// 64-dim column block): A (Q or dO) and K are [64 x 512] tiles, both K-major. With `first`,
+// the first step overwrites S.
+__device__ __forceinline__ void qk_half(float (&s)[32], std::uint32_t a_base, std::uint32_t k_base,
+                                        int half, bool first) {
+#pragma unroll
+  for (int kk = 0; kk < 16; ++kk) {
+    const std::uint32_t off = (4 * half + (kk >> 2)) * kSwizzleBlockBytes + (kk & 3) * 32;
+    wgmma_m64n64k16_ss<0>(s, wgmma_desc_sw128(a_base + off, 16, 1024),
+                          wgmma_desc_sw128(k_base + off, 16, 1024), first && kk == 0 ? 0 : 1);
+  }
+}
+
+// O [64 x 256] += P [64 x 64 keys] V [64 keys x the 256 dims of half `half`], V = a key tile
+// read MN-major (key step kk at row 16 kk, 2 KB; its 4 column blocks LBO = 8 KB apart), P from
+// registers (p[4kk .. 4kk + 3]: step kk's A fragment, a packed m64n64 accumulator). The
+// forward's P V, the backward's dQ += dS K.
+__device__ __forceinline__ void pv_half_regs(float (&o)[128], const std::uint32_t (&p)[16],
+                                             std::uint32_t v_base, int half) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const std::uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+    wgmma_m64n256k16_rs<1>(o, a,
+                           wgmma_desc_sw128(v_base + half * kSwizzleHalfBytes + kk * 16 * 128,
+                                            kSwizzleBlockBytes, 1024));
+  }
+}
+
+// The same with P from shared memory (a swizzled [64 x 64] bf16 tile, K-major).
+__device__ __forceinline__ void pv_half_smem(float (&o)[128], std::uint32_t p_base,
+                                             std::uint32_t v_base, int half) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_ss<1>(o, wgmma_desc_sw128(p_base + kk * 32, 16, 1024),
+                           wgmma_desc_sw128(v_base + half * kSwizzleHalfBytes + kk * 16 * 128,
+                                            kSwizzleBlockBytes, 1024),
+                           1);
 }
 
 }  // namespace csattn::cuda

@@ -80,6 +80,18 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& ref,
   EXPECT_GT(cosine, 1.0 - 1e-4) << name;
 }
 
+// The ordered scatter of the attention's key gradients (deterministic mode) into dkv / dcomp.
+OrderedScatter attention_scatter(float* dkv, float* dcomp, int slots, int copies) {
+  OrderedScatter os;
+  os.layout = SlotLayout::attention;
+  os.slots = slots;
+  os.width = 512;
+  os.dst_window = dkv;
+  os.dst_comp = dcomp;
+  os.copies = copies;
+  return os;
+}
+
 // launch_attention_backward_wgmma with the others' signature (key gradients written).
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q, const bf16* kv,
                   const bf16* comp, const float* sink, const std::int32_t* topk, const bf16* out,
@@ -184,6 +196,37 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   };
   const Grads ref = run(Kernel::baseline), got = run(Kernel::wgmma), got_mma = run(Kernel::mma);
 
+  // The measurement instance (phase stamps) computes the same dQ bit for bit, and every CTA
+  // it stamps writes its kernel entry, loop and exit stamps and, per key tile it has, eight
+  // stamps in time order (32-bit clock, never 0).
+  {
+    using Stamps = AttentionBackwardStamps;
+    DeviceArray<unsigned> stamps(static_cast<std::size_t>(Stamps::count()));
+    stamps.fill_bytes(0);
+    dq.fill_bytes(0xFF);
+    launch_attention_backward_wgmma(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv),
+                                    dev_cast<bf16>(comp), sink.get(), topk.get(),
+                                    dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(),
+                                    dkv.get(), dcomp.get(), dsink.get(), nullptr, GradChunk{},
+                                    false, stamps.get());
+    CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(dq.download(), got.dq) << "the stamped kernel's dQ";
+    const std::vector<unsigned> h = stamps.download();
+    const int ctas = std::min<int>(Stamps::ctas, T * ((H + 63) / 64));
+    for (int cta = 0; cta < ctas; ++cta)
+      for (int wg = 0; wg < 2; ++wg) {
+        const unsigned* base = h.data() + static_cast<std::size_t>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
+        const unsigned* head = base + static_cast<std::size_t>(Stamps::tiles) * Stamps::phases;
+        for (int p = 0; p < 4; ++p) ASSERT_NE(head[p], 0u) << "CTA " << cta << " WG " << wg << " stamp " << p;
+        ASSERT_NE(base[7], 0u) << "CTA " << cta << " WG " << wg << ": its first tile";
+        for (int tile = 0; tile < Stamps::tiles && base[tile * Stamps::phases + 7] != 0u; ++tile)
+          for (int p = 1; p < Stamps::phases; ++p) {
+            const unsigned* r = base + tile * Stamps::phases;
+            ASSERT_LT(r[p] - r[p - 1], 1u << 31) << "CTA " << cta << " tile " << tile << " phase " << p;
+          }
+      }
+  }
+
   // Deterministic mode: row chunks write per-(row, head block, slot) contributions to a
   // NaN-poisoned scratch (a slot the kernel forgot stays NaN and poisons the sum), then the
   // ordered scatter adds them per key row in row order.
@@ -195,13 +238,7 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
     const int copies = k == Kernel::baseline ? 1 : (H + 63) / 64, slots = max_keys_per_query(d);
     DeviceArray<float> scratch(static_cast<std::size_t>(chunk_rows) * copies * slots * D);
     scratch.fill_bytes(0xFF);
-    OrderedScatter os;
-    os.layout = SlotLayout::attention;
-    os.slots = slots;
-    os.width = D;
-    os.dst_window = dkv.get();
-    os.dst_comp = dcomp.get();
-    os.copies = copies;
+    const OrderedScatter os = attention_scatter(dkv.get(), dcomp.get(), slots, copies);
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
       const GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.get(), slots, copies};
       launcher(k)(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
@@ -340,13 +377,7 @@ TEST(CudaAttentionBackwardLong, HcaSegmentOf600KTokens) {
   const int slots = max_keys_per_query(d), chunk_rows = 16;
   DeviceArray<float> scratch(static_cast<std::size_t>(chunk_rows) * slots * D);
   scratch.fill_bytes(0xFF);
-  OrderedScatter os;
-  os.layout = SlotLayout::attention;
-  os.slots = slots;
-  os.width = D;
-  os.dst_window = dkv.get();
-  os.dst_comp = dcomp.get();
-  os.copies = 1;
+  const OrderedScatter os = attention_scatter(dkv.get(), dcomp.get(), slots, 1);
   for (int r0 = 0; r0 < Q; r0 += chunk_rows) {
     const GradChunk chunk{r0, std::min(chunk_rows, Q - r0), scratch.get(), slots, 1};
     launch_wgmma(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),

@@ -253,16 +253,6 @@ TEST(CudaIndexerLoss, SparseRaggedMatchesBaseline) {
   compare_kernels(c);
 }
 
-// Relative L2 distance of two runs' values (both finite), for "these differ" checks.
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0.0, norm = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return norm > 0.0 ? std::sqrt(diff / norm) : 0.0;
-}
-
 // The sparse loss with predictor operands (the MXFP8 indexer's rounded qI / K^I): the
 // predictor from those, the gradients through the bf16 scores. Per kernel: predictor operands
 // equal to qI / K^I give bitwise the plain results; other ones give bitwise the value of a run
@@ -302,8 +292,8 @@ TEST(CudaIndexerLoss, SparsePredictorOperands) {
       in.args = plain;
       EXPECT_EQ(pred_v.loss_rows, other_v.loss_rows) << "the value is the predictor's";
       EXPECT_EQ(pred.loss_rows, pred_v.loss_rows) << "gradients changed the value";
-      EXPECT_GT(rel_diff(pred.dweff, ref.dweff), 1e-2) << "the predictor operands were not used";
-      EXPECT_GT(rel_diff(pred.dkeys, other.dkeys), 1e-2) << "the gradient used the predictor operands";
+      EXPECT_GT(testing_util::rel_l2(pred.dweff, ref.dweff), 1e-2) << "the predictor operands were not used";
+      EXPECT_GT(testing_util::rel_l2(pred.dkeys, other.dkeys), 1e-2) << "the gradient used the predictor operands";
       if (k == IndexerLossKernel::tensor_core) {
         in.args.pred_qi = Inputs::bf(pqi);
         in.args.pred_keys = Inputs::bf(pkeys);

@@ -80,6 +80,17 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<double
   return m;
 }
 
+// ||a - b|| / ||b|| (L2, in double); NaN anywhere gives NaN, b all zero gives ||a||.
+inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    diff += d * d;
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
 // Cosine similarity and the "tensor similarity" 2<a,b>/(|a|^2+|b|^2) of Megatron's parity
 // tests; both 1 for equal tensors.
 struct Similarity {
