@@ -13,7 +13,7 @@ namespace csattn::bench {
 inline const std::vector<std::string>& cuda_bench_sections() {
   static const std::vector<std::string> names = {"attention",     "attention_backward", "layer",
                                                  "deterministic", "indexer",            "elementwise",
-                                                 "indexer_loss"};
+                                                 "indexer_loss",  "cp"};
   return names;
 }
 
@@ -26,5 +26,8 @@ int run_cuda_bench(const std::string& json_path, const std::string& svg_path,
 
 // The bandwidth-bound forward kernels (cuda_bench_elementwise.cpp): a JSON array, and a table.
 nlohmann::json elementwise_benchmarks(double copy_tbps);
+
+// GPU context parallelism against CP = 1 (cuda_bench_cp.cpp): a JSON array, and a table.
+nlohmann::json cp_benchmarks();
 
 }  // namespace csattn::bench

@@ -643,6 +643,7 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
         report["indexer_loss"].push_back(j);
       }
     }
+    if (want("cp")) report["context_parallel"] = cp_benchmarks();
     if (!out_path.empty()) std::ofstream(out_path) << report.dump(2) << "\n";
     if (!svg_path.empty() && report.contains("sparse_attention")) write_svg(report, svg_path);
     return 0;

@@ -111,11 +111,17 @@ struct CpLayerOptions {
   bool poison_unused = false;
 };
 
+namespace cuda { class CudaCpLayer; }
+
 // One attention layer under context parallelism. forward and backward are collective: every
 // rank of `comm` calls them, in the same order, with the same partition, config and weights.
 // Before any other collective the ranks all-gather a checksum of the layout, the partition,
 // the config and the weights plus their local argument checks, so a disagreement or a bad
-// local argument gives every rank the same csattn::Error instead of a hang. A contiguous
+// local argument gives every rank the same csattn::Error instead of a hang.
+// With RunOptions::device = cuda the rank runs on the CUDA device current when the layer is
+// constructed (bf16 only), with a communicator that takes device buffers (NCCL, or the
+// in-process group for ranks sharing one GPU); the activations stay on the device between
+// forward and backward, and backward must follow the forward it differentiates. A contiguous
 // partition additionally needs L = T/P >= D_w (the halo comes from one neighbour, as in the
 // spec); two_chunk takes its halo from as many ranks as needed.
 class ContextParallelLayer {
@@ -141,6 +147,8 @@ class ContextParallelLayer {
   RunOptions options_;
   CpLayerOptions cp_options_;
   std::uint64_t weights_checksum_ = 0;
+  // Device cuda: the rank's GPU layer (created on the current device by the constructor).
+  std::shared_ptr<cuda::CudaCpLayer> gpu_;
 };
 
 // ---- moving global tensors in and out of the local row order ----

@@ -30,11 +30,15 @@
 #include "cpu/layer_ops.hpp"
 #include "csattn/cp.hpp"
 #include "csattn/error.hpp"
+#ifdef CSATTN_HAVE_CUDA
+#include "cuda/cp_layer.hpp"
+#endif
 
 namespace csattn {
 
 struct CpSavedActivations {
   AttentionConfig cfg;
+  std::uint64_t gpu_generation = 0;  // device cuda: the GPU layer's forward it belongs to
   bool bf16 = false;
   int rank = 0, ranks = 1;
   std::uint64_t layout_checksum = 0;
@@ -186,6 +190,37 @@ std::string shape_error(const char* name, const Tensor& t, std::int64_t rows, in
          std::to_string(rows) + ", " + std::to_string(cols) + "] (this rank's rows)";
 }
 
+// The work and traffic of this rank's forward. Attention pairs per own row: its window
+// (min(W, pos + 1) rows) plus its compressed keys (CSA: the valid top-k ids; HCA: every
+// visible entry).
+CpWork rank_work(const AttentionConfig& c, const BatchGeometry& geo, const cp::LayerPlan& plan,
+                 const Tensor& topk, const CommStats& after, const CommStats& before) {
+  CpWork work;
+  const int n = static_cast<int>(plan.local_rows.size());
+  work.local_rows = n;
+  work.halo_rows = static_cast<std::int64_t>(plan.ext_rows.size()) - n;
+  work.owned_compressed = static_cast<std::int64_t>(plan.entries.size());
+  work.compressed_slots = plan.slots;
+  const int K = c.has_indexer() ? c.index_topk : 0;
+  for (int i = 0; i < n; ++i) {
+    const int g = plan.local_rows[static_cast<std::size_t>(i)];
+    const int pos = geo.row_position[static_cast<std::size_t>(g)];
+    work.attention_pairs += std::min(c.window, pos + 1);
+    if (c.has_indexer()) {
+      const std::int32_t* sel = topk.ptr<std::int32_t>() + static_cast<std::size_t>(i) * K;
+      for (int k = 0; k < K; ++k) work.attention_pairs += sel[k] >= 0;
+      if (!geo.row_is_padding[static_cast<std::size_t>(g)]) work.indexer_pairs += geo.visible_compressed(g);
+    } else if (c.has_compressor()) {
+      work.attention_pairs += geo.visible_compressed(g);
+    }
+  }
+  work.attention_flops = 4.0 * c.n_heads * c.head_dim * static_cast<double>(work.attention_pairs);
+  work.forward_comm = {after.bytes_sent - before.bytes_sent,
+                       after.bytes_received - before.bytes_received,
+                       after.operations - before.operations};
+  return work;
+}
+
 }  // namespace
 
 ContextParallelLayer::ContextParallelLayer(AttentionConfig cfg, LayerWeights weights,
@@ -193,12 +228,21 @@ ContextParallelLayer::ContextParallelLayer(AttentionConfig cfg, LayerWeights wei
     : cfg_(cfg), weights_(std::move(weights)), options_(options), cp_options_(cp_options) {
   cfg_.validate();
   weights_.check(cfg_);
-  require(options_.device == Device::cpu, ErrorKind::Unsupported,
-          "context parallelism runs on device cpu only so far (the CUDA backend is "
-          "single-rank): use device cpu");
   require(options_.threads >= 0, ErrorKind::InvalidArgument,
           "threads = " + std::to_string(options_.threads) + " must be >= 0");
   weights_checksum_ = cp::checksum(weights_);
+  if (options_.device == Device::cuda) {
+    std::string why;
+    const bool ok = cuda_available(&why);  // before the message is built from `why`
+    require(ok, ErrorKind::Unsupported, "device cuda: " + why);
+    require(options_.precision == Precision::bf16, ErrorKind::Unsupported,
+            "device cuda computes in bf16 only (fp32 is a CPU reference mode)");
+#ifdef CSATTN_HAVE_CUDA
+    gpu_ = std::make_shared<cuda::CudaCpLayer>(cfg_, weights_);
+    gpu_->set_poison(options_.poison_workspace || cp_options_.poison_unused);
+    gpu_->set_deterministic(options_.deterministic);
+#endif
+  }
 }
 
 int ContextParallelLayer::halo_rows() const {
@@ -262,6 +306,19 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
   const int ne = static_cast<int>(plan.ext_rows.size());
   const int H = c.n_heads, D = c.head_dim, dm = c.d_model;
   const QueryRows queries = local_queries(*s);
+#ifdef CSATTN_HAVE_CUDA
+  if (gpu_) {
+    cuda::CudaCpForward g = gpu_->forward(comm, geo, plan, x_local);
+    s->gpu_generation = gpu_->generation();
+    CpLayerOutputs out;
+    out.output = std::move(g.output);
+    out.topk_indices = std::move(g.topk);
+    out.indexer_loss = g.indexer_loss;
+    out.work = rank_work(c, geo, plan, out.topk_indices, comm.stats(), comm_before);
+    out.saved = std::move(s);
+    return out;
+  }
+#endif
   const cpu::RopeTable rope = cpu::make_rope(c, bf16);
 
   s->x_local = x_local.to_f32();
@@ -335,21 +392,7 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
   cpu::attention_forward(n, attention_args(*s, w), s->attn.data(), s->lse.data());
   out.output = cpu::output_forward(c, w, rope, queries, s->attn, bf16, s->attn_rot, s->u);
 
-  // Work and traffic of this rank.
-  CpWork& work = out.work;
-  work.local_rows = n;
-  work.halo_rows = ne - n;
-  work.owned_compressed = ne_own;
-  work.compressed_slots = plan.slots;
-  for (int i = 0; i < n; ++i) work.attention_pairs += s->index.length[static_cast<std::size_t>(i)];
-  work.attention_flops = 4.0 * H * D * static_cast<double>(work.attention_pairs);
-  if (c.has_indexer())
-    for (int g : plan.local_rows)
-      if (!geo.row_is_padding[g]) work.indexer_pairs += geo.visible_compressed(g);
-  const CommStats& after = comm.stats();
-  work.forward_comm = {after.bytes_sent - comm_before.bytes_sent,
-                       after.bytes_received - comm_before.bytes_received,
-                       after.operations - comm_before.operations};
+  out.work = rank_work(c, geo, plan, out.topk_indices, comm.stats(), comm_before);
   out.saved = std::move(s);
   return out;
 }
@@ -380,6 +423,22 @@ CpLayerGradients ContextParallelLayer::backward(Communicator& comm, const CpLaye
              {"the layer weights", weights_checksum_}},
             local_error);
 
+#ifdef CSATTN_HAVE_CUDA
+  if (gpu_) {
+    require(fwd.saved->gpu_generation == gpu_->generation(), ErrorKind::InvalidArgument,
+            "backward on device cuda must follow the forward it differentiates: the GPU keeps "
+            "only the last forward's activations");
+    cuda::CudaCpGradients g = gpu_->backward(comm, grad_output, grad_indexer_loss);
+    CpLayerGradients out;
+    out.grad_input = std::move(g.grad_input);
+    out.grad = std::move(g.grad);
+    const CommStats& after = comm.stats();
+    out.backward_comm = {after.bytes_sent - comm_before.bytes_sent,
+                         after.bytes_received - comm_before.bytes_received,
+                         after.operations - comm_before.operations};
+    return out;
+  }
+#endif
   cpu::ThreadScope threads(options_.threads);
   const CpSavedActivations& s = *fwd.saved;
   const BatchGeometry& geo = s.geo;

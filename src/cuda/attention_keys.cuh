@@ -7,6 +7,7 @@
 // CUDA-core references and the mma.sync fallbacks keep the stored list on purpose: the
 // kernel tests compare the two derivations of one list.
 #pragma once
+#include "cuda/device_util.cuh"
 #include "cuda/params.hpp"
 
 namespace csattn::cuda {
@@ -24,8 +25,8 @@ __device__ __forceinline__ int build_key_list(const LayerDims& d, const DeviceMe
                                               const std::int32_t* topk, int t, int* ids,
                                               int* shared_count) {
   const int b = meta.row_segment[t], pos = meta.row_position[t];
-  const int seg_start = meta.cu_padded[b];
-  const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
+  const QueryWindow win = query_window(d, meta, b, pos);
+  const int n_win = win.n;
   if (d.ratio == 4) {
     if (threadIdx.x == 0) {
       int c = 0;
@@ -39,7 +40,7 @@ __device__ __forceinline__ int build_key_list(const LayerDims& d, const DeviceMe
     for (int j = threadIdx.x; j < n_comp; j += blockDim.x) ids[n_win + j] = -(meta.comp_start[b] + j + 1);
     if (threadIdx.x == 0) *shared_count = n_win + n_comp;
   }
-  for (int i = threadIdx.x; i < n_win; i += blockDim.x) ids[i] = seg_start + w0 + i;
+  for (int i = threadIdx.x; i < n_win; i += blockDim.x) ids[i] = win.row0 + i;
   __syncthreads();
   return *shared_count;
 }
@@ -106,9 +107,9 @@ __device__ __forceinline__ KeyList make_key_list(const LayerDims& d, const Devic
                                                  int* warp_counts) {
   KeyList k;
   const int b = meta.row_segment[t], pos = meta.row_position[t];
-  const int w0 = max(0, pos - d.window + 1);
-  k.n_win = pos - w0 + 1;
-  k.win_row0 = meta.cu_padded[b] + w0;
+  const QueryWindow win = query_window(d, meta, b, pos);
+  k.n_win = win.n;
+  k.win_row0 = win.row0;
   k.comp_row0 = d.ratio > 1 ? meta.comp_start[b] : 0;
   int n_comp = 0;
   if (d.ratio == 4) {

@@ -21,20 +21,6 @@ void rope_rows(const ForwardParams& f, bf16* v, int rows, int n, int per_token, 
   launch_norm_rope(a, stream);
 }
 
-// Hadamard (optional) then RoPE^T at position j*m on compressed rows, in place.
-void compressed_rows_grad(const ForwardParams& f, bf16* v, int n, bool hadamard,
-                          cudaStream_t stream) {
-  NormRopeArgs a = compressed_rows_args(f.dims, f.w, f.meta, v, v, n);
-  if (hadamard) {  // the forward applied RoPE then Hadamard: undo in reverse order
-    a.hadamard = true;
-    launch_norm_rope(a, stream);
-    a.hadamard = false;
-  }
-  a.rope_dim = f.dims.rope_dim;
-  a.rope_sign = -1;
-  launch_norm_rope(a, stream);
-}
-
 // Rows per deterministic chunk: as many as the scratch holds (plan_backward sized it).
 int deterministic_chunk_rows(const BackwardBuffers& b, int rows, int slots, int width) {
   require(b.det_scratch != nullptr, ErrorKind::InvalidArgument,
@@ -74,31 +60,27 @@ bool mxfp8_predictor(const ForwardParams& f, const BackwardParams& b) {
   return f.dims.mxfp8_indexer && b.sparse_loss && !f.forced_topk;
 }
 
-void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
-                  cudaStream_t stream, StageTimer* timer) {
+void backward_output(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
+                     cudaStream_t stream) {
+  const LayerDims& d = f.dims;
+  const BackwardBuffers& b = p.buf;
+  const int T = d.rows, HD = d.heads * d.head_dim, dm = d.d_model;
+  const int gro = d.o_groups * d.o_lora_rank, gd = HD / d.o_groups;
+  // Output projections, then the transpose of the inverse RoPE (a forward rotation).
+  linear_grad_input(blas, b.dy, T, dm, f.w.wo_b, gro, b.du);
+  linear_grad_weight(blas, b.dy, T, dm, f.act.u, gro, p.grad.wo_b);
+  grouped_linear_grad_input(blas, b.du, T, d.o_groups, gd, f.w.wo_a, d.o_lora_rank, b.dattn);
+  grouped_linear_grad_weight(blas, b.du, T, d.o_groups, gd, f.act.attn_rot, d.o_lora_rank,
+                             p.grad.wo_a);
+  rope_rows(f, b.dattn, T * d.heads, d.head_dim, d.heads, +1, stream);
+}
+
+void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStream_t stream) {
   const LayerDims& d = f.dims;
   const DeviceWeights& w = f.w;
   const DeviceActivations& a = f.act;
   const BackwardBuffers& b = p.buf;
-  const DeviceGradients& g = p.grad;
-  const int T = d.rows, H = d.heads, D = d.head_dim, HD = H * D, dm = d.d_model;
-  const int gro = d.o_groups * d.o_lora_rank, gd = HD / d.o_groups;
-  const int Nc = d.comp_capacity;
-  CSATTN_CUBLAS_CHECK(cublasSetStream(blas, stream));
-  if (f.blas_workspace)  // after SetStream, which resets cuBLAS to its own pool
-    CSATTN_CUBLAS_CHECK(cublasSetWorkspace(blas, f.blas_workspace, f.blas_workspace_bytes));
-  Stages st{timer, stream};
-  st.mark(nullptr);
-
-  // Output projections, then the transpose of the inverse RoPE (a forward rotation).
-  linear_grad_input(blas, b.dy, T, dm, w.wo_b, gro, b.du);
-  linear_grad_weight(blas, b.dy, T, dm, a.u, gro, g.wo_b);
-  grouped_linear_grad_input(blas, b.du, T, d.o_groups, gd, w.wo_a, d.o_lora_rank, b.dattn);
-  grouped_linear_grad_weight(blas, b.du, T, d.o_groups, gd, a.attn_rot, d.o_lora_rank, g.wo_a);
-  rope_rows(f, b.dattn, T * H, D, H, +1, stream);
-  st.mark("output projections");
-
-  // Core attention.
+  const int T = d.rows, D = d.head_dim, Nc = d.comp_capacity;
   CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkv_acc, 0, sizeof(float) * static_cast<std::size_t>(T) * D, stream));
   if (Nc > 0)
     CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dcomp_acc, 0, sizeof(float) * static_cast<std::size_t>(Nc) * D, stream));
@@ -124,10 +106,17 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
     launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, b.dattn,
                               b.dq_acc, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
   }
-  launch_column_sum(b.dsink_part, T, H, g.sink, stream);
-  st.mark("attention");
+  launch_column_sum(b.dsink_part, T, d.heads, p.grad.sink, stream);
+}
 
-  // Query path back to x.
+void backward_query_path(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
+                         cudaStream_t stream) {
+  const LayerDims& d = f.dims;
+  const DeviceWeights& w = f.w;
+  const DeviceActivations& a = f.act;
+  const BackwardBuffers& b = p.buf;
+  const DeviceGradients& g = p.grad;
+  const int T = d.rows, H = d.heads, D = d.head_dim, HD = H * D, dm = d.d_model;
   launch_f32_to_bf16(b.dq_acc, b.dq, static_cast<long>(T) * HD, stream);
   rope_rows(f, b.dq, T * H, D, H, -1, stream);
   launch_rmsnorm_backward(a.qb_proj, nullptr, b.dq, T * H, D, d.eps, b.dqb, nullptr, b.rstd,
@@ -138,75 +127,131 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
                           b.rstd, nullptr, 0, stream);
   linear_grad_input_f32(blas, b.dnormed, T, d.q_lora_rank, w.wq_a, dm, b.dx, false);
   linear_grad_weight(blas, b.dnormed, T, d.q_lora_rank, a.x, dm, g.wq_a);
-  st.mark("q path");
+}
 
-  // K=V path back to x.
+void backward_kv_path(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
+                      cudaStream_t stream) {
+  const LayerDims& d = f.dims;
+  const BackwardBuffers& b = p.buf;
+  const int T = d.rows, D = d.head_dim, dm = d.d_model;
   launch_f32_to_bf16(b.dkv_acc, b.dkv, static_cast<long>(T) * D, stream);
   rope_rows(f, b.dkv, T, D, 1, -1, stream);
-  launch_rmsnorm_backward(a.kv_proj, w.kv_norm, b.dkv, T, D, d.eps, b.dnormed, g.kv_norm, b.rstd,
-                          nullptr, 0, stream);
-  linear_grad_input_f32(blas, b.dnormed, T, D, w.wkv, dm, b.dx, true);
-  linear_grad_weight(blas, b.dnormed, T, D, a.x, dm, g.wkv);
-  st.mark("kv path");
+  launch_rmsnorm_backward(f.act.kv_proj, f.w.kv_norm, b.dkv, T, D, d.eps, b.dnormed,
+                          p.grad.kv_norm, b.rstd, nullptr, 0, stream);
+  linear_grad_input_f32(blas, b.dnormed, T, D, f.w.wkv, dm, b.dx, true);
+  linear_grad_weight(blas, b.dnormed, T, D, f.act.x, dm, p.grad.wkv);
+}
 
-  // The main compressor (not detached): back to x.
-  if (d.ratio > 1) {
-    const int width = d.coff * D;
-    launch_f32_to_bf16(b.dcomp_acc, b.dcomp, static_cast<long>(Nc) * D, stream);
-    compressed_rows_grad(f, b.dcomp, D, false, stream);
-    launch_rmsnorm_backward(a.c_pooled, w.c_norm, b.dcomp, Nc, D, d.eps, b.dpooled, g.c_norm,
-                            b.rstd, f.meta.comp_start, d.segments, stream);
-    launch_compressor_pool_backward(d, f.meta, D, a.c_a, a.c_g, w.c_ape, b.dpooled, b.da, b.dg,
-                                    g.c_ape, stream);
-    linear_grad_weight(blas, b.da, T, width, a.x, dm, g.c_wkv);
-    linear_grad_weight(blas, b.dg, T, width, a.x, dm, g.c_wgate);
+void backward_compressor(const ForwardParams& f, const BackwardParams& p, Compressor which,
+                         const LayerDims& cd, const DeviceMetadata& cm, const float* dout_acc,
+                         cublasHandle_t blas, cudaStream_t stream) {
+  const LayerDims& d = f.dims;
+  const DeviceWeights& w = f.w;
+  const DeviceActivations& a = f.act;
+  const BackwardBuffers& b = p.buf;
+  const DeviceGradients& g = p.grad;
+  const bool main = which == Compressor::main;
+  const int n = main ? d.head_dim : d.index_dim, width = main ? d.coff * n : 2 * n;
+  const int T = d.rows, dm = d.d_model, Nc = cd.comp_capacity;
+  launch_f32_to_bf16(dout_acc, b.dcomp, static_cast<long>(Nc) * n, stream);
+  // Hadamard (indexer) then RoPE^T at the entries' positions, in place.
+  NormRopeArgs r = compressed_rows_args(cd, w, cm, b.dcomp, b.dcomp, n);
+  if (!main) {  // the forward applied RoPE then Hadamard: undo in reverse order
+    r.hadamard = true;
+    launch_norm_rope(r, stream);
+    r.hadamard = false;
+  }
+  r.rope_dim = d.rope_dim;
+  r.rope_sign = -1;
+  launch_norm_rope(r, stream);
+  launch_rmsnorm_backward(main ? a.c_pooled : a.i_pooled, main ? w.c_norm : w.ic_norm, b.dcomp,
+                          Nc, n, d.eps, b.dpooled, main ? g.c_norm : g.ic_norm, b.rstd,
+                          cm.comp_entry_pos != nullptr ? nullptr : cm.comp_start, cd.segments,
+                          stream);
+  launch_compressor_pool_backward(cd, cm, n, main ? a.c_a : a.i_a, main ? a.c_g : a.i_g,
+                                  main ? w.c_ape : w.ic_ape, b.dpooled, b.da, b.dg,
+                                  main ? g.c_ape : g.ic_ape, stream);
+  linear_grad_weight(blas, b.da, T, width, a.x, dm, main ? g.c_wkv : g.ic_wkv);
+  linear_grad_weight(blas, b.dg, T, width, a.x, dm, main ? g.c_wgate : g.ic_wgate);
+  if (main) {  // the indexer compressor sees x detached: no dx
     linear_grad_input_f32(blas, b.da, T, width, w.c_wkv, dm, b.dx, true);
     linear_grad_input_f32(blas, b.dg, T, width, w.c_wgate, dm, b.dx, true);
+  }
+}
+
+void backward_indexer_loss(const ForwardParams& f, const BackwardParams& p, cudaStream_t stream) {
+  const LayerDims& d = f.dims;
+  const DeviceActivations& a = f.act;
+  const BackwardBuffers& b = p.buf;
+  const float grad_scale = p.grad_loss * p.loss_scale;
+  CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkeys_acc, 0, sizeof(float) * static_cast<std::size_t>(d.comp_capacity) * d.index_dim, stream));
+  if (p.deterministic) {
+    IndexerLossArgs la = loss_args(f, p);
+    OrderedScatter os;
+    os.layout = la.sparse ? SlotLayout::loss_sparse : SlotLayout::loss_dense;
+    os.slots = la.sparse ? d.topk : std::max(1, d.max_seg_len / d.ratio);
+    os.width = d.index_dim;
+    os.dst_comp = b.dkeys_acc;
+    const int T = d.rows;
+    const int chunk_rows = deterministic_chunk_rows(b, T, os.slots, d.index_dim);
+    for (int r0 = 0; r0 < T; r0 += chunk_rows) {
+      la.chunk = GradChunk{r0, std::min(chunk_rows, T - r0), b.det_scratch, os.slots, 1};
+      launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, grad_scale, b.dqi, b.dweff,
+                          b.dkeys_acc, stream);
+      launch_ordered_scatter(d, f.meta, a.topk, os, r0, la.chunk.rows, b.det_scratch, stream);
+    }
+  } else {
+    launch_indexer_loss(d, f.meta, loss_args(f, p), a.loss_rows, a.loss, true, grad_scale, b.dqi,
+                        b.dweff, b.dkeys_acc, stream);
+  }
+}
+
+void backward_indexer_queries(const ForwardParams& f, const BackwardParams& p,
+                              cublasHandle_t blas, cudaStream_t stream) {
+  const LayerDims& d = f.dims;
+  const BackwardBuffers& b = p.buf;
+  const int T = d.rows, HI = d.index_heads, DI = d.index_dim;
+  // qI: Hadamard then RoPE^T per head, then the weight gradient of wq_b.
+  NormRopeArgs had = token_rows_args(d, f.w, f.meta, b.dqi, b.dqi, T * HI, DI, HI);
+  had.hadamard = true;
+  launch_norm_rope(had, stream);
+  rope_rows(f, b.dqi, T * HI, DI, HI, -1, stream);
+  linear_grad_weight(blas, b.dqi, T, HI * DI, f.act.cq, d.q_lora_rank, p.grad.i_wq_b);
+  launch_indexer_weights_backward(d, b.dweff, b.dwraw, stream);
+  linear_grad_weight(blas, b.dwraw, T, HI, f.act.x, d.d_model, p.grad.i_wproj);
+}
+
+bool indexer_loss_backward_runs(const ForwardParams& f, const BackwardParams& p) {
+  return f.dims.ratio == 4 && p.grad_loss * p.loss_scale != 0.0f;
+}
+
+void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
+                  cudaStream_t stream, StageTimer* timer) {
+  const LayerDims& d = f.dims;
+  CSATTN_CUBLAS_CHECK(cublasSetStream(blas, stream));
+  if (f.blas_workspace)  // after SetStream, which resets cuBLAS to its own pool
+    CSATTN_CUBLAS_CHECK(cublasSetWorkspace(blas, f.blas_workspace, f.blas_workspace_bytes));
+  Stages st{timer, stream};
+  st.mark(nullptr);
+  backward_output(f, p, blas, stream);
+  st.mark("output projections");
+  backward_attention(f, p, stream);
+  st.mark("attention");
+  backward_query_path(f, p, blas, stream);
+  st.mark("q path");
+  backward_kv_path(f, p, blas, stream);
+  st.mark("kv path");
+  if (d.ratio > 1) {  // the main compressor (not detached): back to x
+    backward_compressor(f, p, Compressor::main, d, f.meta, p.buf.dcomp_acc, blas, stream);
     st.mark("compressor");
   }
-
   // The indexer: trained only by its loss, inputs detached (no dx).
-  const float grad_scale = p.grad_loss * p.loss_scale;
-  if (d.ratio == 4 && grad_scale != 0.0f) {
-    const int HI = d.index_heads, DI = d.index_dim;
-    CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkeys_acc, 0, sizeof(float) * static_cast<std::size_t>(Nc) * DI, stream));
-    if (p.deterministic) {
-      IndexerLossArgs la = loss_args(f, p);
-      OrderedScatter os;
-      os.layout = la.sparse ? SlotLayout::loss_sparse : SlotLayout::loss_dense;
-      os.slots = la.sparse ? d.topk : std::max(1, d.max_seg_len / d.ratio);
-      os.width = DI;
-      os.dst_comp = b.dkeys_acc;
-      const int chunk_rows = deterministic_chunk_rows(b, T, os.slots, DI);
-      for (int r0 = 0; r0 < T; r0 += chunk_rows) {
-        la.chunk = GradChunk{r0, std::min(chunk_rows, T - r0), b.det_scratch, os.slots, 1};
-        launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, grad_scale, b.dqi, b.dweff,
-                            b.dkeys_acc, stream);
-        launch_ordered_scatter(d, f.meta, a.topk, os, r0, la.chunk.rows, b.det_scratch, stream);
-      }
-    } else {
-      launch_indexer_loss(d, f.meta, loss_args(f, p), a.loss_rows, a.loss, true, grad_scale, b.dqi,
-                          b.dweff, b.dkeys_acc, stream);
-    }
+  if (indexer_loss_backward_runs(f, p)) {
+    backward_indexer_loss(f, p, stream);
     st.mark("indexer loss");
-    // qI: Hadamard then RoPE^T per head, then the weight gradient of wq_b.
-    NormRopeArgs had = token_rows_args(d, w, f.meta, b.dqi, b.dqi, T * HI, DI, HI);
-    had.hadamard = true;
-    launch_norm_rope(had, stream);
-    rope_rows(f, b.dqi, T * HI, DI, HI, -1, stream);
-    linear_grad_weight(blas, b.dqi, T, HI * DI, a.cq, d.q_lora_rank, g.i_wq_b);
-    launch_indexer_weights_backward(d, b.dweff, b.dwraw, stream);
-    linear_grad_weight(blas, b.dwraw, T, HI, a.x, dm, g.i_wproj);
+    backward_indexer_queries(f, p, blas, stream);
     st.mark("indexer q path");
-    // Keys: the indexer compressor.
-    launch_f32_to_bf16(b.dkeys_acc, b.dcomp, static_cast<long>(Nc) * DI, stream);
-    compressed_rows_grad(f, b.dcomp, DI, true, stream);
-    launch_rmsnorm_backward(a.i_pooled, w.ic_norm, b.dcomp, Nc, DI, d.eps, b.dpooled, g.ic_norm,
-                            b.rstd, f.meta.comp_start, d.segments, stream);
-    launch_compressor_pool_backward(d, f.meta, DI, a.i_a, a.i_g, w.ic_ape, b.dpooled, b.da, b.dg,
-                                    g.ic_ape, stream);
-    linear_grad_weight(blas, b.da, T, 2 * DI, a.x, dm, g.ic_wkv);
-    linear_grad_weight(blas, b.dg, T, 2 * DI, a.x, dm, g.ic_wgate);
+    backward_compressor(f, p, Compressor::indexer, d, f.meta, p.buf.dkeys_acc, blas, stream);
     st.mark("indexer compressor");
   }
 }

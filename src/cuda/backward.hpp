@@ -26,6 +26,34 @@ struct BackwardParams {
 void run_backward(const ForwardParams& f, const BackwardParams& b, cublasHandle_t blas,
                   cudaStream_t stream, StageTimer* timer = nullptr);
 
+// ---- the stages run_backward runs in order (cuBLAS on `stream`); the context-parallel
+// layer (cp_layer.cpp) runs them with its collectives in between ----
+
+// Output projections and the inverse RoPE's transpose: dy -> dattn (+ wo_a, wo_b grads).
+void backward_output(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
+                     cudaStream_t stream);
+// Attention: dq_acc, dkv_acc (zeroed here), dcomp_acc (zeroed here) and the sink gradient.
+void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStream_t stream);
+// The query path back to x: dx = (its gradient) - overwrites dx.
+void backward_query_path(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
+                         cudaStream_t stream);
+// The K=V path back to x: dx += .
+void backward_kv_path(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
+                      cudaStream_t stream);
+// One compressor, from the fp32 gradient of its compressed rows (dout_acc, laid out as
+// (cd, cm) describe: f's own rows, or a context-parallel rank's owned slots) to its weights
+// and, for the main compressor, dx += .
+void backward_compressor(const ForwardParams& f, const BackwardParams& p, Compressor which,
+                         const LayerDims& cd, const DeviceMetadata& cm, const float* dout_acc,
+                         cublasHandle_t blas, cudaStream_t stream);
+// The indexer loss's gradients: dqi, dweff and dkeys_acc (zeroed here; f's compressed rows).
+void backward_indexer_loss(const ForwardParams& f, const BackwardParams& p, cudaStream_t stream);
+// The indexer queries' weight gradients (i_wq_b, i_wproj) from dqi and dweff.
+void backward_indexer_queries(const ForwardParams& f, const BackwardParams& p,
+                              cublasHandle_t blas, cudaStream_t stream);
+// Whether the indexer's backward runs at all (CSA, a nonzero loss gradient).
+bool indexer_loss_backward_runs(const ForwardParams& f, const BackwardParams& p);
+
 // The indexer loss value (forward): into f.act.loss_rows and f.act.loss[0].
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream);
 

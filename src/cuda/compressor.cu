@@ -18,24 +18,21 @@ namespace csattn::cuda {
 
 namespace {
 
-__global__ void compressor_pool_reference_kernel(int capacity, int segments, int ratio, int d,
-                                       const std::int32_t* cu_padded,
-                                       const std::int32_t* comp_start, const bf16* a,
-                                       const bf16* g, const float* ape, bf16* pooled) {
+__global__ void compressor_pool_reference_kernel(int capacity, CompEntries entries, int d,
+                                                 const bf16* a, const bf16* g,
+                                                 const float* ape, bf16* pooled) {
   const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<long>(capacity) * d) return;
   const int e = static_cast<int>(idx / d), c = static_cast<int>(idx % d);
-  if (e >= comp_start[segments]) return;
-  const int b = compressed_segment(comp_start, segments, e);
-  const int j = e - comp_start[b];
-  const int start = cu_padded[b];
-  const int m = ratio;
+  const CompEntry ent = compressed_entry(entries, e);
+  if (ent.row0 < 0) return;
+  const int m = entries.ratio;
   const bool overlap = m == 4;
   const int width = overlap ? 2 * d : d;
   // Candidates: (token, column, slot). m = 4: block j-1 through the A half (if j > 0), then
   // block j through the B half; m = 128: block j.
-  const int first_prev = overlap && j > 0 ? 0 : m;  // m means "no previous candidates"
-  auto token_of = [&](int k) { return k < m ? start + (j - 1) * m + k : start + j * m + (k - m); };
+  const int first_prev = overlap && ent.pos > 0 ? 0 : m;  // m means "no previous candidates"
+  auto token_of = [&](int k) { return k < m ? ent.row0 - m + k : ent.row0 + (k - m); };
   auto col_of = [&](int k) { return k < m ? c : (overlap ? d + c : c); };
   auto slot_of = [&](int k) { return k < m ? k : k - m; };
   float mx = -INFINITY;
@@ -83,9 +80,8 @@ __device__ __forceinline__ void load_ape4(const float* ape, float (&f)[kPoolCh])
 
 template <int kM>
 __global__ void __launch_bounds__(512)
-    compressor_pool_vec_kernel(int capacity, int segments, int d, const std::int32_t* cu_padded,
-                               const std::int32_t* comp_start, const bf16* a, const bf16* g,
-                               const float* ape, bf16* pooled) {
+    compressor_pool_vec_kernel(int capacity, CompEntries entries, int d, const bf16* a,
+                               const bf16* g, const float* ape, bf16* pooled) {
   constexpr int kTok = PoolShape<kM>::kTok, kSplit = PoolShape<kM>::kSplit;
   constexpr int kChunk = PoolShape<kM>::kChunk;
   static_assert(kTok % kChunk == 0, "whole chunks");
@@ -103,9 +99,9 @@ __global__ void __launch_bounds__(512)
     v = threadIdx.x % vecs;
     split = threadIdx.x / vecs;
   }
-  const int total = comp_start[segments];
-  if (kSplit == 1 && e >= total) return;  // split blocks return together below
-  const bool live = e < total;
+  const CompEntry ent = e < capacity ? compressed_entry(entries, e) : CompEntry{-1, 0};
+  const bool live = ent.row0 >= 0;
+  if (kSplit == 1 && !live) return;  // split blocks return together below
   const int width = kOverlap ? 2 * d : d;
   const int c0 = kPoolCh * v;
 
@@ -117,12 +113,10 @@ __global__ void __launch_bounds__(512)
     acc[c] = 0.0f;
   }
   if (live) {
-    const int b = compressed_segment(comp_start, segments, e);
-    const int j = e - comp_start[b];
-    const long block0 = static_cast<long>(cu_padded[b]) + static_cast<long>(j) * kM;
+    const long block0 = ent.row0;
     // Candidate k of this thread: token, column and ape slot.
     const int k0 = split * kTok;
-    const bool has_prev = kOverlap && j > 0;
+    const bool has_prev = kOverlap && ent.pos > 0;
     auto token = [&](int k) { return kOverlap ? (k < kM ? block0 - kM + k : block0 + (k - kM)) : block0 + k; };
     auto col = [&](int k) { return kOverlap && k >= kM ? d + c0 : c0; };
     auto slot = [&](int k) { return kOverlap && k >= kM ? k - kM : k; };
@@ -237,12 +231,12 @@ void launch_compressor_pool(const LayerDims& d, const DeviceMetadata& meta, int 
   if (d.ratio == 4) {
     const long threads = static_cast<long>(d.comp_capacity) * (width_d / kPoolCh);
     compressor_pool_vec_kernel<4><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-        d.comp_capacity, d.segments, width_d, meta.cu_padded, meta.comp_start, a, g, ape, pooled);
+        d.comp_capacity, comp_entries(d, meta), width_d, a, g, ape, pooled);
   } else {
     constexpr int kSplit = PoolShape<128>::kSplit;
     const std::size_t smem = 2 * sizeof(float) * kSplit * static_cast<std::size_t>(width_d);
     compressor_pool_vec_kernel<128><<<static_cast<unsigned>(d.comp_capacity), (width_d / kPoolCh) * kSplit, smem, stream>>>(
-        d.comp_capacity, d.segments, width_d, meta.cu_padded, meta.comp_start, a, g, ape, pooled);
+        d.comp_capacity, comp_entries(d, meta), width_d, a, g, ape, pooled);
   }
   CSATTN_CUDA_LAUNCH_CHECK();
 }
@@ -253,8 +247,7 @@ void launch_compressor_pool_reference(const LayerDims& d, const DeviceMetadata& 
   const long total = static_cast<long>(d.comp_capacity) * width_d;
   if (total <= 0) return;
   compressor_pool_reference_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(
-      d.comp_capacity, d.segments, d.ratio, width_d, meta.cu_padded, meta.comp_start, a, g,
-      ape, pooled);
+      d.comp_capacity, comp_entries(d, meta), width_d, a, g, ape, pooled);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

@@ -10,21 +10,19 @@ namespace csattn::cuda {
 
 namespace {
 
-__global__ void pool_backward_kernel(int capacity, int segments, int ratio, int d,
-                                     const std::int32_t* cu_padded,
-                                     const std::int32_t* comp_start, const bf16* a,
+__global__ void pool_backward_kernel(int capacity, CompEntries entries, int d, const bf16* a,
                                      const bf16* g, const float* ape, const bf16* dpooled,
                                      bf16* da, bf16* dg) {
   const long idx = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<long>(capacity) * d) return;
   const int e = static_cast<int>(idx / d), c = static_cast<int>(idx % d);
-  if (e >= comp_start[segments]) return;
-  const int b = compressed_segment(comp_start, segments, e);
-  const int j = e - comp_start[b], start = cu_padded[b], m = ratio;
+  const CompEntry ent = compressed_entry(entries, e);
+  if (ent.row0 < 0) return;
+  const int m = entries.ratio;
   const bool overlap = m == 4;
   const int width = overlap ? 2 * d : d;
-  const int first = overlap && j > 0 ? 0 : m;
-  auto token_of = [&](int k) { return k < m ? start + (j - 1) * m + k : start + j * m + (k - m); };
+  const int first = overlap && ent.pos > 0 ? 0 : m;
+  auto token_of = [&](int k) { return k < m ? ent.row0 - m + k : ent.row0 + (k - m); };
   auto col_of = [&](int k) { return k < m ? c : (overlap ? d + c : c); };
   auto slot_of = [&](int k) { return k < m ? k : k - m; };
   float mx = -INFINITY;
@@ -48,17 +46,28 @@ __global__ void pool_backward_kernel(int capacity, int segments, int ratio, int 
   }
 }
 
-// dape[slot, col] += sum over compressed entries e of dg[block start of e + slot, col].
-__global__ void ape_grad_kernel(int segments, int ratio, int width,
-                                const std::int32_t* cu_padded, const std::int32_t* comp_start,
-                                const bf16* dg, float* dape) {
+// dape[slot, col] += sum over compressed entries e of the score gradient of e's candidate
+// (slot, col): dg of e's block row `slot` (m = 4: the B half), or for the A half (m = 4) of
+// its previous block's row. Summed per entry, so a context-parallel rank adds exactly its
+// owned entries' terms (a block's A half feeds the next entry, which another rank may own).
+__global__ void ape_grad_kernel(int capacity, CompEntries entries, int width, const bf16* dg,
+                                float* dape) {
+  const int m = entries.ratio;
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= ratio * width) return;
+  if (idx >= m * width) return;
   const int slot = idx / width, col = idx % width;
+  const bool prev_half = m == 4 && col < width / 2;
   float acc = 0.0f;
-  for (int b = 0; b < segments; ++b)
-    for (int j = 0; j < comp_start[b + 1] - comp_start[b]; ++j)
-      acc += __bfloat162float(dg[static_cast<long>(cu_padded[b] + j * ratio + slot) * width + col]);
+  for (int e = 0; e < capacity; ++e) {
+    const CompEntry ent = compressed_entry(entries, e);
+    if (ent.row0 < 0) {
+      if (entries.row0 == nullptr) break;  // one GPU: the entries end here
+      continue;                            // a table: unused slots anywhere
+    }
+    if (prev_half && ent.pos == 0) continue;  // the first block has no previous candidates
+    const long row = prev_half ? ent.row0 - m + slot : ent.row0 + slot;
+    acc += __bfloat162float(dg[row * width + col]);
+  }
   dape[idx] += acc;
 }
 
@@ -74,13 +83,12 @@ void launch_compressor_pool_backward(const LayerDims& d, const DeviceMetadata& m
   const long total = static_cast<long>(d.comp_capacity) * width_d;
   if (total > 0) {
     pool_backward_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(
-        d.comp_capacity, d.segments, d.ratio, width_d, meta.cu_padded, meta.comp_start, a, g, ape,
-        dpooled, da, dg);
+        d.comp_capacity, comp_entries(d, meta), width_d, a, g, ape, dpooled, da, dg);
     CSATTN_CUDA_LAUNCH_CHECK();
   }
   const int n = d.ratio * width;
-  ape_grad_kernel<<<(n + 127) / 128, 128, 0, stream>>>(d.segments, d.ratio, width, meta.cu_padded,
-                                                       meta.comp_start, dg, dape);
+  ape_grad_kernel<<<(n + 127) / 128, 128, 0, stream>>>(d.comp_capacity, comp_entries(d, meta),
+                                                       width, dg, dape);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

@@ -8,6 +8,8 @@
 #include "core/geometry.hpp"
 #include "core/rope_table.hpp"
 #include "cuda/check.hpp"
+#include "cuda/host_bf16.hpp"
+#include "cuda/device_weights.hpp"
 #include "cuda/backward.hpp"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/forward.hpp"
@@ -32,8 +34,7 @@ struct CudaLayerImpl {
   AttentionConfig cfg;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
-  void* weights_mem = nullptr;
-  std::size_t weights_bytes = 0;
+  std::unique_ptr<DeviceWeightStore> weights;
   DeviceWeights w;
   void* workspace = nullptr;
   std::size_t workspace_capacity = 0;
@@ -52,7 +53,6 @@ struct CudaLayerImpl {
   ~CudaLayerImpl() {
     if (grad_workspace) cudaFree(grad_workspace);
     if (workspace) cudaFree(workspace);
-    if (weights_mem) cudaFree(weights_mem);
     if (blas) cublasDestroy(blas);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -60,11 +60,6 @@ struct CudaLayerImpl {
 
 namespace {
 
-std::vector<std::uint16_t> to_bf16_bits(const float* v, std::size_t n) {
-  std::vector<std::uint16_t> out(n);
-  for (std::size_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(v[i]);
-  return out;
-}
 
 // The launch parameters of a forward whose buffers lie in `workspace` (planned by `plan`).
 ForwardParams params_on(const WorkspacePlan& plan, void* workspace, const DeviceWeights& w) {
@@ -88,11 +83,6 @@ void poison_forward(const AttentionConfig& c, const WorkspacePlan& plan, void* w
                                       static_cast<std::size_t>(T) * c.index_topk * 4, stream));
 }
 
-// lambda / N_real (mean over real rows) or lambda (per-token sums).
-float loss_scale_of(const AttentionConfig& c, std::int64_t real_rows) {
-  if (c.per_token_loss) return static_cast<float>(c.loss_coeff);
-  return real_rows > 0 ? static_cast<float>(c.loss_coeff / static_cast<double>(real_rows)) : 0.0f;
-}
 
 // The backward cases the GPU refuses, with the reason.
 void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, bool deterministic,
@@ -117,66 +107,8 @@ CudaLayer::CudaLayer(const AttentionConfig& cfg, const LayerWeights& weights)
   CSATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
   CSATTN_CUBLAS_CHECK(cublasCreate(&s.blas));
 
-  // One allocation for every parameter (bf16, or fp32 for ape / sink) plus the RoPE table.
-  const std::vector<ParamInfo>& params = weights.params();
-  std::vector<std::size_t> offsets;
-  std::size_t total = 0;
-  for (const ParamInfo& p : params) {
-    offsets.push_back(total);
-    const std::size_t bytes = static_cast<std::size_t>(shape_numel(p.shape)) *
-                              (p.file_dtype == DType::f32 ? 4 : 2);
-    total += (bytes + 255) / 256 * 256;
-  }
-  const std::vector<float> omega = rope_frequencies(cfg);
-  const std::size_t omega_off = total;
-  total += (omega.size() * sizeof(float) + 255) / 256 * 256;
-  CSATTN_CUDA_CHECK(cudaMalloc(&s.weights_mem, total));
-  s.weights_bytes = total;
-  auto* base = static_cast<unsigned char*>(s.weights_mem);
-  std::map<std::string, const void*> ptr;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const ParamInfo& p = params[i];
-    const Tensor& t = weights.get(p.name);
-    if (p.file_dtype == DType::f32) {
-      CSATTN_CUDA_CHECK(cudaMemcpy(base + offsets[i], t.data(), t.nbytes(), cudaMemcpyHostToDevice));
-    } else {
-      const auto bits = to_bf16_bits(t.ptr<float>(), static_cast<std::size_t>(t.numel()));
-      CSATTN_CUDA_CHECK(cudaMemcpy(base + offsets[i], bits.data(), bits.size() * 2,
-                                   cudaMemcpyHostToDevice));
-    }
-    ptr[p.name] = base + offsets[i];
-  }
-  CSATTN_CUDA_CHECK(cudaMemcpy(base + omega_off, omega.data(), omega.size() * sizeof(float),
-                               cudaMemcpyHostToDevice));
-  auto b = [&](const char* name) { return static_cast<const bf16*>(ptr.at(name)); };
-  auto f = [&](const char* name) { return static_cast<const float*>(ptr.at(name)); };
-  DeviceWeights& w = s.w;
-  w.wq_a = b("attn.wq_a.weight");
-  w.q_norm = b("attn.q_norm.weight");
-  w.wq_b = b("attn.wq_b.weight");
-  w.wkv = b("attn.wkv.weight");
-  w.kv_norm = b("attn.kv_norm.weight");
-  w.wo_a = b("attn.wo_a.weight");
-  w.wo_b = b("attn.wo_b.weight");
-  w.sink = f("attn.attn_sink");
-  if (cfg.has_compressor()) {
-    w.c_wkv = b("attn.compressor.wkv.weight");
-    w.c_wgate = b("attn.compressor.wgate.weight");
-    w.c_norm = b("attn.compressor.norm.weight");
-    w.c_ape = f("attn.compressor.ape");
-  }
-  if (cfg.has_indexer()) {
-    w.i_wq_b = b("attn.indexer.wq_b.weight");
-    w.i_wproj = b("attn.indexer.weights_proj.weight");
-    w.ic_wkv = b("attn.indexer.compressor.wkv.weight");
-    w.ic_wgate = b("attn.indexer.compressor.wgate.weight");
-    w.ic_norm = b("attn.indexer.compressor.norm.weight");
-    w.ic_ape = f("attn.indexer.compressor.ape");
-  }
-  w.omega = reinterpret_cast<const float*>(base + omega_off);
-  // cudaMemcpy from pageable memory may return before the DMA lands, and s.stream does not
-  // wait for the legacy stream: finish the uploads before any run.
-  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  s.weights = std::make_unique<DeviceWeightStore>(cfg, weights);
+  s.w = s.weights->weights();
 }
 
 CudaLayer::~CudaLayer() = default;
@@ -246,9 +178,7 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   if (with_loss)
     CSATTN_CUDA_CHECK(cudaMemcpyAsync(&loss_value, p.act.loss, sizeof(float), cudaMemcpyDeviceToHost, s.stream));
   CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  out.output = Tensor(DType::f32, {T, c.d_model});
-  float* y = out.output.ptr<float>();
-  for (std::size_t i = 0; i < yb.size(); ++i) y[i] = bf16_bits_to_float(yb[i]);
+  out.output = tensor_from_bf16_bits(yb, T, c.d_model);
   out.indexer_loss = loss_value;
   return out;
 }
@@ -256,7 +186,7 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
 std::uint64_t CudaLayer::generation() const { return impl_->generation; }
 
 std::size_t CudaLayer::device_bytes() const {
-  return impl_->weights_bytes + impl_->workspace_capacity + impl_->grad_capacity;
+  return impl_->weights->bytes() + impl_->workspace_capacity + impl_->grad_capacity;
 }
 
 LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer_loss) {
@@ -299,18 +229,7 @@ LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer
   out.grad_input = Tensor(DType::f32, {T, c.d_model});
   CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.grad_input.data(), bp.buf.dx, out.grad_input.nbytes(),
                                     cudaMemcpyDeviceToHost, s.stream));
-  std::vector<float> grads(s.grad_plan.grads_bytes / sizeof(float));
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(grads.data(), gbase + s.grad_plan.grads_offset,
-                                    s.grad_plan.grads_bytes, cudaMemcpyDeviceToHost, s.stream));
-  CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  // The gradients sit in layer_params order, each 256-byte aligned (plan_backward).
-  std::size_t at = 0;
-  for (const ParamInfo& p : layer_params(c)) {
-    Tensor t(DType::f32, p.shape);
-    std::memcpy(t.data(), grads.data() + at / sizeof(float), t.nbytes());
-    at += (t.nbytes() + 255) / 256 * 256;
-    out.grad[p.name] = std::move(t);
-  }
+  out.grad = gradients_to_host(c, s.grad_plan, s.grad_workspace, s.stream);
   return out;
 }
 

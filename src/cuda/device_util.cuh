@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/params.hpp"
+
 namespace csattn::cuda {
 
 __device__ __forceinline__ float round_bf16(float x) {
@@ -55,6 +57,35 @@ __device__ __forceinline__ int compressed_segment(const std::int32_t* comp_start
     if (comp_start[mid] <= e) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+// The window of the query of segment b at position pos: n keys, the first at row `row0`.
+// It starts at max(pos - W + 1, the segment's first position): 0 on one GPU; a
+// context-parallel run's halo rows hold the whole window of its own rows (a halo row's
+// window is cut at the run start, never read from another run).
+struct QueryWindow {
+  int n, row0;
+};
+__device__ __forceinline__ QueryWindow query_window(const LayerDims& d, const DeviceMetadata& m,
+                                                    int b, int pos) {
+  const int p0 = m.seg_pos0 != nullptr ? m.seg_pos0[b] : 0;
+  const int w0 = max(p0, pos - d.window + 1);
+  return {pos - w0 + 1, m.cu_padded[b] + (w0 - p0)};
+}
+
+// Compressed row e as the compressor kernels address it: the first row of its block (-1: a
+// capacity row without an entry) and its position j*m. One GPU: entry j of segment b is
+// block j of the segment; a context-parallel rank: the explicit table of its owned groups
+// (CompEntries, params.hpp).
+struct CompEntry {
+  int row0, pos;
+};
+__device__ __forceinline__ CompEntry compressed_entry(const CompEntries& c, int e) {
+  if (c.row0 != nullptr) return {c.row0[e], c.pos[e]};
+  if (e >= c.comp_start[c.segments]) return {-1, 0};
+  const int b = compressed_segment(c.comp_start, c.segments, e);
+  const int j = e - c.comp_start[b];
+  return {c.cu_padded[b] + j * c.ratio, j * c.ratio};
 }
 
 }  // namespace csattn::cuda

@@ -6,37 +6,12 @@
 
 namespace csattn::cuda {
 
-namespace {
-
-NormRopeArgs compressed_rows(const LayerDims& d, const DeviceWeights& w,
-                             const DeviceMetadata& m, const bf16* in, bf16* out, int n,
-                             const bf16* norm, bool hadamard) {
-  NormRopeArgs a = compressed_rows_args(d, w, m, in, out, n);
-  a.norm = true;
-  a.weight = norm;
-  a.rope_dim = d.rope_dim;
-  a.hadamard = hadamard;
-  return a;
-}
-
-}  // namespace
-
-void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream,
-                 StageTimer* timer) {
+void forward_projections(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream) {
   const LayerDims& d = p.dims;
   const DeviceWeights& w = p.w;
   const DeviceMetadata& m = p.meta;
   const DeviceActivations& a = p.act;
   const int T = d.rows, H = d.heads, D = d.head_dim;
-  CSATTN_CUBLAS_CHECK(cublasSetStream(blas, stream));
-  if (p.blas_workspace)  // after SetStream, which resets cuBLAS to its own pool
-    CSATTN_CUBLAS_CHECK(cublasSetWorkspace(blas, p.blas_workspace, p.blas_workspace_bytes));
-  Stages st{timer, stream};
-  st.mark(nullptr);
-
-  launch_metadata(d, m, stream);
-  launch_rope_table(d, w.omega, m.rope_table, stream);
-
   // Query path.
   linear(blas, a.x, T, d.d_model, w.wq_a, d.q_lora_rank, a.q_proj);
   NormRopeArgs cq = token_rows_args(d, w, m, a.q_proj, a.cq, T, d.q_lora_rank, 1);
@@ -55,53 +30,106 @@ void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t strea
   kvn.weight = w.kv_norm;
   kvn.rope_dim = d.rope_dim;
   launch_norm_rope(kvn, stream);
-  st.mark("q/kv projections");
+}
 
-  if (d.ratio > 1) {
-    const int width = d.coff * D;
-    linear(blas, a.x, T, d.d_model, w.c_wkv, width, a.c_a);
-    linear(blas, a.x, T, d.d_model, w.c_wgate, width, a.c_g);
-    launch_compressor_pool(d, m, D, a.c_a, a.c_g, w.c_ape, a.c_pooled, stream);
-    launch_norm_rope(compressed_rows(d, w, m, a.c_pooled, a.comp, D, w.c_norm, false), stream);
-    st.mark("compressor");
+void forward_compressor(const ForwardParams& p, Compressor which, const LayerDims& cd,
+                        const DeviceMetadata& cm, bf16* pooled, bf16* out, cublasHandle_t blas,
+                        cudaStream_t stream) {
+  const LayerDims& d = p.dims;
+  const DeviceWeights& w = p.w;
+  const DeviceActivations& a = p.act;
+  const bool main = which == Compressor::main;
+  const int n = main ? d.head_dim : d.index_dim;
+  const int width = main ? d.coff * n : 2 * n;
+  bf16* pa = main ? a.c_a : a.i_a;
+  bf16* pg = main ? a.c_g : a.i_g;
+  linear(blas, a.x, d.rows, d.d_model, main ? w.c_wkv : w.ic_wkv, width, pa);
+  linear(blas, a.x, d.rows, d.d_model, main ? w.c_wgate : w.ic_wgate, width, pg);
+  launch_compressor_pool(cd, cm, n, pa, pg, main ? w.c_ape : w.ic_ape, pooled, stream);
+  NormRopeArgs r = compressed_rows_args(cd, w, cm, pooled, out, n);
+  r.norm = true;
+  r.weight = main ? w.c_norm : w.ic_norm;
+  r.rope_dim = d.rope_dim;
+  r.hadamard = !main;
+  launch_norm_rope(r, stream);
+}
+
+void forward_indexer_queries(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream) {
+  const LayerDims& d = p.dims;
+  const DeviceWeights& w = p.w;
+  const DeviceActivations& a = p.act;
+  const int T = d.rows, HI = d.index_heads, DI = d.index_dim;
+  linear(blas, a.cq, T, d.q_lora_rank, w.i_wq_b, HI * DI, a.qi_proj);
+  NormRopeArgs qi = token_rows_args(d, w, p.meta, a.qi_proj, a.qi, T * HI, DI, HI);
+  qi.rope_dim = d.rope_dim;
+  qi.hadamard = true;
+  launch_norm_rope(qi, stream);
+  linear(blas, a.x, T, d.d_model, w.i_wproj, HI, a.w_raw);
+  launch_indexer_weights(d, a.w_raw, a.w_eff, stream);
+}
+
+void forward_selection(const ForwardParams& p, cudaStream_t stream) {
+  const LayerDims& d = p.dims;
+  const DeviceActivations& a = p.act;
+  const bf16 *sel_q = a.qi, *sel_keys = a.i_keys;
+  if (d.mxfp8_indexer) {  // the selection's operands through MXFP8 (qi_proj is dead here)
+    launch_mxfp8_roundtrip(a.qi, a.qi_proj, static_cast<long>(d.rows) * d.index_heads,
+                           d.index_dim, stream);
+    launch_mxfp8_roundtrip(a.i_keys, a.i_keys_mx, d.comp_capacity, d.index_dim, stream);
+    sel_q = a.qi_proj;
+    sel_keys = a.i_keys_mx;
   }
+  launch_indexer_topk(d, p.meta, sel_q, a.w_eff, sel_keys, a.topk, a.topk_scratch, stream);
+}
 
-  if (d.ratio == 4) {
-    const int HI = d.index_heads, DI = d.index_dim;
-    linear(blas, a.cq, T, d.q_lora_rank, w.i_wq_b, HI * DI, a.qi_proj);
-    NormRopeArgs qi = token_rows_args(d, w, m, a.qi_proj, a.qi, T * HI, DI, HI);
-    qi.rope_dim = d.rope_dim;
-    qi.hadamard = true;
-    launch_norm_rope(qi, stream);
-    linear(blas, a.x, T, d.d_model, w.i_wproj, HI, a.w_raw);
-    launch_indexer_weights(d, a.w_raw, a.w_eff, stream);
-    linear(blas, a.x, T, d.d_model, w.ic_wkv, 2 * DI, a.i_a);
-    linear(blas, a.x, T, d.d_model, w.ic_wgate, 2 * DI, a.i_g);
-    launch_compressor_pool(d, m, DI, a.i_a, a.i_g, w.ic_ape, a.i_pooled, stream);
-    launch_norm_rope(compressed_rows(d, w, m, a.i_pooled, a.i_keys, DI, w.ic_norm, true), stream);
-    st.mark("indexer q/k");
-    if (!p.forced_topk) {
-      const bf16 *sel_q = a.qi, *sel_keys = a.i_keys;
-      if (d.mxfp8_indexer) {  // the selection's operands through MXFP8 (qi_proj is dead here)
-        launch_mxfp8_roundtrip(a.qi, a.qi_proj, static_cast<long>(T) * HI, DI, stream);
-        launch_mxfp8_roundtrip(a.i_keys, a.i_keys_mx, d.comp_capacity, DI, stream);
-        sel_q = a.qi_proj;
-        sel_keys = a.i_keys_mx;
-      }
-      launch_indexer_topk(d, m, sel_q, a.w_eff, sel_keys, a.topk, a.topk_scratch, stream);
-    }
-    st.mark("indexer top-k");
-  }
+void forward_attention(const ForwardParams& p, cudaStream_t stream) {
+  const DeviceActivations& a = p.act;
+  launch_sparse_attention(p.dims, p.meta, a.q, a.kv, a.comp, p.w.sink, a.topk, a.attn, a.lse,
+                          stream);
+}
 
-  launch_sparse_attention(d, m, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, stream);
-  st.mark("sparse attention");
-
-  NormRopeArgs inv = token_rows_args(d, w, m, a.attn, a.attn_rot, T * H, D, H);
+void forward_output(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream) {
+  const LayerDims& d = p.dims;
+  const DeviceActivations& a = p.act;
+  const int T = d.rows, H = d.heads, D = d.head_dim;
+  NormRopeArgs inv = token_rows_args(d, p.w, p.meta, a.attn, a.attn_rot, T * H, D, H);
   inv.rope_dim = d.rope_dim;
   inv.rope_sign = -1;
   launch_norm_rope(inv, stream);
-  grouped_linear(blas, a.attn_rot, T, d.o_groups, H * D / d.o_groups, w.wo_a, d.o_lora_rank, a.u);
-  linear(blas, a.u, T, d.o_groups * d.o_lora_rank, w.wo_b, d.d_model, a.y);
+  grouped_linear(blas, a.attn_rot, T, d.o_groups, H * D / d.o_groups, p.w.wo_a, d.o_lora_rank,
+                 a.u);
+  linear(blas, a.u, T, d.o_groups * d.o_lora_rank, p.w.wo_b, d.d_model, a.y);
+}
+
+void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream,
+                 StageTimer* timer) {
+  const LayerDims& d = p.dims;
+  const DeviceMetadata& m = p.meta;
+  const DeviceActivations& a = p.act;
+  CSATTN_CUBLAS_CHECK(cublasSetStream(blas, stream));
+  if (p.blas_workspace)  // after SetStream, which resets cuBLAS to its own pool
+    CSATTN_CUBLAS_CHECK(cublasSetWorkspace(blas, p.blas_workspace, p.blas_workspace_bytes));
+  Stages st{timer, stream};
+  st.mark(nullptr);
+
+  launch_metadata(d, m, stream);
+  launch_rope_table(d, p.w.omega, m.rope_table, stream);
+  forward_projections(p, blas, stream);
+  st.mark("q/kv projections");
+  if (d.ratio > 1) {
+    forward_compressor(p, Compressor::main, d, m, a.c_pooled, a.comp, blas, stream);
+    st.mark("compressor");
+  }
+  if (d.ratio == 4) {
+    forward_indexer_queries(p, blas, stream);
+    forward_compressor(p, Compressor::indexer, d, m, a.i_pooled, a.i_keys, blas, stream);
+    st.mark("indexer q/k");
+    if (!p.forced_topk) forward_selection(p, stream);
+    st.mark("indexer top-k");
+  }
+  forward_attention(p, stream);
+  st.mark("sparse attention");
+  forward_output(p, blas, stream);
   st.mark("output projections");
 }
 

@@ -35,4 +35,26 @@ struct Stages {
 void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream,
                  StageTimer* timer = nullptr);
 
+// ---- the stages run_forward runs in order (cuBLAS already on `stream`, with p's scratch);
+// the context-parallel layer (cp_layer.cpp) runs them with its collectives in between ----
+
+enum class Compressor { main, indexer };
+
+// Q path (cq, q) and the shared K=V head over all of p's rows.
+void forward_projections(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream);
+// One compressor: its projections over p's rows (c_a / c_g, or i_a / i_g), then pooling,
+// RMSNorm, RoPE (and Hadamard for the indexer's) into the compressed rows that (cd, cm)
+// describe - p's own (one GPU), or a context-parallel rank's owned slots - through `pooled`
+// into `out`.
+void forward_compressor(const ForwardParams& p, Compressor which, const LayerDims& cd,
+                        const DeviceMetadata& cm, bf16* pooled, bf16* out, cublasHandle_t blas,
+                        cudaStream_t stream);
+// The indexer's queries (qi: RoPE, Hadamard) and head weights (w_eff).
+void forward_indexer_queries(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream);
+// The top-k selection from qi, w_eff and i_keys (through MXFP8 first with that precision).
+void forward_selection(const ForwardParams& p, cudaStream_t stream);
+// Sparse attention (attn, lse), then the inverse RoPE and the output projections (y).
+void forward_attention(const ForwardParams& p, cudaStream_t stream);
+void forward_output(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream);
+
 }  // namespace csattn::cuda

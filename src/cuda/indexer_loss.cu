@@ -123,14 +123,14 @@ __global__ void __launch_bounds__(kThreads)
 
   // Teacher statistics over sink + window + candidates; lane (h mod 32) keeps head h's
   // running (max, sum) for this warp's keys.
-  const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
-  const int seg_start = meta.cu_padded[b];
+  const QueryWindow win = query_window(d, meta, b, pos);
+  const int n_win = win.n;
   float run_m[kMaxHeadsPerLane], run_s[kMaxHeadsPerLane];
 #pragma unroll
   for (int r = 0; r < kMaxHeadsPerLane; ++r) { run_m[r] = -INFINITY; run_s[r] = 0.0f; }
   const bf16* qrow = a.q + static_cast<long>(t) * H * D;
   for (int k = warp; k < n_win + nc; k += kWarps) {
-    const bf16* v = k < n_win ? a.kv + static_cast<long>(seg_start + w0 + k) * D
+    const bf16* v = k < n_win ? a.kv + static_cast<long>(win.row0 + k) * D
                               : seg_comp + static_cast<long>(s.cand[k - n_win]) * D;
     float vr[kMaxDimPerLane];
 #pragma unroll

@@ -241,8 +241,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   const int c0 = meta.comp_start[b];
-  const int seg_start = meta.cu_padded[b];
-  const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
+  const QueryWindow win = query_window(d, meta, b, pos);
+  const int n_win = win.n;
   const float scale2 = d.scale * kLog2e;
   const KeyGradSink sink_out{dkeys_acc, kIdxDim, a.chunk.scratch, a.chunk.r0, a.chunk.slots};
   const int row0 = 16 * wr + g, row1 = row0 + 8;  // this lane's head rows (teacher and index)
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = tid; i < kKeys * (kWideRow / 16); i += kThreads) {
           const int r = i / (kWideRow / 16), c = i % (kWideRow / 16);
           const int slot = min(tile * kKeys + r, count - 1);  // past the end: a real row, masked
-          const bf16* row = window ? a.kv + static_cast<long>(seg_start + w0 + slot) * kDim
+          const bf16* row = window ? a.kv + static_cast<long>(win.row0 + slot) * kDim
                                    : a.comp + static_cast<long>(c0 + (a.sparse ? cand_s[slot] : slot)) * kDim;
           cp_async_16(smem_addr(base + swz(r, c, kWideRow)), row + c * 8);
         }

@@ -30,6 +30,7 @@ struct NormRopeArgs {
   bool compressed = false;
   const std::int32_t* comp_start = nullptr;
   int segments = 0, ratio = 0;
+  const std::int32_t* comp_entry_pos = nullptr;  // the explicit table (DeviceMetadata)
   bool hadamard = false;     // n must be a power of two
   const __nv_bfloat162* rope_table = nullptr;  // [positions, rope_dim / 2] (cos, sin); null:
                                                // computed per row
@@ -73,6 +74,7 @@ inline NormRopeArgs compressed_rows_args(const LayerDims& d, const DeviceWeights
   a.omega = w.omega;
   a.compressed = true;
   a.comp_start = m.comp_start;
+  a.comp_entry_pos = m.comp_entry_pos;
   a.segments = d.segments;
   a.ratio = d.ratio;
   a.rope_table = m.rope_table;

@@ -52,6 +52,7 @@ __global__ void rope_table_kernel(int positions, int half, const float* omega,
 // -1 for compressed capacity rows without an entry.
 __device__ __forceinline__ int row_position_of(const NormRopeArgs& a, int row) {
   if (a.compressed) {
+    if (a.comp_entry_pos != nullptr) return a.comp_entry_pos[row];  // -1: an unused slot
     if (row >= a.comp_start[a.segments]) return -1;
     const int b = compressed_segment(a.comp_start, a.segments, row);
     return (row - a.comp_start[b]) * a.ratio;

@@ -54,10 +54,30 @@ struct DeviceMetadata {
   std::int32_t* row_position = nullptr;     // [T]
   std::uint8_t* row_is_padding = nullptr;   // [T]
   std::int32_t* comp_start = nullptr;       // [B+1]
+  // GPU context parallelism (cuda/cp_layer.cpp); null on one GPU. A rank's "segments" are
+  // runs of its halo + own rows: seg_pos0[b] is the global position of run b's first row
+  // (row_position holds global positions, so "the row of position p" is
+  // cu_padded[b] + p - seg_pos0[b]). Its compressed rows are its owned groups in all-gather
+  // slots: entry e's block starts at row comp_entry_row0[e] (-1: an unused slot) at
+  // position comp_entry_pos[e] (= group * m).
+  const std::int32_t* seg_pos0 = nullptr;        // [B]
+  const std::int32_t* comp_entry_row0 = nullptr; // [comp_capacity]
+  const std::int32_t* comp_entry_pos = nullptr;  // [comp_capacity]
   // RoPE (cos, sin) per position and frequency, [max_seg_len, rope_dim / 2], bf16 values as
   // the host's table; built per run from omega (null: kernels compute them per row).
   __nv_bfloat162* rope_table = nullptr;
 };
+
+// What the compressor kernels need to find compressed row e's block (compressed_entry,
+// device_util.cuh): the segments' rows and compressed offsets, or the explicit table.
+struct CompEntries {
+  const std::int32_t *cu_padded = nullptr, *comp_start = nullptr;
+  int segments = 0, ratio = 0;
+  const std::int32_t *row0 = nullptr, *pos = nullptr;  // the table (both or neither)
+};
+inline CompEntries comp_entries(const LayerDims& d, const DeviceMetadata& m) {
+  return {m.cu_padded, m.comp_start, d.segments, d.ratio, m.comp_entry_row0, m.comp_entry_pos};
+}
 
 // Activations of the forward (bf16 unless noted); the backward (issue 6) reads them.
 struct DeviceActivations {

@@ -196,7 +196,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // The key list (same order as build_key_list): window rows, then compressed rows.
       const int b = meta.row_segment[t], pos = meta.row_position[t];
-      const int w0 = max(0, pos - d.window + 1), n_win = pos - w0 + 1;
+      const QueryWindow win = query_window(d, meta, b, pos);
+      const int n_win = win.n;
       const int comp0 = meta.comp_start[b];
       int n_comp;
       if (csa)
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         n_comp = d.ratio > 1 ? min((pos + 1) / d.ratio, meta.comp_start[b + 1] - comp0) : 0;
       const int n = n_win + n_comp;
       const int pairs = (n + 2 * kKeys - 1) / (2 * kKeys);
-      const bf16* win_base = kv + (static_cast<long>(meta.cu_padded[b]) + w0) * kDim;
+      const bf16* win_base = kv + static_cast<long>(win.row0) * kDim;
       const bf16* comp_base = comp + static_cast<long>(comp0) * kDim;
 
       // Q of this item once the consumers' S no longer reads the previous one (issued after

@@ -1,16 +1,20 @@
 #include "cuda/workspace.hpp"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "csattn/weights.hpp"
+#include "cuda/check.hpp"
 #include "cuda/indexer_topk_plan.hpp"
 
 namespace csattn::cuda {
 
-LayerDims make_dims(const AttentionConfig& c, int rows, int segments, int max_seg_len) {
+LayerDims make_dims(const AttentionConfig& c, int rows, int segments, int max_seg_len,
+                    int comp_capacity) {
   LayerDims d;
   d.rows = rows;
   d.segments = segments;
@@ -25,7 +29,7 @@ LayerDims make_dims(const AttentionConfig& c, int rows, int segments, int max_se
   d.window = c.window;
   d.ratio = c.compress_ratio;
   d.coff = c.coff();
-  d.comp_capacity = c.compress_ratio > 1 ? rows / c.compress_ratio : 0;
+  d.comp_capacity = c.compress_ratio <= 1 ? 0 : comp_capacity >= 0 ? comp_capacity : rows / c.compress_ratio;
   d.index_heads = c.has_indexer() ? c.index_n_heads : 0;
   d.index_dim = c.has_indexer() ? c.index_head_dim : 0;
   d.topk = c.has_indexer() ? c.index_topk : 0;
@@ -35,9 +39,10 @@ LayerDims make_dims(const AttentionConfig& c, int rows, int segments, int max_se
   return d;
 }
 
-WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, int max_seg_len) {
+WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, int max_seg_len,
+                           int comp_capacity) {
   WorkspacePlan p;
-  p.dims = make_dims(cfg, rows, segments, max_seg_len);
+  p.dims = make_dims(cfg, rows, segments, max_seg_len, comp_capacity);
   const LayerDims& d = p.dims;
   const std::size_t T = static_cast<std::size_t>(rows), Nc = static_cast<std::size_t>(d.comp_capacity);
   const std::size_t bf = sizeof(bf16), f32 = sizeof(float), i32 = sizeof(std::int32_t);
@@ -270,6 +275,31 @@ DeviceGradients BackwardPlan::gradients(void* base) const {
   g.i_wq_b = f(g_i_wq_b); g.i_wproj = f(g_i_wproj); g.ic_wkv = f(g_ic_wkv);
   g.ic_wgate = f(g_ic_wgate); g.ic_norm = f(g_ic_norm); g.ic_ape = f(g_ic_ape);
   return g;
+}
+
+float loss_scale_of(const AttentionConfig& c, std::int64_t real_rows) {
+  if (c.per_token_loss) return static_cast<float>(c.loss_coeff);
+  return real_rows > 0 ? static_cast<float>(c.loss_coeff / static_cast<double>(real_rows)) : 0.0f;
+}
+
+std::map<std::string, Tensor> gradients_to_host(const AttentionConfig& c, const BackwardPlan& plan,
+                                                const void* grad_workspace, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  std::vector<float> grads(plan.grads_bytes / sizeof(float));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(grads.data(),
+                                    static_cast<const unsigned char*>(grad_workspace) + plan.grads_offset,
+                                    plan.grads_bytes, cudaMemcpyDeviceToHost, s));
+  CSATTN_CUDA_CHECK(cudaStreamSynchronize(s));
+  // The gradients sit in layer_params order, each 256-byte aligned (plan_backward).
+  std::map<std::string, Tensor> out;
+  std::size_t at = 0;
+  for (const ParamInfo& p : layer_params(c)) {
+    Tensor t(DType::f32, p.shape);
+    std::memcpy(t.data(), grads.data() + at / sizeof(float), t.nbytes());
+    at += (t.nbytes() + 255) / 256 * 256;
+    out[p.name] = std::move(t);
+  }
+  return out;
 }
 
 }  // namespace csattn::cuda

@@ -2,10 +2,14 @@
 // caller-owned allocation, sized from host-known maxima (rows, segments, longest segment).
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
 
 #include "cuda/backward_params.hpp"
 #include "cuda/params.hpp"
 #include "csattn/config.hpp"
+#include "csattn/tensor.hpp"
 
 namespace csattn::cuda {
 
@@ -52,7 +56,21 @@ struct BackwardPlan {
 BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d,
                            bool deterministic = false);
 
-LayerDims make_dims(const AttentionConfig& cfg, int rows, int segments, int max_seg_len);
-WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, int max_seg_len);
+// comp_capacity: the compressed rows the buffers hold; -1: rows / ratio (one GPU). A
+// context-parallel rank passes its own (cp_layer.cpp). max_seg_len bounds every position
+// (the RoPE table's rows).
+LayerDims make_dims(const AttentionConfig& cfg, int rows, int segments, int max_seg_len,
+                    int comp_capacity = -1);
+WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, int max_seg_len,
+                           int comp_capacity = -1);
+
+// The indexer loss's scale: lambda / N_real (the mean over the batch's real rows) or lambda
+// (per-token sums).
+float loss_scale_of(const AttentionConfig& c, std::int64_t real_rows);
+
+// The weight gradients of a backward workspace, by release name (fp32); synchronises
+// `stream` (a cudaStream_t) after the copy.
+std::map<std::string, Tensor> gradients_to_host(const AttentionConfig& c, const BackwardPlan& plan,
+                                                const void* grad_workspace, void* stream);
 
 }  // namespace csattn::cuda

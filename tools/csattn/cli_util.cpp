@@ -1,5 +1,9 @@
 #include "cli_util.hpp"
 
+#ifdef CSATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include <omp.h>
 
 #include <algorithm>
@@ -145,6 +149,19 @@ int apply_threads(int threads, const std::string& option) {
     bad_option(option, std::to_string(threads) + " must be >= 0 (0 = OpenMP default)");
   if (threads > 0) omp_set_num_threads(threads);
   return threads > 0 ? threads : omp_get_max_threads();
+}
+
+int visible_gpus() {
+#ifdef CSATTN_HAVE_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error of a failed query
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
 }
 
 }  // namespace csattn::cli

@@ -63,4 +63,7 @@ class Stopwatch {
 // Applies --threads: omp_set_num_threads(n) for n > 0; returns the thread count in effect.
 int apply_threads(int threads, const std::string& option);
 
+// CUDA devices this process sees (0 without the CUDA backend or a driver).
+int visible_gpus();
+
 }  // namespace csattn::cli

@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include "cli_util.hpp"
 #include "commands.hpp"
 #include "csattn/comm.hpp"
 #include "csattn/error.hpp"
@@ -227,15 +228,6 @@ int report(const Communicator& comm, const std::string& backend, Device dev, std
   return ok ? 0 : 1;
 }
 
-int visible_gpus() {
-#ifdef CSATTN_HAVE_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
-#else
-  return 0;
-#endif
-}
 
 int run_comm_check(const CommCheckArgs& a) {
   require(a.backend == "auto" || a.backend == "local" || a.backend == "mpi" || a.backend == "nccl",

@@ -7,6 +7,9 @@
 #include <cstring>
 
 #include <CLI/CLI.hpp>
+#ifdef CSATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 #include <fmt/core.h>
 
 #include "cli_util.hpp"
@@ -118,7 +121,19 @@ void print_cp_table(const RunPlan& plan, const std::vector<LayerResult>& layers,
 }
 
 // The whole job on one rank. Rank 0 prints the report and writes --save.
-void cp_job(Communicator& comm, const RunPlan& plan, CpMode mode) {
+// Makes `device` current for this thread (the GPU layers are created on it).
+void select_gpu(int device) {
+#ifdef CSATTN_HAVE_CUDA
+  require(cudaSetDevice(device) == cudaSuccess, ErrorKind::Internal,
+          "cudaSetDevice(" + std::to_string(device) + ") failed");
+#else
+  (void)device;
+#endif
+}
+
+// comm: the host collectives of the report; layer_comm: the layers' (comm itself on the
+// CPU; NCCL or the in-process group on the GPU).
+void cp_job(Communicator& comm, Communicator& layer_comm, const RunPlan& plan, CpMode mode) {
   const int P = comm.size(), rank = comm.rank();
   const bool root = rank == 0;
   const SeqLayout padded = pad_for_context_parallel(plan.layout, mode, P);
@@ -152,12 +167,12 @@ void cp_job(Communicator& comm, const RunPlan& plan, CpMode mode) {
 
     StatRow mine{};
     Stopwatch fwd_sw;
-    const CpLayerOutputs fwd = layer.forward(comm, part, x_local);
+    const CpLayerOutputs fwd = layer.forward(layer_comm, part, x_local);
     mine[kFwdMs] = fwd_sw.ms();
     CpLayerGradients grads;
     if (plan.backward) {
       Stopwatch bwd_sw;
-      grads = layer.backward(comm, fwd, dy_local, 1.0f);
+      grads = layer.backward(layer_comm, fwd, dy_local, 1.0f);
       mine[kBwdMs] = bwd_sw.ms();
     }
     const CpWork& w = fwd.work;
@@ -266,6 +281,8 @@ void cp_job(Communicator& comm, const RunPlan& plan, CpMode mode) {
 }  // namespace
 
 int run_context_parallel(const RunPlan& plan, const CpArgs& args) {
+  const bool gpu = plan.run_options.device == Device::cuda;
+  const int gpus = gpu ? visible_gpus() : 0;
   if (mpi_launched()) {
     if (args.mode.empty())
       throw Error(ErrorKind::InvalidArgument,
@@ -276,13 +293,38 @@ int run_context_parallel(const RunPlan& plan, const CpArgs& args) {
                                "come from mpirun (-np)");
     const CpMode mode = parse_cp_mode(args.mode);
     std::unique_ptr<Communicator> comm = mpi_world();
-    cp_job(*comm, plan, mode);
+    if (!gpu) {
+      cp_job(*comm, *comm, plan, mode);
+      return 0;
+    }
+    // One GPU per rank: the launcher's node-local rank modulo the visible GPUs.
+    require(nccl_available(), ErrorKind::Unsupported,
+            "--device cuda under mpirun: the ranks' GPUs talk through NCCL, which this build "
+            "lacks; use --device cpu");
+    const int local = launcher_local_rank() >= 0 ? launcher_local_rank() : comm->rank();
+    std::unique_ptr<Communicator> nccl = nccl_communicator(*comm, local % gpus);
+    cp_job(*comm, *nccl, plan, mode);
     return 0;
   }
   if (args.mode.empty()) bad_option("--cp-ranks", "needs --cp-mode contiguous or two_chunk");
   if (args.ranks < 0) bad_option("--cp-ranks", std::to_string(args.ranks) + " must be >= 1");
   const CpMode mode = parse_cp_mode(args.mode);
-  run_local_ranks(std::max(args.ranks, 1), [&](Communicator& comm) { cp_job(comm, plan, mode); });
+  const int P = std::max(args.ranks, 1);
+  // Threads on the GPU: one GPU per rank through NCCL where there are enough, else every
+  // rank on GPU 0 through the in-process group.
+  const bool one_gpu_each = gpu && nccl_available() && gpus >= P;
+  if (gpu && plan.progress)
+    fmt::print(stderr, "csattn: {} ranks {}\n", P,
+               one_gpu_each ? "on one GPU each (NCCL)" : "sharing GPU 0 (in-process group)");
+  run_local_ranks(P, [&](Communicator& comm) {
+    if (!one_gpu_each) {
+      if (gpu) select_gpu(0);
+      cp_job(comm, comm, plan, mode);
+      return;
+    }
+    std::unique_ptr<Communicator> nccl = nccl_communicator(comm, comm.rank());
+    cp_job(comm, *nccl, plan, mode);
+  });
   return 0;
 }
 

@@ -24,16 +24,7 @@ Command add_run_command(CLI::App& app) {
   add_cp_options(*run, *cp);
   return [args, cp]() {
     RunPlan plan = resolve_run(*args);
-    if (wants_context_parallel(*cp)) {
-      // The context-parallel layer is a CPU layer: --device auto picks the CPU for it.
-      if (plan.run_options.device == Device::cuda) {
-        if (args->device == "cuda")
-          bad_option("--device", "cuda: context parallelism (--cp-mode) runs on the CPU only "
-                                 "so far; use --device cpu or auto");
-        plan.run_options.device = Device::cpu;
-      }
-      return run_context_parallel(plan, *cp);
-    }
+    if (wants_context_parallel(*cp)) return run_context_parallel(plan, *cp);
     const RunReport report = run_job(plan);
     if (plan.json)
       fmt::print("{}\n", run_report_json(plan, report).dump(2));

@@ -1,0 +1,153 @@
+// GPU context parallelism against CP = 1 (the `cp` section of `csattn bench --device cuda`):
+// one Flash-shape sequence per layer type, CP = 1 (one rank, the same context-parallel code)
+// and P = every visible GPU (NCCL, one GPU per rank, ranks as threads) in both partition
+// modes. Per run: the slowest rank's forward and backward (medians of re-runs that include
+// the collectives, from a barrier to the stream's end), the train-step tokens/s, and the
+// largest rank's device memory (what the layer's allocations took from the GPU, measured
+// with cudaMemGetInfo around the layer's life, NCCL's own buffers included).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/geometry.hpp"
+#include "cp/layer_plan.hpp"
+#include "csattn/comm.hpp"
+#include "csattn/cp.hpp"
+#include "csattn/error.hpp"
+#include "cuda/check.hpp"
+#include "cuda/cp_layer.hpp"
+#include "cuda_bench.hpp"
+
+namespace csattn::bench {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Cheap reproducible inputs in [-1, 1) (a host normal generator takes seconds per GiB).
+Tensor uniform_rows(std::int64_t rows, int cols, std::uint64_t seed) {
+  Tensor t(DType::f32, {rows, cols});
+  float* p = t.ptr<float>();
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::int64_t i = 0; i < rows * cols; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    p[i] = static_cast<float>(static_cast<double>(s >> 40) / static_cast<double>(1ull << 24) * 2.0 - 1.0);
+  }
+  return t;
+}
+
+struct RankResult {
+  double forward_ms = 0.0, backward_ms = 0.0;
+  std::size_t peak_bytes = 0;
+  std::uint64_t comm_bytes = 0;  // sent, forward + backward
+};
+
+json cp_case(const AttentionConfig& cfg, int tokens, int P, CpMode mode) {
+  const SeqLayout layout = SeqLayout::from_lengths({tokens});
+  const CpPartition part = CpPartition::build(layout, mode, P);
+  const BatchGeometry geo = BatchGeometry::build(layout, cfg.compress_ratio);
+  const LayerWeights w = LayerWeights::random(cfg, 11);
+  std::vector<RankResult> res(static_cast<std::size_t>(P));
+  run_local_ranks(P, [&](Communicator& boot) {
+    const int r = boot.rank();
+    CSATTN_CUDA_CHECK(cudaSetDevice(r));
+    std::unique_ptr<Communicator> nccl;
+    if (P > 1) nccl = nccl_communicator(boot, r);
+    Communicator& comm = P > 1 ? *nccl : boot;
+    const cp::LayerPlan plan = cp::build_layer_plan(geo, part, r, cfg.window);
+    const std::int64_t n = part.local_rows(r);
+    const Tensor x = uniform_rows(n, cfg.d_model, 100 + static_cast<std::uint64_t>(r));
+    const Tensor dy = uniform_rows(n, cfg.d_model, 200 + static_cast<std::uint64_t>(r));
+    std::size_t free_before = 0, free_after = 0, total = 0;
+    CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    CSATTN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+    {
+      cuda::CudaCpLayer layer(cfg, w);
+      const CommStats before = comm.stats();
+      layer.forward(comm, geo, plan, x);
+      layer.backward(comm, dy, 1.0f);
+      const CommStats after = comm.stats();
+      const cuda::CudaCpProfile prof = layer.profile(comm, 1, 3);
+      CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+      CSATTN_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+      RankResult& rr = res[static_cast<std::size_t>(r)];
+      rr.forward_ms = prof.forward_ms;
+      rr.backward_ms = prof.backward_ms;
+      rr.peak_bytes = free_before > free_after ? free_before - free_after : 0;
+      rr.comm_bytes = after.bytes_sent - before.bytes_sent;
+    }
+  });
+  json j{{"type", layer_kind_name(cfg.kind())}, {"tokens", tokens}, {"ranks", P},
+         {"mode", P > 1 ? cp_mode_name(mode) : "single"}};
+  double fwd = 0.0, bwd = 0.0, peak = 0.0, sent = 0.0;
+  for (const RankResult& rr : res) {
+    fwd = std::max(fwd, rr.forward_ms);
+    bwd = std::max(bwd, rr.backward_ms);
+    peak = std::max(peak, static_cast<double>(rr.peak_bytes));
+    sent = std::max(sent, static_cast<double>(rr.comm_bytes));
+    j["per_rank"].push_back(json{{"forward_ms", rr.forward_ms}, {"backward_ms", rr.backward_ms},
+                                 {"peak_bytes", rr.peak_bytes}, {"sent_bytes", rr.comm_bytes}});
+  }
+  j["forward_ms"] = fwd;
+  j["backward_ms"] = bwd;
+  j["train_step_tokens_per_s"] = tokens / ((fwd + bwd) * 1e-3);
+  j["peak_bytes_per_rank"] = peak;
+  j["max_sent_bytes"] = sent;
+  return j;
+}
+
+}  // namespace
+
+json cp_benchmarks() {
+  int gpus = 0;
+  CSATTN_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  json out = json::array();
+  std::printf("\ncontext parallelism (flash shape, one sequence; slowest rank; CP = 1 is the same "
+              "code on one rank)\n");
+  if (gpus < 2 || !nccl_available()) {
+    std::printf("  (skipped: needs two or more GPUs and NCCL; %d GPU%s here)\n", gpus, gpus == 1 ? "" : "s");
+    return out;
+  }
+  const int P = std::min(gpus, 8);
+  std::printf("%5s %7s %3s %11s %9s %9s %12s %9s %9s\n", "type", "tokens", "P", "mode", "fwd ms", "bwd ms",
+              "tokens/s", "GiB/rank", "MiB sent");
+  // CSATTN_BENCH_CP_TOKENS (comma list) picks the sequence lengths.
+  std::vector<int> token_list{32768, 65536};
+  if (const char* env = std::getenv("CSATTN_BENCH_CP_TOKENS")) {
+    token_list.clear();
+    std::stringstream list(env);
+    for (std::string item; std::getline(list, item, ',');) {
+      char* end = nullptr;
+      const long v = std::strtol(item.c_str(), &end, 10);
+      require(!item.empty() && *end == '\0' && v > 0 && v < (1l << 24) && v % (2 * P) == 0,
+              ErrorKind::InvalidArgument,
+              std::string("CSATTN_BENCH_CP_TOKENS: not a comma list of token counts divisible by 2P: ") + env);
+      token_list.push_back(static_cast<int>(v));
+    }
+  }
+  for (int tokens : token_list)
+    for (int ratio : {0, 4, 128}) {
+      AttentionConfig cfg = ModelConfig::preset("flash").base;
+      cfg.compress_ratio = ratio;
+      for (auto [ranks, mode] : {std::pair{1, CpMode::contiguous}, std::pair{P, CpMode::contiguous},
+                                 std::pair{P, CpMode::two_chunk}}) {
+        std::fprintf(stderr, "cuda_bench: cp ratio %d tokens %d P %d %s\n", ratio, tokens, ranks, cp_mode_name(mode));
+        json j = cp_case(cfg, tokens, ranks, mode);
+        std::printf("%5s %7d %3d %11s %9.2f %9.2f %12.0f %9.2f %9.1f\n", j["type"].get<std::string>().c_str(), tokens,
+                    ranks, j["mode"].get<std::string>().c_str(), j["forward_ms"].get<double>(),
+                    j["backward_ms"].get<double>(), j["train_step_tokens_per_s"].get<double>(),
+                    j["peak_bytes_per_rank"].get<double>() / (1u << 30), j["max_sent_bytes"].get<double>() / (1u << 20));
+        std::fflush(stdout);
+        out.push_back(j);
+      }
+    }
+  return out;
+}
+
+}  // namespace csattn::bench

@@ -1,0 +1,659 @@
+// One context-parallel rank's layer on the GPU (cp_layer.hpp). Per forward:
+//
+//   host: the run metadata, the owned-entry table, the per-run copies' sources, the halo
+//         index lists (all from the layer plan; uploaded with the batch)
+//   x rows -> halo exchange -> Q / K=V projections on the ext rows -> indexer compressor
+//   (owned slots) -> all-gather posted -> main compressor -> all-gather posted -> indexer
+//   queries (overlapping both gathers) -> per-run copies of the indexer keys -> top-k ->
+//   per-run copies of the compressed KV -> attention -> output projections -> the rank's
+//   rows out.
+//
+//   backward: dy on the own rows (halo rows 0) -> output projections -> attention -> the
+//   compressed-KV gradient copies summed to rank-major rows -> reduce-scatter posted ->
+//   indexer loss -> its key gradients likewise -> indexer queries -> Q path, K=V path ->
+//   compressors on the owned slots -> halo gradients back to their owners.
+//
+// Collectives run on a second stream ordered after the main one by events, so a posted
+// gather overlaps the launches queued after it; every rank posts the same collectives in
+// the same order (decided by the agreed plan, never by a per-rank value).
+#include "cuda/cp_layer.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "cp/device_view.hpp"
+#include "cuda/backward.hpp"
+#include "cuda/check.hpp"
+#include "cuda/cuda_layer.hpp"
+#include "cuda/cp_rows.hpp"
+#include "cuda/device_weights.hpp"
+#include "cuda/forward.hpp"
+#include "cuda/host_bf16.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/workspace.hpp"
+
+namespace csattn::cuda {
+
+namespace {
+
+using i32 = std::int32_t;
+
+// The host side of one forward: everything the device metadata and index lists hold.
+struct HostPlan {
+  int P = 1, R = 0, Te = 0, n = 0, C = 0, ndup = 0, max_pos = 1;
+  std::vector<i32> cu;             // [R+1] run starts in ext rows
+  std::vector<i32> seg_pos0;       // [R]
+  std::vector<i32> row_segment;    // [Te]
+  std::vector<i32> row_position;   // [Te] global positions
+  std::vector<std::uint8_t> row_pad;  // [Te] padding or halo
+  std::vector<i32> comp_start;     // [R+1] per-run copies of the compressed rows
+  std::vector<i32> dup_src;        // [ndup] rank-major row of each copy
+  std::vector<i32> sum_off, sum_rows;  // [P*C+1], [ndup]: the copies of each rank-major row
+  std::vector<i32> entry_row0, entry_pos;  // [C] owned groups by slot (-1: unused)
+  std::vector<i32> local_ext;      // [n]
+  std::vector<i32> send_idx, recv_idx;   // halo: local rows sent, ext rows received
+  std::vector<int> send_off, recv_off;   // per transfer, into send_idx / recv_idx
+  std::vector<int> send_peer, recv_peer;
+};
+
+HostPlan host_plan(const AttentionConfig& c, const BatchGeometry& geo, const cp::LayerPlan& plan) {
+  const cp::CpDeviceView v = cp::build_device_view(geo, plan);
+  HostPlan h;
+  const int m = c.compress_ratio;
+  h.P = plan.ranks;
+  h.R = v.runs();
+  h.Te = static_cast<int>(plan.ext_rows.size());
+  h.n = static_cast<int>(plan.local_rows.size());
+  h.C = m > 1 ? plan.slots : 0;
+  h.cu = v.run_start;
+  h.seg_pos0 = v.run_pos0;
+  h.row_segment = v.ext_run;
+  h.row_position = v.ext_position;
+  h.row_pad.resize(static_cast<std::size_t>(h.Te));
+  for (int e = 0; e < h.Te; ++e) {
+    const std::size_t ue = static_cast<std::size_t>(e);
+    h.row_pad[ue] = plan.ext_local[ue] < 0 || geo.row_is_padding[static_cast<std::size_t>(plan.ext_rows[ue])];
+  }
+  h.comp_start.assign(1, 0);
+  for (int r = 0; r < h.R; ++r) {
+    const std::size_t ur = static_cast<std::size_t>(r);
+    const int len = h.cu[ur + 1] - h.cu[ur];
+    h.max_pos = std::max(h.max_pos, h.seg_pos0[ur] + len);
+    int copies = 0;
+    if (m > 1) {
+      // The sequence's rows the run's last (so every) query can see: E_r >= min((pos+1)/m,
+      // N_s) for each of its positions, so min((pos+1)/m, E_r) is the one-GPU count.
+      const int s = v.run_sequence[ur];
+      const int base = v.seq_comp_start[static_cast<std::size_t>(s)];
+      const int entries = v.seq_comp_start[static_cast<std::size_t>(s) + 1] - base;
+      copies = std::min((h.seg_pos0[ur] + len) / m, entries);
+      for (int j = 0; j < copies; ++j) {
+        const i32 src = plan.seq_to_rank_row[static_cast<std::size_t>(base + j)];
+        require(src >= 0, ErrorKind::Internal, "context parallelism: a visible compressed row has no owner");
+        h.dup_src.push_back(src);
+      }
+    }
+    h.comp_start.push_back(h.comp_start.back() + copies);
+  }
+  h.ndup = h.comp_start.back();
+  if (m > 1) {
+    // The copies of each rank-major row in copy order (a CSR), for the fixed-order sum.
+    const int rm = h.P * h.C;
+    std::vector<int> count(static_cast<std::size_t>(rm) + 1, 0);
+    for (i32 q : h.dup_src) ++count[static_cast<std::size_t>(q) + 1];
+    h.sum_off.assign(count.begin(), count.end());
+    for (int q = 0; q < rm; ++q) h.sum_off[static_cast<std::size_t>(q) + 1] += h.sum_off[static_cast<std::size_t>(q)];
+    std::vector<int> fill(h.sum_off.begin(), h.sum_off.end() - 1);
+    h.sum_rows.resize(static_cast<std::size_t>(h.ndup));
+    for (int k = 0; k < h.ndup; ++k)
+      h.sum_rows[static_cast<std::size_t>(fill[static_cast<std::size_t>(h.dup_src[static_cast<std::size_t>(k)])]++)] = k;
+    h.entry_row0.assign(static_cast<std::size_t>(h.C), -1);
+    h.entry_pos.assign(static_cast<std::size_t>(h.C), -1);
+    for (std::size_t k = 0; k < plan.entries.size(); ++k) {
+      const cpu::CompressorEntry& e = plan.entries[k];
+      require(m != 4 || e.position == 0 || e.prev_row == e.first_row - m, ErrorKind::Internal,
+              "context parallelism: a group's previous block is not just before it");
+      const std::size_t slot = static_cast<std::size_t>(plan.entry_slot[k]);
+      h.entry_row0[slot] = e.first_row;
+      h.entry_pos[slot] = e.position;
+    }
+  }
+  h.local_ext = plan.local_ext;
+  for (const cp::HaloTransfer& t : plan.halo_send) {
+    h.send_peer.push_back(t.peer);
+    h.send_off.push_back(static_cast<int>(h.send_idx.size()));
+    h.send_idx.insert(h.send_idx.end(), t.rows.begin(), t.rows.end());
+  }
+  h.send_off.push_back(static_cast<int>(h.send_idx.size()));
+  for (const cp::HaloTransfer& t : plan.halo_receive) {
+    h.recv_peer.push_back(t.peer);
+    h.recv_off.push_back(static_cast<int>(h.recv_idx.size()));
+    h.recv_idx.insert(h.recv_idx.end(), t.rows.begin(), t.rows.end());
+  }
+  h.recv_off.push_back(static_cast<int>(h.recv_idx.size()));
+  return h;
+}
+
+// Offsets of the CP buffers in one device allocation (256-byte aligned pieces).
+struct CpBuffers {
+  std::size_t bytes = 0;
+  // index lists
+  std::size_t seg_pos0 = 0, entry_row0 = 0, entry_pos = 0, dup_src = 0, sum_off = 0,
+              sum_rows = 0, local_ext = 0, send_idx = 0, recv_idx = 0;
+  // data
+  std::size_t x_local = 0, halo_send = 0, halo_recv = 0, comp_slots = 0, idx_slots = 0,
+              comp_gathered = 0, idx_gathered = 0, y_local = 0, topk_local = 0;
+  std::size_t dy_local = 0, dcomp_rm = 0, didx_rm = 0, dcomp_slots = 0, didx_slots = 0,
+              dx_send = 0, dx_recv = 0, dx_local = 0;
+};
+
+CpBuffers plan_cp_buffers(const AttentionConfig& c, const HostPlan& h) {
+  CpBuffers b;
+  std::size_t at = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t off = at;
+    at += (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
+    return off;
+  };
+  const std::size_t i4 = 4, bf = 2, f4 = 4, dm = static_cast<std::size_t>(c.d_model);
+  const std::size_t D = static_cast<std::size_t>(c.head_dim);
+  const std::size_t DI = c.has_indexer() ? static_cast<std::size_t>(c.index_head_dim) : 0;
+  const std::size_t C = static_cast<std::size_t>(h.C), PC = static_cast<std::size_t>(h.P) * C;
+  const std::size_t n = static_cast<std::size_t>(h.n);
+  const std::size_t ns = h.send_idx.size(), nr = h.recv_idx.size();
+  b.seg_pos0 = take(h.seg_pos0.size() * i4);
+  b.entry_row0 = take(C * i4);
+  b.entry_pos = take(C * i4);
+  b.dup_src = take(h.dup_src.size() * i4);
+  b.sum_off = take(h.sum_off.size() * i4);
+  b.sum_rows = take(h.sum_rows.size() * i4);
+  b.local_ext = take(n * i4);
+  b.send_idx = take(ns * i4);
+  b.recv_idx = take(nr * i4);
+  b.x_local = take(n * dm * bf);
+  b.halo_send = take(ns * dm * bf);
+  b.halo_recv = take(nr * dm * bf);
+  b.comp_slots = take(C * D * bf);
+  b.idx_slots = take(C * DI * bf);
+  b.comp_gathered = take(PC * D * bf);
+  b.idx_gathered = take(PC * DI * bf);
+  b.y_local = take(n * dm * bf);
+  b.topk_local = take(n * static_cast<std::size_t>(c.has_indexer() ? c.index_topk : 0) * i4);
+  b.dy_local = take(n * dm * bf);
+  b.dcomp_rm = take(PC * D * f4);
+  b.didx_rm = take(PC * DI * f4);
+  b.dcomp_slots = take(C * D * f4);
+  b.didx_slots = take(C * DI * f4);
+  b.dx_send = take(nr * dm * f4);  // my halo rows' gradients go back to their owners
+  b.dx_recv = take(ns * dm * f4);  // the rows I sent come back
+  b.dx_local = take(n * dm * f4);
+  b.bytes = at;
+  return b;
+}
+
+// A grow-only device allocation.
+struct DeviceArena {
+  void* base = nullptr;
+  std::size_t capacity = 0;
+  ~DeviceArena() {
+    if (base) cudaFree(base);
+  }
+  unsigned char* reserve(std::size_t bytes) {
+    if (bytes > capacity) {
+      if (base) CSATTN_CUDA_CHECK(cudaFree(base));
+      base = nullptr;
+      capacity = 0;
+      CSATTN_CUDA_CHECK(cudaMalloc(&base, bytes));
+      capacity = bytes;
+    }
+    return static_cast<unsigned char*>(base);
+  }
+  unsigned char* at(std::size_t off) const { return static_cast<unsigned char*>(base) + off; }
+};
+
+template <class T>
+void upload(const void* dst, const std::vector<T>& v, cudaStream_t s) {
+  if (!v.empty())
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(dst), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+}
+
+CommBuffer device_buffer(void* p, std::size_t count, DType dt) { return {p, count, dt, Device::cuda}; }
+
+}  // namespace
+
+struct CudaCpLayerImpl {
+  AttentionConfig cfg;
+  int device = 0;
+  cudaStream_t stream = nullptr, comm_stream = nullptr;
+  cudaEvent_t ready = nullptr;
+  std::vector<cudaEvent_t> done;  // one per collective in flight (kInFlight at most)
+  static constexpr int kInFlight = 4;
+  cublasHandle_t blas = nullptr;
+  std::unique_ptr<DeviceWeightStore> weights;
+  DeviceArena workspace, grad_workspace, cp;
+  bool poison = false, deterministic = false;
+  // The rank this layer serves (its GPU state is one rank's): set by the first forward.
+  std::atomic<int> owner{-1};
+  // The last forward.
+  bool has_last = false;
+  std::uint64_t generation = 0;
+  HostPlan host;
+  CpBuffers buf;
+  WorkspacePlan plan;
+  ForwardParams fwd;
+  LayerDims comp_dims;       // the owned slots' compressed rows
+  DeviceMetadata comp_meta;  // the owned-entry table
+  float loss_scale = 0.0f;
+  // The last backward's plan and parameters (profile re-runs it).
+  BackwardPlan grad_plan;
+  BackwardParams bwd;
+  bool has_backward = false;
+
+  // The device work of a forward / backward whose inputs are uploaded (forward: x_local;
+  // backward: dy_local): collectives, launches, and the rows' results in the CP buffers.
+  // Re-runnable: profile() times them.
+  void run_forward(Communicator& comm);
+  void run_backward(Communicator& comm);
+
+  ~CudaCpLayerImpl() {
+    if (blas) cublasDestroy(blas);
+    if (ready) cudaEventDestroy(ready);
+    for (cudaEvent_t e : done) cudaEventDestroy(e);
+    if (comm_stream) cudaStreamDestroy(comm_stream);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  // A collective posted on the comm stream after the work queued on the main stream so
+  // far, with the event that marks its end there. `slot` < kInFlight names the event (each
+  // collective of a run its own, so waiting for one never waits for a later one).
+  struct Posted {
+    CommRequest req;
+    cudaEvent_t end = nullptr;
+  };
+  template <class Post>
+  Posted post(int slot, Post&& op) {
+    CSATTN_CUDA_CHECK(cudaEventRecord(ready, stream));
+    CSATTN_CUDA_CHECK(cudaStreamWaitEvent(comm_stream, ready, 0));
+    Posted p{op(static_cast<CommStream>(comm_stream)), done[static_cast<std::size_t>(slot)]};
+    CSATTN_CUDA_CHECK(cudaEventRecord(p.end, comm_stream));
+    return p;
+  }
+  // Waits for a posted collective (the in-process group moves the data here; NCCL returns
+  // once it has run), then orders the main stream after it.
+  void finish(Posted& p) {
+    p.req.wait();
+    CSATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, p.end, 0));
+  }
+};
+
+void CudaCpLayerImpl::run_forward(Communicator& comm) {
+  CudaCpLayerImpl& s = *this;
+  const AttentionConfig& c = s.cfg;
+  const HostPlan& h = s.host;
+  const CpBuffers& b = s.buf;
+  const ForwardParams& p = s.fwd;
+  const DeviceMetadata& meta = p.meta;
+  const cudaStream_t st = s.stream;
+  const int dm = c.d_model, D = c.head_dim;
+  const int DI = c.has_indexer() ? c.index_head_dim : 0;
+  auto cpp = [&](std::size_t off) { return static_cast<void*>(s.cp.at(off)); };
+  CSATTN_CUBLAS_CHECK(cublasSetStream(s.blas, st));
+  CSATTN_CUBLAS_CHECK(cublasSetWorkspace(s.blas, p.blas_workspace, p.blas_workspace_bytes));
+  launch_rope_table(p.dims, p.w.omega, meta.rope_table, st);
+
+  // Hidden rows: own rows into their ext rows, halo rows from their owners.
+  const int row_words = dm / 2;  // bf16 rows as 4-byte words (d_model is even)
+  launch_scatter_rows(cpp(b.x_local), static_cast<const i32*>(cpp(b.local_ext)), h.n, row_words, p.act.x, st);
+  launch_gather_rows(cpp(b.x_local), static_cast<const i32*>(cpp(b.send_idx)),
+                     static_cast<int>(h.send_idx.size()), row_words, cpp(b.halo_send), st);
+  {
+    std::vector<P2PMessage> sends, recvs;
+    auto* hs = static_cast<std::uint16_t*>(cpp(b.halo_send));
+    auto* hr = static_cast<std::uint16_t*>(cpp(b.halo_recv));
+    for (std::size_t k = 0; k < h.send_peer.size(); ++k) {
+      const std::size_t rows = static_cast<std::size_t>(h.send_off[k + 1] - h.send_off[k]);
+      sends.push_back({h.send_peer[k], device_buffer(hs + static_cast<std::size_t>(h.send_off[k]) * dm, rows * dm, DType::bf16)});
+    }
+    for (std::size_t k = 0; k < h.recv_peer.size(); ++k) {
+      const std::size_t rows = static_cast<std::size_t>(h.recv_off[k + 1] - h.recv_off[k]);
+      recvs.push_back({h.recv_peer[k], device_buffer(hr + static_cast<std::size_t>(h.recv_off[k]) * dm, rows * dm, DType::bf16)});
+    }
+    CudaCpLayerImpl::Posted halo = s.post(0, [&](CommStream cs) { return comm.exchange(sends, recvs, cs); });
+    s.finish(halo);
+  }
+  launch_scatter_rows(cpp(b.halo_recv), static_cast<const i32*>(cpp(b.recv_idx)),
+                      static_cast<int>(h.recv_idx.size()), row_words, p.act.x, st);
+
+  forward_projections(p, s.blas, st);
+
+  // The owned compressed groups into this rank's slots, all-gathered rank-major; the indexer
+  // keys first (spec 02 §9). Unused slots are zero (their norm backward reads them).
+  const int PC = h.P * h.C;
+  auto compress_and_gather = [&](int slot, Compressor which, bf16* pooled, std::size_t slots_off,
+                                 std::size_t gathered_off, int width) {
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(pooled, 0, sizeof(bf16) * static_cast<std::size_t>(h.C) * width, st));
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(cpp(slots_off), 0, sizeof(bf16) * static_cast<std::size_t>(h.C) * width, st));
+    forward_compressor(p, which, s.comp_dims, s.comp_meta, pooled, static_cast<bf16*>(cpp(slots_off)), s.blas, st);
+    return s.post(slot, [&](CommStream cs) {
+      return comm.all_gather(device_buffer(cpp(slots_off), static_cast<std::size_t>(h.C) * width, DType::bf16),
+                             device_buffer(cpp(gathered_off), static_cast<std::size_t>(PC) * width, DType::bf16), cs);
+    });
+  };
+  CudaCpLayerImpl::Posted idx_gather, comp_gather;
+  if (c.has_indexer()) idx_gather = compress_and_gather(1, Compressor::indexer, p.act.i_pooled, b.idx_slots, b.idx_gathered, DI);
+  if (c.has_compressor()) comp_gather = compress_and_gather(2, Compressor::main, p.act.c_pooled, b.comp_slots, b.comp_gathered, D);
+
+  const i32* dup_src = static_cast<const i32*>(cpp(b.dup_src));
+  if (c.has_indexer()) {
+    forward_indexer_queries(p, s.blas, st);  // overlaps the gathers
+    s.finish(idx_gather);
+    launch_gather_rows(cpp(b.idx_gathered), dup_src, h.ndup, DI / 2, p.act.i_keys, st);
+    forward_selection(p, st);
+  }
+  if (c.has_compressor()) {
+    s.finish(comp_gather);
+    launch_gather_rows(cpp(b.comp_gathered), dup_src, h.ndup, D / 2, p.act.comp, st);
+  }
+  forward_attention(p, st);
+  forward_output(p, s.blas, st);
+
+  // The indexer loss of this rank's rows (halo rows are padding), over the global count.
+  if (c.has_indexer() && c.loss_coeff > 0.0) {
+    BackwardParams bp;
+    bp.loss_scale = s.loss_scale;
+    bp.sparse_loss = c.sparse_loss;
+    run_indexer_loss(p, bp, st);
+  }
+
+}
+
+void CudaCpLayerImpl::run_backward(Communicator& comm) {
+  CudaCpLayerImpl& s = *this;
+  const AttentionConfig& c = s.cfg;
+  const HostPlan& h = s.host;
+  const CpBuffers& b = s.buf;
+  const ForwardParams& f = s.fwd;
+  const BackwardParams& bp = s.bwd;
+  const BackwardPlan& gp = s.grad_plan;
+  unsigned char* gws = static_cast<unsigned char*>(s.grad_workspace.base);
+  const cudaStream_t st = s.stream;
+  const int dm = c.d_model, D = c.head_dim;
+  const int DI = c.has_indexer() ? c.index_head_dim : 0;
+  auto cpp = [&](std::size_t off) { return static_cast<void*>(s.cp.at(off)); };
+  CSATTN_CUDA_CHECK(cudaMemsetAsync(gws + gp.grads_offset, 0, gp.grads_bytes, st));
+  CSATTN_CUBLAS_CHECK(cublasSetStream(s.blas, st));
+  CSATTN_CUBLAS_CHECK(cublasSetWorkspace(s.blas, f.blas_workspace, f.blas_workspace_bytes));
+
+  // dy: this rank's rows; halo rows get none (their outputs belong to other ranks).
+  CSATTN_CUDA_CHECK(cudaMemsetAsync(bp.buf.dy, 0, sizeof(bf16) * static_cast<std::size_t>(h.Te) * dm, st));
+  const i32* local_ext = static_cast<const i32*>(cpp(b.local_ext));
+  launch_scatter_rows(cpp(b.dy_local), local_ext, h.n, dm / 2, bp.buf.dy, st);
+
+  backward_output(f, bp, s.blas, st);
+  backward_attention(f, bp, st);
+
+  // The compressed rows' gradients: each run's copies summed (fixed order) into rank-major
+  // rows, then reduce-scattered to their owners' slots; KV first, then indexer keys.
+  const int PC = h.P * h.C;
+  const i32* sum_off = static_cast<const i32*>(cpp(b.sum_off));
+  const i32* sum_rows = static_cast<const i32*>(cpp(b.sum_rows));
+  auto scatter_to_owners = [&](int slot, const float* copies, std::size_t rm_off,
+                               std::size_t slots_off, int width) {
+    launch_sum_rows(copies, sum_off, sum_rows, PC, width, static_cast<float*>(cpp(rm_off)), st);
+    return s.post(slot, [&](CommStream cs) {
+      return comm.reduce_scatter_sum(
+          device_buffer(cpp(rm_off), static_cast<std::size_t>(PC) * width, DType::f32),
+          device_buffer(cpp(slots_off), static_cast<std::size_t>(h.C) * width, DType::f32), cs);
+    });
+  };
+  CudaCpLayerImpl::Posted comp_scatter, idx_scatter;
+  if (c.has_compressor()) comp_scatter = scatter_to_owners(0, bp.buf.dcomp_acc, b.dcomp_rm, b.dcomp_slots, D);
+  // The indexer's loss path: its reduce-scatter is posted whatever this rank's loss
+  // gradient (the collectives never depend on a per-rank value).
+  const bool loss_path = c.has_indexer() && c.loss_coeff > 0.0;
+  const bool loss_grad = loss_path && indexer_loss_backward_runs(f, bp);
+  if (loss_path) {
+    if (loss_grad) {
+      backward_indexer_loss(f, bp, st);
+    } else {
+      CSATTN_CUDA_CHECK(cudaMemsetAsync(bp.buf.dkeys_acc, 0, sizeof(float) * static_cast<std::size_t>(f.dims.comp_capacity) * DI, st));
+    }
+    idx_scatter = scatter_to_owners(1, bp.buf.dkeys_acc, b.didx_rm, b.didx_slots, DI);
+    if (loss_grad) backward_indexer_queries(f, bp, s.blas, st);
+  }
+
+  backward_query_path(f, bp, s.blas, st);
+  backward_kv_path(f, bp, s.blas, st);
+  if (c.has_compressor()) {
+    s.finish(comp_scatter);
+    backward_compressor(f, bp, Compressor::main, s.comp_dims, s.comp_meta,
+                        static_cast<const float*>(cpp(b.dcomp_slots)), s.blas, st);
+  }
+  if (loss_path) {
+    s.finish(idx_scatter);
+    if (loss_grad)
+      backward_compressor(f, bp, Compressor::indexer, s.comp_dims, s.comp_meta,
+                          static_cast<const float*>(cpp(b.didx_slots)), s.blas, st);
+  }
+
+  // Halo gradients back to the rows' owners: own rows first, then each peer's in ascending
+  // rank order (the CPU layer's order).
+  float* dx_local = static_cast<float*>(cpp(b.dx_local));
+  launch_gather_rows(bp.buf.dx, local_ext, h.n, dm, dx_local, st);
+  launch_gather_rows(bp.buf.dx, static_cast<const i32*>(cpp(b.recv_idx)),
+                     static_cast<int>(h.recv_idx.size()), dm, cpp(b.dx_send), st);
+  {
+    std::vector<P2PMessage> sends, recvs;
+    auto* ds = static_cast<float*>(cpp(b.dx_send));
+    auto* dr = static_cast<float*>(cpp(b.dx_recv));
+    for (std::size_t k = 0; k < h.recv_peer.size(); ++k) {
+      const std::size_t rows = static_cast<std::size_t>(h.recv_off[k + 1] - h.recv_off[k]);
+      sends.push_back({h.recv_peer[k], device_buffer(ds + static_cast<std::size_t>(h.recv_off[k]) * dm, rows * dm, DType::f32)});
+    }
+    for (std::size_t k = 0; k < h.send_peer.size(); ++k) {
+      const std::size_t rows = static_cast<std::size_t>(h.send_off[k + 1] - h.send_off[k]);
+      recvs.push_back({h.send_peer[k], device_buffer(dr + static_cast<std::size_t>(h.send_off[k]) * dm, rows * dm, DType::f32)});
+    }
+    CudaCpLayerImpl::Posted halo = s.post(2, [&](CommStream cs) { return comm.exchange(sends, recvs, cs); });
+    s.finish(halo);
+  }
+  const i32* send_idx = static_cast<const i32*>(cpp(b.send_idx));
+  for (std::size_t k = 0; k < h.send_peer.size(); ++k)  // peers ascending (plan order)
+    launch_add_rows(static_cast<const float*>(cpp(b.dx_recv)) + static_cast<std::size_t>(h.send_off[k]) * dm,
+                    send_idx + h.send_off[k], h.send_off[k + 1] - h.send_off[k], dm, dx_local, st);
+
+}
+
+CudaCpLayer::CudaCpLayer(const AttentionConfig& cfg, const LayerWeights& weights)
+    : impl_(std::make_unique<CudaCpLayerImpl>()) {
+  std::string why;
+  const bool ok = device_available(&why);
+  require(ok, ErrorKind::Unsupported, "device cuda: " + why);
+  CudaCpLayerImpl& s = *impl_;
+  s.cfg = cfg;
+  CSATTN_CUDA_CHECK(cudaGetDevice(&s.device));
+  CSATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  CSATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.comm_stream, cudaStreamNonBlocking));
+  CSATTN_CUDA_CHECK(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming));
+  s.done.resize(CudaCpLayerImpl::kInFlight);
+  for (cudaEvent_t& e : s.done) CSATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CSATTN_CUBLAS_CHECK(cublasCreate(&s.blas));
+  s.weights = std::make_unique<DeviceWeightStore>(cfg, weights);
+}
+
+CudaCpLayer::~CudaCpLayer() = default;
+
+void CudaCpLayer::set_poison(bool on) { impl_->poison = on; }
+void CudaCpLayer::set_deterministic(bool on) { impl_->deterministic = on; }
+std::uint64_t CudaCpLayer::generation() const { return impl_->generation; }
+
+std::size_t CudaCpLayer::device_bytes() const {
+  const CudaCpLayerImpl& s = *impl_;
+  return s.weights->bytes() + s.workspace.capacity + s.grad_workspace.capacity + s.cp.capacity;
+}
+
+CudaCpForward CudaCpLayer::forward(Communicator& comm, const BatchGeometry& geo,
+                                   const cp::LayerPlan& plan, const Tensor& x_local) {
+  CudaCpLayerImpl& s = *impl_;
+  const AttentionConfig& c = s.cfg;
+  int expected = -1;
+  const int rank = comm.rank();
+  require(s.owner.compare_exchange_strong(expected, rank) || expected == rank,
+          ErrorKind::InvalidArgument,
+          "a device-cuda ContextParallelLayer holds one rank's GPU state and serves one rank: "
+          "rank " + std::to_string(rank) + " called the layer of rank " + std::to_string(expected) +
+              " (construct one layer per rank)");
+  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
+  ++s.generation;
+  s.has_last = false;
+  s.has_backward = false;
+  s.host = host_plan(c, geo, plan);
+  const HostPlan& h = s.host;
+  const int dm = c.d_model, m = c.compress_ratio;
+  const int K = c.has_indexer() ? c.index_topk : 0;
+  const cudaStream_t st = s.stream;
+
+  // Buffers (grow-only, outside the launches).
+  s.plan = plan_forward(c, h.Te, h.R, h.max_pos, m > 1 ? std::max(h.ndup, h.C) : 0);
+  s.buf = plan_cp_buffers(c, h);
+  unsigned char* ws = s.workspace.reserve(s.plan.bytes);
+  s.cp.reserve(s.buf.bytes);
+  const CpBuffers& b = s.buf;
+  auto cpp = [&](std::size_t off) { return static_cast<void*>(s.cp.at(off)); };
+  if (s.poison) {  // NaN everywhere, top-k ids huge: a value nobody wrote shows up
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(ws, 0xFF, s.plan.bytes, st));
+    CSATTN_CUDA_CHECK(cudaMemsetAsync(s.cp.base, 0xFF, s.buf.bytes, st));
+    if (c.has_indexer())
+      CSATTN_CUDA_CHECK(cudaMemsetAsync(ws + s.plan.topk, 0x7F, static_cast<std::size_t>(h.Te) * K * 4, st));
+  }
+  ForwardParams& p = s.fwd;
+  p = ForwardParams{};
+  p.dims = s.plan.dims;
+  p.w = s.weights->weights();
+  p.meta = s.plan.metadata(ws);
+  p.act = s.plan.activations(ws);
+  p.blas_workspace = ws + s.plan.blas;
+  p.blas_workspace_bytes = WorkspacePlan::kBlasWorkspaceBytes;
+  p.meta.seg_pos0 = static_cast<const i32*>(cpp(b.seg_pos0));
+  DeviceMetadata& meta = p.meta;
+
+  // Metadata: uploaded, not derived from cu_seqlens (launch_metadata is not run).
+  upload(meta.cu_padded, h.cu, st);
+  upload(meta.cu_real, h.cu, st);
+  upload(meta.row_segment, h.row_segment, st);
+  upload(meta.row_position, h.row_position, st);
+  upload(meta.row_is_padding, h.row_pad, st);
+  upload(meta.comp_start, h.comp_start, st);
+  upload(cpp(b.seg_pos0), h.seg_pos0, st);
+  upload(cpp(b.entry_row0), h.entry_row0, st);
+  upload(cpp(b.entry_pos), h.entry_pos, st);
+  upload(cpp(b.dup_src), h.dup_src, st);
+  upload(cpp(b.sum_off), h.sum_off, st);
+  upload(cpp(b.sum_rows), h.sum_rows, st);
+  upload(cpp(b.local_ext), h.local_ext, st);
+  upload(cpp(b.send_idx), h.send_idx, st);
+  upload(cpp(b.recv_idx), h.recv_idx, st);
+  s.comp_dims = p.dims;
+  s.comp_dims.comp_capacity = h.C;
+  s.comp_meta = meta;
+  s.comp_meta.comp_entry_row0 = static_cast<const i32*>(cpp(b.entry_row0));
+  s.comp_meta.comp_entry_pos = static_cast<const i32*>(cpp(b.entry_pos));
+
+  s.loss_scale = loss_scale_of(c, geo.real_rows);
+  const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
+  const std::vector<std::uint16_t> xb = to_bf16_bits(x_local.to_f32().data(), static_cast<std::size_t>(x_local.numel()));
+  upload(cpp(b.x_local), xb, st);
+  s.run_forward(comm);
+  const int row_words = dm / 2;
+
+  // This rank's rows out.
+  const i32* local_ext = static_cast<const i32*>(cpp(b.local_ext));
+  launch_gather_rows(p.act.y, local_ext, h.n, row_words, cpp(b.y_local), st);
+  if (c.has_indexer()) launch_gather_rows(p.act.topk, local_ext, h.n, K, cpp(b.topk_local), st);
+  std::vector<std::uint16_t> yb(static_cast<std::size_t>(h.n) * dm);
+  CudaCpForward out;
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(yb.data(), cpp(b.y_local), yb.size() * 2, cudaMemcpyDeviceToHost, st));
+  if (c.has_indexer()) {
+    out.topk = Tensor(DType::i32, {h.n, K});
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.topk.data(), cpp(b.topk_local), out.topk.nbytes(), cudaMemcpyDeviceToHost, st));
+  }
+  float loss = 0.0f;
+  if (with_loss) CSATTN_CUDA_CHECK(cudaMemcpyAsync(&loss, p.act.loss, sizeof(float), cudaMemcpyDeviceToHost, st));
+  CSATTN_CUDA_CHECK(cudaStreamSynchronize(st));
+  out.output = tensor_from_bf16_bits(yb, h.n, dm);
+  out.indexer_loss = loss;
+  s.has_last = true;
+  return out;
+}
+
+CudaCpGradients CudaCpLayer::backward(Communicator& comm, const Tensor& grad_output_local,
+                                      float grad_indexer_loss) {
+  CudaCpLayerImpl& s = *impl_;
+  require(s.has_last, ErrorKind::InvalidArgument, "backward needs a forward first");
+  require(comm.rank() == s.owner.load(), ErrorKind::InvalidArgument,
+          "backward on another rank than its forward's (construct one layer per rank)");
+  const AttentionConfig& c = s.cfg;
+  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
+  const HostPlan& h = s.host;
+  const CpBuffers& b = s.buf;
+  const ForwardParams& f = s.fwd;
+  const cudaStream_t st = s.stream;
+  const int dm = c.d_model;
+  auto cpp = [&](std::size_t off) { return static_cast<void*>(s.cp.at(off)); };
+
+  const BackwardPlan gp = plan_backward(c, f.dims, s.deterministic);
+  unsigned char* gws = s.grad_workspace.reserve(gp.bytes);
+  BackwardParams bp;
+  bp.buf = gp.buffers(gws);
+  bp.grad = gp.gradients(gws);
+  bp.grad_loss = grad_indexer_loss;
+  bp.loss_scale = s.loss_scale;
+  bp.sparse_loss = c.sparse_loss;
+  bp.deterministic = s.deterministic;
+  if (s.poison) CSATTN_CUDA_CHECK(cudaMemsetAsync(gws, 0xFF, gp.grads_offset, st));
+  const std::vector<std::uint16_t> dyb =
+      to_bf16_bits(grad_output_local.to_f32().data(), static_cast<std::size_t>(grad_output_local.numel()));
+  upload(cpp(b.dy_local), dyb, st);
+  s.grad_plan = gp;
+  s.bwd = bp;
+  s.run_backward(comm);
+  s.has_backward = true;
+  const float* dx_local = static_cast<const float*>(cpp(b.dx_local));
+
+  CudaCpGradients out;
+  out.grad_input = Tensor(DType::f32, {h.n, dm});
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.grad_input.data(), dx_local, out.grad_input.nbytes(),
+                                    cudaMemcpyDeviceToHost, st));
+  out.grad = gradients_to_host(c, gp, gws, st);
+  return out;
+}
+
+CudaCpProfile CudaCpLayer::profile(Communicator& comm, int warmup, int iters) {
+  CudaCpLayerImpl& s = *impl_;
+  require(s.has_last, ErrorKind::InvalidArgument, "profile needs a forward first");
+  require(iters >= 1 && warmup >= 0, ErrorKind::InvalidArgument, "profile: iters >= 1, warmup >= 0");
+  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
+  auto timed = [&](auto&& run) {
+    std::vector<double> ms;
+    for (int i = 0; i < warmup + iters; ++i) {
+      comm.barrier();  // every rank starts together: a run's time includes waiting for peers
+      CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+      const auto t0 = std::chrono::steady_clock::now();
+      run();
+      CSATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+      const std::chrono::duration<double, std::milli> d = std::chrono::steady_clock::now() - t0;
+      if (i >= warmup) ms.push_back(d.count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  CudaCpProfile out;
+  out.forward_ms = timed([&] { s.run_forward(comm); });
+  if (s.has_backward) out.backward_ms = timed([&] { s.run_backward(comm); });
+  return out;
+}
+
+}  // namespace csattn::cuda

@@ -1,0 +1,79 @@
+// The GPU side of ContextParallelLayer (include/csattn/cp.hpp, issue 7): one rank's layer on
+// the current CUDA device, with its collectives on a Communicator that takes device buffers
+// (NCCL, or the in-process group for ranks sharing one GPU). The host-side plan is the CPU
+// layer's (src/cp/: partition, halo, compaction, map); this class turns it into metadata
+// the single-GPU kernels read, so the kernels are the single-GPU layer's:
+//
+//  - a rank's ext rows (halo + own, ascending) are the batch, one segment per run of
+//    consecutive positions of a sequence (cp/device_view.hpp), with global positions
+//    (DeviceMetadata::seg_pos0); halo rows are flagged as padding, so they score no keys and
+//    add no loss, and their dy is zero;
+//  - the compressors pool only the owned groups, into the rank's all-gather slots
+//    (DeviceMetadata::comp_entry_row0 / comp_entry_pos);
+//  - after the rank-major all-gathers, every run gets its own copy of the compressed rows
+//    its queries can see (its sequence's first E_r rows), so a run addresses them exactly as
+//    a one-GPU segment addresses its own; backward sums the copies in a fixed order back to
+//    rank-major rows before the reduce-scatter.
+//
+// No CUDA types here, so the core library can hold one.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/geometry.hpp"
+#include "cp/layer_plan.hpp"
+#include "csattn/comm.hpp"
+#include "csattn/layer.hpp"
+
+namespace csattn::cuda {
+
+struct CudaCpLayerImpl;
+
+struct CudaCpForward {
+  Tensor output;       // [local rows, d_model] f32 (bf16 values)
+  Tensor topk;         // CSA: [local rows, K] i32
+  float indexer_loss = 0.0f;
+};
+
+struct CudaCpGradients {
+  Tensor grad_input;                   // [local rows, d_model] f32
+  std::map<std::string, Tensor> grad;  // this rank's share
+};
+
+struct CudaCpProfile {
+  double forward_ms = 0.0, backward_ms = 0.0;  // medians; backward 0 without a backward
+};
+
+class CudaCpLayer {
+ public:
+  // On the current device (a rank thread or process selects its GPU before).
+  CudaCpLayer(const AttentionConfig& cfg, const LayerWeights& weights);
+  ~CudaCpLayer();
+  CudaCpLayer(const CudaCpLayer&) = delete;
+  CudaCpLayer& operator=(const CudaCpLayer&) = delete;
+
+  void set_poison(bool on);
+  void set_deterministic(bool on);
+
+  // Collective. geo: the global geometry (this layer's ratio); plan: this rank's. The
+  // activations stay on the device for backward(); `generation` numbers forwards.
+  CudaCpForward forward(Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan,
+                        const Tensor& x_local);
+  std::uint64_t generation() const;
+  // Collective; the gradients of the last forward.
+  CudaCpGradients backward(Communicator& comm, const Tensor& grad_output_local,
+                           float grad_indexer_loss);
+  // Collective (every rank calls it): re-runs the last forward's device work (collectives
+  // included, host transfers not) and, after a backward, the last backward's, `iters` times
+  // after `warmup`; each run is host-timed from a barrier to the stream's end. Medians.
+  CudaCpProfile profile(Communicator& comm, int warmup, int iters);
+  // Device memory held: weights, workspaces, the CP buffers.
+  std::size_t device_bytes() const;
+
+ private:
+  std::unique_ptr<CudaCpLayerImpl> impl_;
+};
+
+}  // namespace csattn::cuda

@@ -1,0 +1,251 @@
+// GPU context parallelism (issue 7) against the single-GPU layer (CP = 1): P ranks share one
+// GPU through the in-process group (device buffers), or take one GPU each through NCCL where
+// the machine has several. Every rank's output rows, top-k rows and input gradients, the
+// parameter gradients and the indexer loss summed over ranks, against CP = 1 on the same
+// ragged padded batch. Both runs are bf16 GPU runs with the same kernels, but cuBLAS may
+// sum a projection of another row count in another order and the backward's key gradients
+// use atomics: outputs are compared per row (bf16-rounding level), a near-tie may flip one
+// top-k id, gradients by similarity. A wrong halo row, compressed-row map or owned slot
+// moves whole rows far past these bounds. Workspaces are poisoned with NaN before each run.
+#include <gtest/gtest.h>
+
+#ifdef CSATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <set>
+
+#include "cp_test_util.hpp"
+#include "test_util.hpp"
+
+namespace csattn {
+namespace {
+
+using namespace testing_util;
+
+struct GpuCpCase {
+  std::string preset;
+  int ranks;
+  CpMode mode;
+  int ratio;
+};
+
+std::string gpu_case_name(const ::testing::TestParamInfo<GpuCpCase>& i) {
+  return i.param.preset + "_P" + std::to_string(i.param.ranks) + "_" + cp_mode_name(i.param.mode) +
+         "_" + layer_kind_name(layer_kind(i.param.ratio));
+}
+
+AttentionConfig gpu_config(const std::string& preset, int ratio) {
+  AttentionConfig cfg = ModelConfig::preset(preset).base;
+  cfg.compress_ratio = ratio;
+  cfg.loss_coeff = 0.5;
+  cfg.validate();
+  return cfg;
+}
+
+// Shorter than the window, L mod m tails, several compressed entries, padding rows; long
+// enough that pieces cross sequences and halos come from several ranks.
+SeqLayout gpu_batch(const AttentionConfig& cfg, CpMode mode, int P) {
+  const int d_w = std::max(cfg.window, cfg.compress_ratio == 4 ? 8 : cfg.compress_ratio);
+  SeqLayout base = cfg.compress_ratio == 128
+                       ? SeqLayout::from_lengths({70, 300, 521}, {72, 300, 530})
+                       : SeqLayout::from_lengths({5, 1, 77, 203, 130}, {8, 1, 77, 210, 130});
+  if (cfg.d_model >= 4096)  // Flash: the tensor-core kernels, several top-k candidates
+    base = cfg.compress_ratio == 128 ? SeqLayout::from_lengths({1100, 300}, {1104, 300})
+                                     : SeqLayout::from_lengths({900, 37, 500}, {904, 40, 500});
+  return pad_for_context_parallel(base, mode, P, d_w);
+}
+
+// A device-cuda CP run: every rank constructs its own layer (GPU state is per rank) on
+// `device_of(rank)`, with `comm_of(boot)` as its communicator.
+CpRun run_cp_gpu(const AttentionConfig& cfg, const LayerWeights& w, const CpPartition& part,
+                 const Tensor& x, const Tensor& dy, bool nccl) {
+  const int P = part.ranks();
+  const int T = static_cast<int>(part.total_rows()), d = cfg.d_model, K = cfg.index_topk;
+  CpRun run;
+  run.output.assign(static_cast<std::size_t>(T) * d, std::nanf(""));
+  run.grad_input.assign(static_cast<std::size_t>(T) * d, std::nanf(""));
+  if (cfg.has_indexer()) run.topk.assign(static_cast<std::size_t>(T) * K, -2);
+  run.work.resize(static_cast<std::size_t>(P));
+  std::vector<float> losses(static_cast<std::size_t>(P), 0.0f);
+  std::vector<std::map<std::string, Tensor>> grads(static_cast<std::size_t>(P));
+  run_local_ranks(P, [&](Communicator& boot) {
+    const int r = boot.rank();
+    ASSERT_EQ(cudaSetDevice(nccl ? r : 0), cudaSuccess);
+    std::unique_ptr<Communicator> owned;
+    if (nccl) owned = nccl_communicator(boot, r);
+    Communicator& comm = nccl ? *owned : boot;
+    RunOptions opt{Precision::bf16, Device::cuda};
+    opt.poison_workspace = true;
+    const ContextParallelLayer layer(cfg, w, opt);
+    const CpLayerOutputs out = layer.forward(comm, part, local_rows_of(x, part, r));
+    scatter_rows(out.output.to_f32(), part, r, d, run.output);
+    if (cfg.has_indexer()) {
+      const std::vector<int> rows = part.rows(r);
+      const std::int32_t* t = out.topk_indices.ptr<std::int32_t>();
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        std::copy(t + i * K, t + (i + 1) * K, run.topk.begin() + static_cast<long>(rows[i]) * K);
+    }
+    losses[static_cast<std::size_t>(r)] = out.indexer_loss;
+    run.work[static_cast<std::size_t>(r)] = out.work;
+    const CpLayerGradients g = layer.backward(comm, out, local_rows_of(dy, part, r));
+    scatter_rows(g.grad_input.to_f32(), part, r, d, run.grad_input);
+    grads[static_cast<std::size_t>(r)] = g.grad;
+  });
+  for (int r = 0; r < P; ++r) {
+    run.loss += losses[static_cast<std::size_t>(r)];
+    for (const auto& [name, t] : grads[static_cast<std::size_t>(r)]) {
+      std::vector<double>& acc = run.grad[name];
+      const std::vector<float> v = t.to_f32();
+      acc.resize(v.size(), 0.0);
+      for (std::size_t i = 0; i < v.size(); ++i) acc[i] += v[i];
+    }
+  }
+  return run;
+}
+
+constexpr double kGradTol = 1e-2;
+
+// The CP run against CP = 1 (the comparisons the file comment describes).
+void expect_matches_single(const AttentionConfig& cfg, const SeqLayout& layout, const CpRun& cp,
+                           const LayerOutputs& ref, const LayerGradients& gref) {
+  const int T = static_cast<int>(layout.total_rows()), d = cfg.d_model, K = cfg.index_topk;
+  const std::vector<float> y = ref.output.to_f32();
+  std::vector<bool> same_selection(static_cast<std::size_t>(T), true);
+  if (cfg.has_indexer()) {
+    const std::vector<std::int32_t> rt = topk_vector(ref);
+    expect_topk_close(cp.topk, rt, K);
+    for (int t = 0; t < T; ++t)
+      same_selection[static_cast<std::size_t>(t)] =
+          std::equal(cp.topk.begin() + static_cast<long>(t) * K, cp.topk.begin() + static_cast<long>(t + 1) * K,
+                     rt.begin() + static_cast<long>(t) * K);
+  }
+  // Per row: rows with the same selection within bf16 rounding of the projections.
+  int checked = 0;
+  for (int t = 0; t < T; ++t) {
+    if (!same_selection[static_cast<std::size_t>(t)]) continue;
+    const std::vector<float> a(cp.output.begin() + static_cast<long>(t) * d, cp.output.begin() + static_cast<long>(t + 1) * d);
+    const std::vector<float> b(y.begin() + static_cast<long>(t) * d, y.begin() + static_cast<long>(t + 1) * d);
+    for (float v : a) ASSERT_TRUE(std::isfinite(v)) << "row " << t;
+    ASSERT_LE(rel_l2(a, b), 2e-2) << "output row " << t;
+    ++checked;
+  }
+  EXPECT_GE(checked, T * 9 / 10);
+  const Similarity sy = similarity(cp.output, to_double(y));
+  EXPECT_GT(sy.cosine, 1.0 - 1e-4);
+  EXPECT_NEAR(cp.loss, ref.indexer_loss, 2e-2 * std::fabs(ref.indexer_loss) + 1e-7);
+  if (cfg.has_indexer()) { EXPECT_GT(ref.indexer_loss, 0.0f); }
+  // Gradients: relative L2 error (a boundary term missing from a sum of N random-sign terms
+  // is ~1/sqrt(N) of it, far above the rounding differences).
+  double worst = rel_l2(cp.output, y);
+  std::string worst_name = "output";
+  auto check_grad = [&](const std::string& name, const std::vector<float>& got, const std::vector<float>& ref_g) {
+    for (float v : got) ASSERT_TRUE(std::isfinite(v)) << name;
+    double m = 0.0;
+    for (float v : ref_g) m = std::max(m, static_cast<double>(std::fabs(v)));
+    if (m == 0.0) {  // parameters without a gradient here
+      for (float v : got) ASSERT_EQ(v, 0.0f) << name;
+      return;
+    }
+    const double e = rel_l2(got, ref_g);
+    EXPECT_LE(e, kGradTol) << name;
+    if (e > worst) {
+      worst = e;
+      worst_name = name;
+    }
+  };
+  check_grad("grad_input", cp.grad_input, gref.grad_input.to_f32());
+  for (const auto& [name, g] : gref.grad)
+    check_grad(name, std::vector<float>(cp.grad.at(name).begin(), cp.grad.at(name).end()), g.to_f32());
+  std::printf("  [cp parity] output rel_l2 %.2e, worst %s %.2e\n", rel_l2(cp.output, y), worst_name.c_str(), worst);
+}
+
+class CudaCp : public ::testing::TestWithParam<GpuCpCase> {};
+
+TEST_P(CudaCp, RanksSharingOneGpuMatchSingleGpu) {
+  SKIP_WITHOUT_GPU();
+  const GpuCpCase k = GetParam();
+  const AttentionConfig cfg = gpu_config(k.preset, k.ratio);
+  const SeqLayout layout = gpu_batch(cfg, k.mode, k.ranks);
+  const CpPartition part = CpPartition::build(layout, k.mode, k.ranks);
+  const int T = static_cast<int>(layout.total_rows());
+  const LayerWeights w = LayerWeights::random(cfg, 71);
+  const Tensor x = random_tensor(T, cfg.d_model, 72, true);
+  const Tensor dy = random_tensor(T, cfg.d_model, 73, true);
+  HybridAttentionLayer single(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+  const LayerOutputs ref = single.forward(x, layout);
+  const LayerGradients gref = single.backward(ref, dy);
+  const CpRun cp = run_cp_gpu(cfg, w, part, x, dy, false);
+  expect_matches_single(cfg, layout, cp, ref, gref);
+  std::int64_t rows = 0;
+  for (const CpWork& wk : cp.work) rows += wk.local_rows;
+  EXPECT_EQ(rows, T);
+}
+
+std::vector<GpuCpCase> gpu_cases() {
+  std::vector<GpuCpCase> cases;
+  for (int P : {2, 3})
+    for (CpMode mode : {CpMode::contiguous, CpMode::two_chunk})
+      for (int ratio : {0, 4, 128}) cases.push_back({"small", P, mode, ratio});
+  for (int ratio : {4, 128}) cases.push_back({"flash", 2, CpMode::two_chunk, ratio});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, CudaCp, ::testing::ValuesIn(gpu_cases()), gpu_case_name);
+
+// One GPU per rank over NCCL (bootstrapped through the in-process group), where the
+// machine has several GPUs.
+TEST(CudaCpNccl, OneGpuPerRankMatchesSingleGpu) {
+  SKIP_WITHOUT_GPU();
+  if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) GTEST_SKIP() << "one GPU: the NCCL parity needs two or more";
+  for (int P : {2, 4}) {
+    if (P > devices) continue;
+    for (CpMode mode : {CpMode::contiguous, CpMode::two_chunk}) {
+      for (int ratio : {4, 128}) {
+        SCOPED_TRACE(std::string("P ") + std::to_string(P) + " " + cp_mode_name(mode) + " ratio " +
+                     std::to_string(ratio));
+        const AttentionConfig cfg = gpu_config("small", ratio);
+        const SeqLayout layout = gpu_batch(cfg, mode, P);
+        const CpPartition part = CpPartition::build(layout, mode, P);
+        const int T = static_cast<int>(layout.total_rows());
+        const LayerWeights w = LayerWeights::random(cfg, 81);
+        const Tensor x = random_tensor(T, cfg.d_model, 82, true);
+        const Tensor dy = random_tensor(T, cfg.d_model, 83, true);
+        ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+        HybridAttentionLayer single(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+        const LayerOutputs ref = single.forward(x, layout);
+        const LayerGradients gref = single.backward(ref, dy);
+        const CpRun cp = run_cp_gpu(cfg, w, part, x, dy, true);
+        expect_matches_single(cfg, layout, cp, ref, gref);
+      }
+    }
+  }
+}
+
+// A device-cuda layer holds one rank's GPU state: a second rank using it is refused.
+TEST(CudaCp, OneLayerServesOneRank) {
+  SKIP_WITHOUT_GPU();
+  const AttentionConfig cfg = gpu_config("small", 0);
+  const SeqLayout layout = SeqLayout::from_lengths({256});
+  const CpPartition part = CpPartition::build(layout, CpMode::contiguous, 2);
+  const LayerWeights w = LayerWeights::random(cfg, 91);
+  const Tensor x = random_tensor(256, cfg.d_model, 92, true);
+  const ContextParallelLayer layer(cfg, w, RunOptions{Precision::bf16, Device::cuda});
+  try {
+    run_local_ranks(2, [&](Communicator& comm) {
+      layer.forward(comm, part, local_rows_of(x, part, comm.rank()));
+    });
+    FAIL() << "two ranks shared one device-cuda layer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one rank"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace csattn
+#endif  // CSATTN_HAVE_CUDA
