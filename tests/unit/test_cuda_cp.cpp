@@ -4,9 +4,12 @@
 // parameter gradients and the indexer loss summed over ranks, against CP = 1 on the same
 // ragged padded batch. Both runs are bf16 GPU runs with the same kernels, but cuBLAS may
 // sum a projection of another row count in another order and the backward's key gradients
-// use atomics: outputs are compared per row (bf16-rounding level), a near-tie may flip one
-// top-k id, gradients by similarity. A wrong halo row, compressed-row map or owned slot
-// moves whole rows far past these bounds. Workspaces are poisoned with NaN before each run.
+// use atomics: outputs are compared per row (bf16-rounding level; measured bitwise equal on
+// the H200), a near-tie may flip one top-k id, gradients by relative L2 error (measured
+// <= 3.4e-3, the atomics' order; bound 1e-2). A wrong halo row, compressed-row map, copy
+// count, copy-gradient sum or owned slot moves rows or sums far past these bounds:
+// scripts/gpu-cp-mutants.sh checks that each such mutant fails these tests. Workspaces are
+// poisoned with NaN before each run.
 #include <gtest/gtest.h>
 
 #ifdef CSATTN_HAVE_CUDA
@@ -133,8 +136,9 @@ void expect_matches_single(const AttentionConfig& cfg, const SeqLayout& layout, 
     ++checked;
   }
   EXPECT_GE(checked, T * 9 / 10);
-  const Similarity sy = similarity(cp.output, to_double(y));
-  EXPECT_GT(sy.cosine, 1.0 - 1e-4);
+  // All rows together: on the H200 the rows come out bitwise equal (rel_l2 0), the same
+  // kernels on the same rows; the bound leaves room for another GEMM algorithm choice.
+  EXPECT_LE(rel_l2(cp.output, y), 1e-3);
   EXPECT_NEAR(cp.loss, ref.indexer_loss, 2e-2 * std::fabs(ref.indexer_loss) + 1e-7);
   if (cfg.has_indexer()) { EXPECT_GT(ref.indexer_loss, 0.0f); }
   // Gradients: relative L2 error (a boundary term missing from a sum of N random-sign terms
