@@ -117,6 +117,14 @@ class Communicator {
   CommStats stats_;
 };
 
+// A blocking all-gather of host memory (`count` values per rank, rank-major into `out`) on
+// any communicator: one that takes only device buffers (NCCL) moves the blocks through a
+// temporary buffer on the calling thread's current device, which must be the
+// communicator's. For small metadata such as the context-parallel layer's agreement, not for
+// payloads.
+void all_gather_host(Communicator& comm, const std::int64_t* in, std::size_t count,
+                     std::int64_t* out);
+
 // ---- in-process backend ----
 
 // `size` ranks inside one process; rank(r) is the communicator of rank r, to be used by one

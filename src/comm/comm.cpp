@@ -4,6 +4,10 @@
 #include <cstdlib>
 #include <string>
 
+#ifdef CSATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "csattn/error.hpp"
 
 namespace csattn {
@@ -114,6 +118,43 @@ CommRequest Communicator::all_reduce(CommBuffer inout, ReduceOp op, CommStream s
 void Communicator::barrier() {
   ++stats_.operations;
   do_barrier();
+}
+
+void all_gather_host(Communicator& comm, const std::int64_t* in, std::size_t count,
+                     std::int64_t* out) {
+  const std::size_t total = count * static_cast<std::size_t>(comm.size());
+  if (comm.accepts(Device::cpu)) {
+    comm.all_gather(comm_buffer(const_cast<std::int64_t*>(in), count), comm_buffer(out, total)).wait();
+    return;
+  }
+#ifdef CSATTN_HAVE_CUDA
+  // A device-only backend (NCCL): through a temporary device buffer on the current device,
+  // on the legacy default stream, which the synchronous copies order the collective with.
+  auto check = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(ErrorKind::Internal, std::string("all_gather_host: ") + what + ": " + cudaGetErrorString(e));
+    }
+  };
+  std::int64_t* dev = nullptr;
+  check(cudaMalloc(&dev, sizeof(std::int64_t) * (count + total)), "cudaMalloc");
+  try {
+    check(cudaMemcpy(dev, in, sizeof(std::int64_t) * count, cudaMemcpyHostToDevice), "upload");
+    comm.all_gather({dev, count, DType::i64, Device::cuda}, {dev + count, total, DType::i64, Device::cuda},
+                    nullptr)
+        .wait();
+    check(cudaMemcpy(out, dev + count, sizeof(std::int64_t) * total, cudaMemcpyDeviceToHost), "download");
+  } catch (...) {
+    cudaFree(dev);
+    throw;
+  }
+  cudaFree(dev);
+#else
+  (void)in;
+  (void)out;
+  throw Error(ErrorKind::Unsupported, "all_gather_host: the " + comm.backend() +
+                                          " communicator takes no host buffers and this build has no CUDA");
+#endif
 }
 
 bool mpi_launched() {

@@ -264,6 +264,9 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
     local_error = shape_error("hidden_states", x_local, part.local_rows(rank), c.d_model);
   const std::uint64_t layout_sum =
       cp::checksum(part.layout().cu_seqlens()) ^ (cp::checksum(part.layout().cu_seqlens_padded()) * 31);
+#ifdef CSATTN_HAVE_CUDA
+  if (gpu_) gpu_->make_current();  // the agreement may travel through the GPU (NCCL)
+#endif
   cp::agree(comm, "context-parallel forward",
             {{"cu_seqlens", cp::checksum(part.layout().cu_seqlens())},
              {"cu_seqlens_padded", cp::checksum(part.layout().cu_seqlens_padded())},
@@ -417,6 +420,9 @@ CpLayerGradients ContextParallelLayer::backward(Communicator& comm, const CpLaye
     if (local_error.empty() && !std::isfinite(grad_indexer_loss))
       local_error = "grad_indexer_loss must be finite";
   }
+#ifdef CSATTN_HAVE_CUDA
+  if (gpu_) gpu_->make_current();
+#endif
   cp::agree(comm, "context-parallel backward",
             {{"the layout of the forward", layout_sum},
              {"the layer config", cp::checksum(c)},

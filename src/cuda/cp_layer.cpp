@@ -486,6 +486,7 @@ CudaCpLayer::CudaCpLayer(const AttentionConfig& cfg, const LayerWeights& weights
 
 CudaCpLayer::~CudaCpLayer() = default;
 
+void CudaCpLayer::make_current() const { CSATTN_CUDA_CHECK(cudaSetDevice(impl_->device)); }
 void CudaCpLayer::set_poison(bool on) { impl_->poison = on; }
 void CudaCpLayer::set_deterministic(bool on) { impl_->deterministic = on; }
 std::uint64_t CudaCpLayer::generation() const { return impl_->generation; }

@@ -54,6 +54,8 @@ class CudaCpLayer {
   CudaCpLayer(const CudaCpLayer&) = delete;
   CudaCpLayer& operator=(const CudaCpLayer&) = delete;
 
+  // Makes the layer's device current for the calling thread.
+  void make_current() const;
   void set_poison(bool on);
   void set_deterministic(bool on);
 

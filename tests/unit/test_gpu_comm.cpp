@@ -143,6 +143,16 @@ TEST(GpuComm, NcclOneRankPerGpu) {
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     exercise(*nccl, stream);
     exercise(*nccl, nullptr);  // the default stream too
+    // Host metadata over the device-only backend (the CP layer's agreement) travels through
+    // the device.
+    const int ranks = boot.size(), r = boot.rank();
+    std::vector<std::int64_t> mine{r, 1000 + r, -r}, all(3 * static_cast<std::size_t>(ranks), -7);
+    all_gather_host(*nccl, mine.data(), mine.size(), all.data());
+    for (int s = 0; s < ranks; ++s) {
+      ASSERT_EQ(all[3 * static_cast<std::size_t>(s)], s);
+      ASSERT_EQ(all[3 * static_cast<std::size_t>(s) + 1], 1000 + s);
+      ASSERT_EQ(all[3 * static_cast<std::size_t>(s) + 2], -s);
+    }
     // Host buffers are refused with a clear error; so is a bad device.
     std::vector<float> host(4);
     try {
