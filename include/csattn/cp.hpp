@@ -105,6 +105,13 @@ struct CpLayerGradients {
   CommStats backward_comm;
 };
 
+// Where forward_device writes this rank's results (device memory; topk and loss optional).
+struct CpDeviceOutputs {
+  void* y = nullptr;             // bf16 [local rows, d_model]
+  std::int32_t* topk = nullptr;  // CSA: i32 [local rows, index_topk]
+  float* loss = nullptr;         // one float: this rank's share of the indexer loss
+};
+
 struct CpLayerOptions {
   // Fill the compressed slots no rank owns (and the halo buffer before it is filled) with
   // NaN instead of zeros: a reference to them then poisons the result. For tests.
@@ -135,6 +142,22 @@ class ContextParallelLayer {
   CpLayerGradients backward(Communicator& comm, const CpLayerOutputs& fwd,
                             const Tensor& grad_output_local, float grad_indexer_loss = 1.0f) const;
 
+  // Device memory in and out (RunOptions::device = cuda), for frameworks that own tensors
+  // and streams: x_local bf16 [local rows, d_model] on the layer's device; out.y bf16 of the
+  // same shape, out.topk i32 [local rows, index_topk] and out.loss (one float, this rank's
+  // share) - both optional (null). `stream` is a cudaStream_t (null: the default stream):
+  // the layer's work starts after what `stream` has queued and `stream` waits for it
+  // (events; the host never waits on `stream`). The call returns after its collectives have
+  // run (they wait on the host), so it cannot be captured in a CUDA graph. Collective.
+  void forward_device(Communicator& comm, const CpPartition& partition, const void* x_local,
+                      const CpDeviceOutputs& out, void* stream = nullptr) const;
+  // The gradients of the last forward_device: dy_local bf16, dx_local fp32, both [local
+  // rows, d_model]. The weight gradients (this rank's share, fp32) stay on the device until
+  // the next backward: device_gradients(), by release name. Collective.
+  void backward_device(Communicator& comm, const void* dy_local, float* dx_local,
+                       float grad_indexer_loss = 1.0f, void* stream = nullptr) const;
+  std::map<std::string, const float*> device_gradients() const;
+
   const AttentionConfig& config() const { return cfg_; }
   const LayerWeights& weights() const { return weights_; }
   const RunOptions& options() const { return options_; }
@@ -149,6 +172,11 @@ class ContextParallelLayer {
   std::uint64_t weights_checksum_ = 0;
   // Device cuda: the rank's GPU layer (created on the current device by the constructor).
   std::shared_ptr<cuda::CudaCpLayer> gpu_;
+  // The layout checksum of the last forward_device (0: none yet); backward_device agrees on it.
+  mutable std::uint64_t device_layout_ = 0;
+
+  void agree_forward(Communicator& comm, const CpPartition& part,
+                     const std::string& local_error) const;
 };
 
 // ---- moving global tensors in and out of the local row order ----

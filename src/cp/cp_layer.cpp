@@ -249,21 +249,10 @@ int ContextParallelLayer::halo_rows() const {
   return cp::halo_width(cfg_.window, cfg_.compress_ratio);
 }
 
-CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartition& part,
-                                             const Tensor& x_local) const {
+void ContextParallelLayer::agree_forward(Communicator& comm, const CpPartition& part,
+                                         const std::string& local_error) const {
   const AttentionConfig& c = cfg_;
-  const int P = comm.size(), rank = comm.rank();
-  const CommStats comm_before = comm.stats();
-
-  // Agreement before any other collective: the same metadata everywhere, no local error.
-  std::string local_error;
-  if (part.ranks() != P)
-    local_error = "the partition is over " + std::to_string(part.ranks()) +
-                  " ranks but the communicator has " + std::to_string(P);
-  else
-    local_error = shape_error("hidden_states", x_local, part.local_rows(rank), c.d_model);
-  const std::uint64_t layout_sum =
-      cp::checksum(part.layout().cu_seqlens()) ^ (cp::checksum(part.layout().cu_seqlens_padded()) * 31);
+  const int P = comm.size();
 #ifdef CSATTN_HAVE_CUDA
   if (gpu_) gpu_->make_current();  // the agreement may travel through the GPU (NCCL)
 #endif
@@ -290,6 +279,24 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
                 std::to_string(std::int64_t{P} * d_w) +
                 " rows (cu_seqlens_padded), use fewer ranks, or use two_chunk");
   }
+}
+
+CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartition& part,
+                                             const Tensor& x_local) const {
+  const AttentionConfig& c = cfg_;
+  const int P = comm.size(), rank = comm.rank();
+  const CommStats comm_before = comm.stats();
+
+  // Agreement before any other collective: the same metadata everywhere, no local error.
+  std::string local_error;
+  if (part.ranks() != P)
+    local_error = "the partition is over " + std::to_string(part.ranks()) +
+                  " ranks but the communicator has " + std::to_string(P);
+  else
+    local_error = shape_error("hidden_states", x_local, part.local_rows(rank), c.d_model);
+  const std::uint64_t layout_sum =
+      cp::checksum(part.layout().cu_seqlens()) ^ (cp::checksum(part.layout().cu_seqlens_padded()) * 31);
+  agree_forward(comm, part, local_error);
 
   cpu::ThreadScope threads(options_.threads);
   const cpu::BatchInvariantScope batch_invariant(options_.precision == Precision::fp32);
@@ -313,6 +320,7 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
   if (gpu_) {
     cuda::CudaCpForward g = gpu_->forward(comm, geo, plan, x_local);
     s->gpu_generation = gpu_->generation();
+    device_layout_ = 0;  // a backward_device now has no forward_device to differentiate
     CpLayerOutputs out;
     out.output = std::move(g.output);
     out.topk_indices = std::move(g.topk);
@@ -556,6 +564,75 @@ CpLayerGradients ContextParallelLayer::backward(Communicator& comm, const CpLaye
                        after.bytes_received - comm_before.bytes_received,
                        after.operations - comm_before.operations};
   return out;
+}
+
+// ---- device memory in and out (device cuda) ----
+
+namespace {
+
+std::uint64_t layout_checksum_of(const CpPartition& part) {
+  return cp::checksum(part.layout().cu_seqlens()) ^ (cp::checksum(part.layout().cu_seqlens_padded()) * 31);
+}
+
+}  // namespace
+
+void ContextParallelLayer::forward_device(Communicator& comm, const CpPartition& part,
+                                          const void* x_local, const CpDeviceOutputs& out,
+                                          void* stream) const {
+  std::string local_error;
+  if (options_.device != Device::cuda)
+    local_error = "forward_device needs a layer on device cuda (RunOptions::device)";
+  else if (part.ranks() != comm.size())
+    local_error = "the partition is over " + std::to_string(part.ranks()) +
+                  " ranks but the communicator has " + std::to_string(comm.size());
+  else if ((x_local == nullptr || out.y == nullptr) && part.local_rows(comm.rank()) > 0)
+    local_error = "forward_device: x_local and out.y must be device arrays of this rank's rows";
+  agree_forward(comm, part, local_error);
+#ifdef CSATTN_HAVE_CUDA
+  const BatchGeometry geo = BatchGeometry::build(part.layout(), cfg_.compress_ratio);
+  const cp::LayerPlan plan = cp::build_layer_plan(geo, part, comm.rank(), cfg_.window);
+  gpu_->forward_device(comm, geo, plan, x_local, out.y, out.topk, out.loss, stream);
+  device_layout_ = layout_checksum_of(part);
+#else
+  (void)stream;
+#endif
+}
+
+void ContextParallelLayer::backward_device(Communicator& comm, const void* dy_local,
+                                           float* dx_local, float grad_indexer_loss,
+                                           void* stream) const {
+  std::string local_error;
+  if (options_.device != Device::cuda)
+    local_error = "backward_device needs a layer on device cuda (RunOptions::device)";
+  else if (device_layout_ == 0)
+    local_error = "backward_device needs a forward_device of this layer first";
+  else if (dy_local == nullptr || dx_local == nullptr)
+    local_error = "backward_device: dy_local and dx_local must be device arrays of this rank's rows";
+  else if (!std::isfinite(grad_indexer_loss))
+    local_error = "grad_indexer_loss must be finite";
+#ifdef CSATTN_HAVE_CUDA
+  if (gpu_) gpu_->make_current();
+#endif
+  cp::agree(comm, "context-parallel backward",
+            {{"the layout of the forward", device_layout_},
+             {"the layer config", cp::checksum(cfg_)},
+             {"the layer weights", weights_checksum_}},
+            local_error);
+#ifdef CSATTN_HAVE_CUDA
+  gpu_->backward_device(comm, dy_local, grad_indexer_loss, dx_local, stream);
+#else
+  (void)stream;
+#endif
+}
+
+std::map<std::string, const float*> ContextParallelLayer::device_gradients() const {
+  require(options_.device == Device::cuda, ErrorKind::InvalidArgument,
+          "device_gradients needs a layer on device cuda");
+#ifdef CSATTN_HAVE_CUDA
+  return gpu_->device_gradients();
+#else
+  return {};
+#endif
 }
 
 }  // namespace csattn

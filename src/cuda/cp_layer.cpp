@@ -257,6 +257,13 @@ struct CudaCpLayerImpl {
   // Re-runnable: profile() times them.
   void run_forward(Communicator& comm);
   void run_backward(Communicator& comm);
+  // Before them: the plan, buffers and metadata of a forward (collective-free; checks the
+  // rank), and the backward's buffers and parameters.
+  void prepare_forward(Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan);
+  void prepare_backward(Communicator& comm, float grad_indexer_loss);
+  // After a forward: this rank's output rows, top-k rows and loss share into the pointers
+  // (device memory; topk and loss may be null), on the layer's stream.
+  void write_forward_outputs(void* y, std::int32_t* topk, float* loss);
 
   ~CudaCpLayerImpl() {
     if (blas) cublasDestroy(blas);
@@ -496,9 +503,9 @@ std::size_t CudaCpLayer::device_bytes() const {
   return s.weights->bytes() + s.workspace.capacity + s.grad_workspace.capacity + s.cp.capacity;
 }
 
-CudaCpForward CudaCpLayer::forward(Communicator& comm, const BatchGeometry& geo,
-                                   const cp::LayerPlan& plan, const Tensor& x_local) {
-  CudaCpLayerImpl& s = *impl_;
+void CudaCpLayerImpl::prepare_forward(Communicator& comm, const BatchGeometry& geo,
+                                      const cp::LayerPlan& plan) {
+  CudaCpLayerImpl& s = *this;
   const AttentionConfig& c = s.cfg;
   int expected = -1;
   const int rank = comm.rank();
@@ -513,7 +520,7 @@ CudaCpForward CudaCpLayer::forward(Communicator& comm, const BatchGeometry& geo,
   s.has_backward = false;
   s.host = host_plan(c, geo, plan);
   const HostPlan& h = s.host;
-  const int dm = c.d_model, m = c.compress_ratio;
+  const int m = c.compress_ratio;
   const int K = c.has_indexer() ? c.index_topk : 0;
   const cudaStream_t st = s.stream;
 
@@ -541,7 +548,8 @@ CudaCpForward CudaCpLayer::forward(Communicator& comm, const BatchGeometry& geo,
   p.meta.seg_pos0 = static_cast<const i32*>(cpp(b.seg_pos0));
   DeviceMetadata& meta = p.meta;
 
-  // Metadata: uploaded, not derived from cu_seqlens (launch_metadata is not run).
+  // Metadata: uploaded, not derived from cu_seqlens (launch_metadata is not run). The host
+  // vectors live in s.host until the next forward.
   upload(meta.cu_padded, h.cu, st);
   upload(meta.cu_real, h.cu, st);
   upload(meta.row_segment, h.row_segment, st);
@@ -562,27 +570,69 @@ CudaCpForward CudaCpLayer::forward(Communicator& comm, const BatchGeometry& geo,
   s.comp_meta = meta;
   s.comp_meta.comp_entry_row0 = static_cast<const i32*>(cpp(b.entry_row0));
   s.comp_meta.comp_entry_pos = static_cast<const i32*>(cpp(b.entry_pos));
-
   s.loss_scale = loss_scale_of(c, geo.real_rows);
-  const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
-  const std::vector<std::uint16_t> xb = to_bf16_bits(x_local.to_f32().data(), static_cast<std::size_t>(x_local.numel()));
-  upload(cpp(b.x_local), xb, st);
-  s.run_forward(comm);
-  const int row_words = dm / 2;
+}
 
-  // This rank's rows out.
-  const i32* local_ext = static_cast<const i32*>(cpp(b.local_ext));
-  launch_gather_rows(p.act.y, local_ext, h.n, row_words, cpp(b.y_local), st);
-  if (c.has_indexer()) launch_gather_rows(p.act.topk, local_ext, h.n, K, cpp(b.topk_local), st);
+void CudaCpLayerImpl::write_forward_outputs(void* y, std::int32_t* topk, float* loss) {
+  const AttentionConfig& c = cfg;
+  const i32* local_ext = reinterpret_cast<const i32*>(cp.at(buf.local_ext));
+  launch_gather_rows(fwd.act.y, local_ext, host.n, c.d_model / 2, y, stream);
+  if (topk && c.has_indexer()) launch_gather_rows(fwd.act.topk, local_ext, host.n, c.index_topk, topk, stream);
+  if (loss) {
+    if (c.has_indexer() && c.loss_coeff > 0.0)
+      CSATTN_CUDA_CHECK(cudaMemcpyAsync(loss, fwd.act.loss, sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    else
+      CSATTN_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), stream));
+  }
+}
+
+void CudaCpLayerImpl::prepare_backward(Communicator& comm, float grad_indexer_loss) {
+  CudaCpLayerImpl& s = *this;
+  require(s.has_last, ErrorKind::InvalidArgument, "backward needs a forward first");
+  require(comm.rank() == s.owner.load(), ErrorKind::InvalidArgument,
+          "backward on another rank than its forward's (construct one layer per rank)");
+  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
+  s.grad_plan = plan_backward(s.cfg, s.fwd.dims, s.deterministic);
+  unsigned char* gws = s.grad_workspace.reserve(s.grad_plan.bytes);
+  BackwardParams& bp = s.bwd;
+  bp = BackwardParams{};
+  bp.buf = s.grad_plan.buffers(gws);
+  bp.grad = s.grad_plan.gradients(gws);
+  bp.grad_loss = grad_indexer_loss;
+  bp.loss_scale = s.loss_scale;
+  bp.sparse_loss = s.cfg.sparse_loss;
+  bp.deterministic = s.deterministic;
+  if (s.poison) CSATTN_CUDA_CHECK(cudaMemsetAsync(gws, 0xFF, s.grad_plan.grads_offset, s.stream));
+}
+
+// The caller's stream and the layer's: `from` waits for what `to_wait_for` has queued.
+static void stream_after(cudaStream_t from, cudaStream_t to_wait_for, cudaEvent_t ev) {
+  CSATTN_CUDA_CHECK(cudaEventRecord(ev, to_wait_for));
+  CSATTN_CUDA_CHECK(cudaStreamWaitEvent(from, ev, 0));
+}
+
+CudaCpForward CudaCpLayer::forward(Communicator& comm, const BatchGeometry& geo,
+                                   const cp::LayerPlan& plan, const Tensor& x_local) {
+  CudaCpLayerImpl& s = *impl_;
+  const AttentionConfig& c = s.cfg;
+  s.prepare_forward(comm, geo, plan);
+  const HostPlan& h = s.host;
+  const int dm = c.d_model, K = c.has_indexer() ? c.index_topk : 0;
+  const cudaStream_t st = s.stream;
+  const std::vector<std::uint16_t> xb = to_bf16_bits(x_local.to_f32().data(), static_cast<std::size_t>(x_local.numel()));
+  upload(s.cp.at(s.buf.x_local), xb, st);
+  s.run_forward(comm);
+  s.write_forward_outputs(s.cp.at(s.buf.y_local), reinterpret_cast<std::int32_t*>(s.cp.at(s.buf.topk_local)), nullptr);
   std::vector<std::uint16_t> yb(static_cast<std::size_t>(h.n) * dm);
   CudaCpForward out;
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(yb.data(), cpp(b.y_local), yb.size() * 2, cudaMemcpyDeviceToHost, st));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(yb.data(), s.cp.at(s.buf.y_local), yb.size() * 2, cudaMemcpyDeviceToHost, st));
   if (c.has_indexer()) {
     out.topk = Tensor(DType::i32, {h.n, K});
-    CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.topk.data(), cpp(b.topk_local), out.topk.nbytes(), cudaMemcpyDeviceToHost, st));
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.topk.data(), s.cp.at(s.buf.topk_local), out.topk.nbytes(), cudaMemcpyDeviceToHost, st));
   }
   float loss = 0.0f;
-  if (with_loss) CSATTN_CUDA_CHECK(cudaMemcpyAsync(&loss, p.act.loss, sizeof(float), cudaMemcpyDeviceToHost, st));
+  if (c.has_indexer() && c.loss_coeff > 0.0)
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(&loss, s.fwd.act.loss, sizeof(float), cudaMemcpyDeviceToHost, st));
   CSATTN_CUDA_CHECK(cudaStreamSynchronize(st));
   out.output = tensor_from_bf16_bits(yb, h.n, dm);
   out.indexer_loss = loss;
@@ -590,46 +640,60 @@ CudaCpForward CudaCpLayer::forward(Communicator& comm, const BatchGeometry& geo,
   return out;
 }
 
+void CudaCpLayer::forward_device(Communicator& comm, const BatchGeometry& geo,
+                                 const cp::LayerPlan& plan, const void* x_local, void* y,
+                                 std::int32_t* topk, float* loss, void* stream) {
+  CudaCpLayerImpl& s = *impl_;
+  s.prepare_forward(comm, geo, plan);
+  const auto caller = static_cast<cudaStream_t>(stream);
+  stream_after(s.stream, caller, s.ready);  // x_local is ready on the caller's stream
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(s.cp.at(s.buf.x_local), x_local,
+                                    static_cast<std::size_t>(s.host.n) * s.cfg.d_model * 2,
+                                    cudaMemcpyDeviceToDevice, s.stream));
+  s.run_forward(comm);
+  s.write_forward_outputs(y, topk, loss);
+  stream_after(caller, s.stream, s.ready);
+  s.has_last = true;
+}
+
 CudaCpGradients CudaCpLayer::backward(Communicator& comm, const Tensor& grad_output_local,
                                       float grad_indexer_loss) {
   CudaCpLayerImpl& s = *impl_;
-  require(s.has_last, ErrorKind::InvalidArgument, "backward needs a forward first");
-  require(comm.rank() == s.owner.load(), ErrorKind::InvalidArgument,
-          "backward on another rank than its forward's (construct one layer per rank)");
+  s.prepare_backward(comm, grad_indexer_loss);
   const AttentionConfig& c = s.cfg;
-  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
-  const HostPlan& h = s.host;
-  const CpBuffers& b = s.buf;
-  const ForwardParams& f = s.fwd;
-  const cudaStream_t st = s.stream;
-  const int dm = c.d_model;
-  auto cpp = [&](std::size_t off) { return static_cast<void*>(s.cp.at(off)); };
-
-  const BackwardPlan gp = plan_backward(c, f.dims, s.deterministic);
-  unsigned char* gws = s.grad_workspace.reserve(gp.bytes);
-  BackwardParams bp;
-  bp.buf = gp.buffers(gws);
-  bp.grad = gp.gradients(gws);
-  bp.grad_loss = grad_indexer_loss;
-  bp.loss_scale = s.loss_scale;
-  bp.sparse_loss = c.sparse_loss;
-  bp.deterministic = s.deterministic;
-  if (s.poison) CSATTN_CUDA_CHECK(cudaMemsetAsync(gws, 0xFF, gp.grads_offset, st));
+  const int n = s.host.n, dm = c.d_model;
   const std::vector<std::uint16_t> dyb =
       to_bf16_bits(grad_output_local.to_f32().data(), static_cast<std::size_t>(grad_output_local.numel()));
-  upload(cpp(b.dy_local), dyb, st);
-  s.grad_plan = gp;
-  s.bwd = bp;
+  upload(s.cp.at(s.buf.dy_local), dyb, s.stream);
   s.run_backward(comm);
   s.has_backward = true;
-  const float* dx_local = static_cast<const float*>(cpp(b.dx_local));
-
   CudaCpGradients out;
-  out.grad_input = Tensor(DType::f32, {h.n, dm});
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.grad_input.data(), dx_local, out.grad_input.nbytes(),
-                                    cudaMemcpyDeviceToHost, st));
-  out.grad = gradients_to_host(c, gp, gws, st);
+  out.grad_input = Tensor(DType::f32, {n, dm});
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.grad_input.data(), s.cp.at(s.buf.dx_local), out.grad_input.nbytes(),
+                                    cudaMemcpyDeviceToHost, s.stream));
+  out.grad = gradients_to_host(c, s.grad_plan, s.grad_workspace.base, s.stream);
   return out;
+}
+
+void CudaCpLayer::backward_device(Communicator& comm, const void* dy_local, float grad_indexer_loss,
+                                  float* dx_local, void* stream) {
+  CudaCpLayerImpl& s = *impl_;
+  s.prepare_backward(comm, grad_indexer_loss);
+  const auto caller = static_cast<cudaStream_t>(stream);
+  const std::size_t rows = static_cast<std::size_t>(s.host.n) * s.cfg.d_model;
+  stream_after(s.stream, caller, s.ready);
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(s.cp.at(s.buf.dy_local), dy_local, rows * 2, cudaMemcpyDeviceToDevice, s.stream));
+  s.run_backward(comm);
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(dx_local, s.cp.at(s.buf.dx_local), rows * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, s.stream));
+  stream_after(caller, s.stream, s.ready);
+  s.has_backward = true;
+}
+
+std::map<std::string, const float*> CudaCpLayer::device_gradients() const {
+  const CudaCpLayerImpl& s = *impl_;
+  require(s.has_backward, ErrorKind::InvalidArgument, "device_gradients needs a backward first");
+  return gradient_pointers(s.cfg, s.grad_plan, s.grad_workspace.base);
 }
 
 CudaCpProfile CudaCpLayer::profile(Communicator& comm, int warmup, int iters) {

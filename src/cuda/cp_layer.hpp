@@ -67,6 +67,16 @@ class CudaCpLayer {
   // Collective; the gradients of the last forward.
   CudaCpGradients backward(Communicator& comm, const Tensor& grad_output_local,
                            float grad_indexer_loss);
+
+  // The same on device memory and the caller's stream (ContextParallelLayer::forward_device):
+  // x_local / dy_local bf16 [local rows, d_model], y bf16, topk i32 [local rows, K] (null:
+  // not wanted), loss one float (null: not wanted), dx_local fp32. The weight gradients of
+  // the last backward stay in the layer (device_gradients, fp32, by release name).
+  void forward_device(Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan,
+                      const void* x_local, void* y, std::int32_t* topk, float* loss, void* stream);
+  void backward_device(Communicator& comm, const void* dy_local, float grad_indexer_loss,
+                       float* dx_local, void* stream);
+  std::map<std::string, const float*> device_gradients() const;
   // Collective (every rank calls it): re-runs the last forward's device work (collectives
   // included, host transfers not) and, after a backward, the last backward's, `iters` times
   // after `warmup`; each run is host-timed from a barrier to the stream's end. Medians.

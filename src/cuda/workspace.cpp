@@ -282,6 +282,18 @@ float loss_scale_of(const AttentionConfig& c, std::int64_t real_rows) {
   return real_rows > 0 ? static_cast<float>(c.loss_coeff / static_cast<double>(real_rows)) : 0.0f;
 }
 
+std::map<std::string, const float*> gradient_pointers(const AttentionConfig& c, const BackwardPlan& plan,
+                                                      const void* grad_workspace) {
+  // The gradients sit in layer_params order, each 256-byte aligned (plan_backward).
+  std::map<std::string, const float*> out;
+  std::size_t at = plan.grads_offset;
+  for (const ParamInfo& p : layer_params(c)) {
+    out[p.name] = reinterpret_cast<const float*>(static_cast<const unsigned char*>(grad_workspace) + at);
+    at += (static_cast<std::size_t>(shape_numel(p.shape)) * sizeof(float) + 255) / 256 * 256;
+  }
+  return out;
+}
+
 std::map<std::string, Tensor> gradients_to_host(const AttentionConfig& c, const BackwardPlan& plan,
                                                 const void* grad_workspace, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
@@ -290,13 +302,13 @@ std::map<std::string, Tensor> gradients_to_host(const AttentionConfig& c, const 
                                     static_cast<const unsigned char*>(grad_workspace) + plan.grads_offset,
                                     plan.grads_bytes, cudaMemcpyDeviceToHost, s));
   CSATTN_CUDA_CHECK(cudaStreamSynchronize(s));
-  // The gradients sit in layer_params order, each 256-byte aligned (plan_backward).
+  const auto* first = static_cast<const unsigned char*>(grad_workspace) + plan.grads_offset;
+  const std::map<std::string, const float*> ptrs = gradient_pointers(c, plan, grad_workspace);
   std::map<std::string, Tensor> out;
-  std::size_t at = 0;
   for (const ParamInfo& p : layer_params(c)) {
     Tensor t(DType::f32, p.shape);
+    const std::size_t at = static_cast<std::size_t>(reinterpret_cast<const unsigned char*>(ptrs.at(p.name)) - first);
     std::memcpy(t.data(), grads.data() + at / sizeof(float), t.nbytes());
-    at += (t.nbytes() + 255) / 256 * 256;
     out[p.name] = std::move(t);
   }
   return out;

@@ -68,6 +68,9 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
 // (per-token sums).
 float loss_scale_of(const AttentionConfig& c, std::int64_t real_rows);
 
+// The weight gradients of a backward workspace as device pointers, by release name (fp32).
+std::map<std::string, const float*> gradient_pointers(const AttentionConfig& c, const BackwardPlan& plan,
+                                                      const void* grad_workspace);
 // The weight gradients of a backward workspace, by release name (fp32); synchronises
 // `stream` (a cudaStream_t) after the copy.
 std::map<std::string, Tensor> gradients_to_host(const AttentionConfig& c, const BackwardPlan& plan,

@@ -15,18 +15,21 @@
 #ifdef CSATTN_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <set>
 
 #include "cp_test_util.hpp"
+#include "cuda_test_util.hpp"
 #include "test_util.hpp"
 
 namespace csattn {
 namespace {
 
 using namespace testing_util;
+using testing_util::DeviceArray;
 
 struct GpuCpCase {
   std::string preset;
@@ -199,15 +202,15 @@ std::vector<GpuCpCase> gpu_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Layers, CudaCp, ::testing::ValuesIn(gpu_cases()), gpu_case_name);
 
-// One GPU per rank over NCCL (bootstrapped through the in-process group), where the
-// machine has several GPUs.
+// One GPU per rank over NCCL (bootstrapped through the in-process group).
 TEST(CudaCpNccl, OneGpuPerRankMatchesSingleGpu) {
   SKIP_WITHOUT_GPU();
   if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL";
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
-  if (devices < 2) GTEST_SKIP() << "one GPU: the NCCL parity needs two or more";
-  for (int P : {2, 4}) {
+  // P = 1 runs on one GPU (the agreement and the collectives through NCCL); 2 and 4 where
+  // the machine has that many GPUs.
+  for (int P : {1, 2, 4}) {
     if (P > devices) continue;
     for (CpMode mode : {CpMode::contiguous, CpMode::two_chunk}) {
       for (int ratio : {4, 128}) {
@@ -229,6 +232,68 @@ TEST(CudaCpNccl, OneGpuPerRankMatchesSingleGpu) {
       }
     }
   }
+}
+
+// The device-memory entry points (caller's arrays and stream) give the same results as the
+// host entry points: the same outputs, top-k and loss bitwise, gradients within the atomics' order.
+TEST(CudaCp, DeviceMemoryEntryPointsMatchTheHostOnes) {
+  SKIP_WITHOUT_GPU();
+  const AttentionConfig cfg = gpu_config("small", 4);
+  const int P = 2;
+  const SeqLayout layout = gpu_batch(cfg, CpMode::two_chunk, P);
+  const CpPartition part = CpPartition::build(layout, CpMode::two_chunk, P);
+  const int T = static_cast<int>(layout.total_rows()), d = cfg.d_model, K = cfg.index_topk;
+  const LayerWeights w = LayerWeights::random(cfg, 101);
+  const Tensor x = random_tensor(T, d, 102, true);
+  const Tensor dy = random_tensor(T, d, 103, true);
+  run_local_ranks(P, [&](Communicator& comm) {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    const int r = comm.rank();
+    const Tensor xl = local_rows_of(x, part, r), dyl = local_rows_of(dy, part, r);
+    const int n = static_cast<int>(xl.dim(0));
+    RunOptions opt{Precision::bf16, Device::cuda};
+    opt.poison_workspace = true;
+    const ContextParallelLayer host_layer(cfg, w, opt), dev_layer(cfg, w, opt);
+    const CpLayerOutputs ref = host_layer.forward(comm, part, xl);
+    const CpLayerGradients gref = host_layer.backward(comm, ref, dyl);
+
+    auto bits = [](const Tensor& t) {
+      std::vector<std::uint16_t> b(static_cast<std::size_t>(t.numel()));
+      const std::vector<float> f = t.to_f32();
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = float_to_bf16_bits(f[i]);
+      return b;
+    };
+    DeviceArray<std::uint16_t> dx_in(bits(xl)), ddy(bits(dyl)), dy_out(static_cast<std::size_t>(n) * d);
+    DeviceArray<std::int32_t> dtopk(static_cast<std::size_t>(n) * K);
+    DeviceArray<float> dloss(1), ddx(static_cast<std::size_t>(n) * d);
+    dy_out.fill_bytes(0xFF);
+    ddx.fill_bytes(0xFF);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    dev_layer.forward_device(comm, part, dx_in.get(), {dy_out.get(), dtopk.get(), dloss.get()}, stream);
+    dev_layer.backward_device(comm, ddy.get(), ddx.get(), 1.0f, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaStreamDestroy(stream);
+
+    const std::vector<std::uint16_t> yb = dy_out.download();
+    const std::vector<float> yref = ref.output.to_f32();
+    for (std::size_t i = 0; i < yb.size(); ++i) ASSERT_EQ(bf16_bits_to_float(yb[i]), yref[i]) << "y " << i;
+    const std::vector<std::int32_t> tk = dtopk.download();
+    const std::int32_t* tref = ref.topk_indices.ptr<std::int32_t>();
+    for (std::size_t i = 0; i < tk.size(); ++i) ASSERT_EQ(tk[i], tref[i]) << "topk " << i;
+    EXPECT_EQ(dloss.download()[0], ref.indexer_loss);
+    EXPECT_LE(rel_l2(ddx.download(), gref.grad_input.to_f32()), kGradTol);
+    const std::map<std::string, const float*> grads = dev_layer.device_gradients();
+    ASSERT_EQ(grads.size(), gref.grad.size());
+    for (const auto& [name, g] : gref.grad) {
+      std::vector<float> got(static_cast<std::size_t>(g.numel()));
+      ASSERT_EQ(cudaMemcpy(got.data(), grads.at(name), got.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      const std::vector<float> want = g.to_f32();
+      if (std::all_of(want.begin(), want.end(), [](float v) { return v == 0.0f; })) continue;  // none here
+      EXPECT_LE(rel_l2(got, want), kGradTol) << name;
+    }
+  });
 }
 
 // A device-cuda layer holds one rank's GPU state: a second rank using it is refused.
