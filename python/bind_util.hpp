@@ -63,6 +63,13 @@ inline SeqLayout make_layout(const std::vector<std::int32_t>& cu,
   return SeqLayout::thd(cu, cu_padded ? *cu_padded : std::vector<std::int32_t>{});
 }
 
+inline Device parse_device(const std::string& v) {
+  if (v == "cpu") return Device::cpu;
+  if (v == "cuda") return Device::cuda;
+  if (v == "auto") return cuda_available() ? Device::cuda : Device::cpu;
+  throw Error(ErrorKind::InvalidArgument, "device '" + v + "': expected 'cpu', 'cuda' or 'auto'");
+}
+
 inline Precision parse_precision(const std::string& v) {
   if (v == "bf16") return Precision::bf16;
   if (v == "fp32") return Precision::fp32;

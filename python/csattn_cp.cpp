@@ -73,6 +73,18 @@ void bind_cp(nb::module_& m) {
           },
           "arrays"_a, "Collective: every float32 array summed over the ranks (in name order).");
   m.def("mpi_available", &mpi_available, "This build has the MPI communicator.");
+  m.def("nccl_available", &nccl_available, "This build has the NCCL communicator.");
+  m.def(
+      "nccl_communicator",
+      [](Communicator& bootstrap, int device) {
+        nb::gil_scoped_release unlocked;
+        return nccl_communicator(bootstrap, device);
+      },
+      "bootstrap"_a, "device"_a, nb::keep_alive<0, 1>(),
+      "Collective over `bootstrap` (e.g. mpi_world()): an NCCL communicator with this rank on GPU "
+      "`device` (made current), for ContextParallelLayer(device='cuda'). NVLink multicast stays off.");
+  m.def("launcher_local_rank", &launcher_local_rank,
+        "This process's rank on its node as mpirun reports it (-1 if none): the GPU to take.");
   m.def("mpi_world", &mpi_world,
         "The communicator over MPI_COMM_WORLD (MPI is initialised on first use, finalised at exit).");
 
@@ -110,13 +122,16 @@ void bind_cp(nb::module_& m) {
       .def(
           "__init__",
           [](ContextParallelLayer* self, const AttentionConfig& cfg, const LayerWeights& w, const std::string& precision,
-             int threads) {
+             const std::string& device, int threads) {
             RunOptions o;
             o.precision = parse_precision(precision);
+            o.device = parse_device(device);
             o.threads = threads;
             new (self) ContextParallelLayer(cfg, w, o);
           },
-          "config"_a, "weights"_a, "precision"_a = "bf16", "threads"_a = 0)
+          "config"_a, "weights"_a, "precision"_a = "bf16", "device"_a = "cpu", "threads"_a = 0,
+          "device 'cuda': this rank's layer on the current CUDA device (select it first, e.g. with "
+          "nccl_communicator); the communicator must take device buffers (nccl_communicator).")
       .def(
           "forward",
           [](const ContextParallelLayer& l, Communicator& comm, const CpPartition& part, const F32Array& x_local) {

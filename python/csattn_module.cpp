@@ -38,13 +38,6 @@ namespace {
 
 using namespace py;
 
-Device parse_device(const std::string& v) {
-  if (v == "cpu") return Device::cpu;
-  if (v == "cuda") return Device::cuda;
-  if (v == "auto") return cuda_available() ? Device::cuda : Device::cpu;
-  throw Error(ErrorKind::InvalidArgument, "device '" + v + "': expected 'cpu', 'cuda' or 'auto'");
-}
-
 // The result of Layer.forward: the outputs as arrays, and the state its backward needs.
 struct Forward {
   LayerOutputs outputs;

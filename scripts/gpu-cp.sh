@@ -30,6 +30,11 @@ if [ "${CP_CLI:-1}" = 1 ]; then
     mpirun --allow-run-as-root -np 2 -x NCCL_NVLS_ENABLE build-gpu/csattn run --cp-mode contiguous \
       --device cuda > "$OUT/cli_mpi.log" 2>&1 || rc=1
     tail -25 "$OUT/cli_mpi.log"
+    echo "== mpirun -np 2 python3 tests/python/cp_mpi_check.py --device cuda"
+    PYTHONPATH="$PWD/build-gpu/python${PYTHONPATH:+:$PYTHONPATH}" mpirun --allow-run-as-root -np 2 \
+      -x NCCL_NVLS_ENABLE -x PYTHONPATH python3 tests/python/cp_mpi_check.py --device cuda \
+      > "$OUT/python_cp.log" 2>&1 || rc=1
+    tail -5 "$OUT/python_cp.log"
   fi
 fi
 if [ "${CP_BENCH:-0}" = 1 ]; then

@@ -18,12 +18,15 @@ in ``csattn.ops`` and re-exported here. Context parallelism over MPI: under ``mp
 ``comm = csattn.mpi_world()``, ``part = csattn.CpPartition.build(cu, cu_padded, "two_chunk",
 P)`` (``pad_for_context_parallel`` pads a layout to what a mode accepts), and
 ``csattn.ContextParallelLayer(cfg, weights).forward(comm, part, x[part.rows(comm.rank)])``.
+On GPUs, one per rank: ``nccl = csattn.nccl_communicator(comm, csattn.launcher_local_rank())``
+and ``csattn.ContextParallelLayer(cfg, weights, device="cuda").forward(nccl, part, ...)``.
 """
 import numpy as np
 
 from ._csattn import (AttentionConfig, Communicator, ContextParallelLayer, CpForward,
                       CpPartition, DeviceLayer, Error, Forward, LayerWeights, cuda_available,
-                      hf_config_layers, mpi_available, mpi_world, pad_for_context_parallel,
+                      hf_config_layers, launcher_local_rank, mpi_available, mpi_world,
+                      nccl_available, nccl_communicator, pad_for_context_parallel,
                       preset_layers, preset_names)
 from . import _csattn
 from ._arrays import host_array as _host, int_list as _offsets
@@ -31,7 +34,8 @@ from .ops import compact_indexer_topk, dequantize_mxfp8, pack_mxfp8_scales, quan
 
 __all__ = ["AttentionConfig", "Communicator", "ContextParallelLayer", "CpForward", "CpPartition",
            "DeviceLayer", "Error", "Forward", "Layer", "LayerWeights", "bshd_cu_seqlens", "compact_indexer_topk",
-           "cuda_available", "dequantize_mxfp8", "hf_config_layers", "mpi_available", "mpi_world",
+           "cuda_available", "dequantize_mxfp8", "hf_config_layers", "launcher_local_rank",
+           "mpi_available", "mpi_world", "nccl_available", "nccl_communicator",
            "oracle_forward", "pack_mxfp8_scales", "pad_for_context_parallel", "preset_layers",
            "preset_names", "quantize_mxfp8"]
 
