@@ -57,9 +57,10 @@ json cp_case(const AttentionConfig& cfg, int tokens, int P, CpMode mode) {
   run_local_ranks(P, [&](Communicator& boot) {
     const int r = boot.rank();
     CSATTN_CUDA_CHECK(cudaSetDevice(r));
-    std::unique_ptr<Communicator> nccl;
-    if (P > 1) nccl = nccl_communicator(boot, r);
-    Communicator& comm = P > 1 ? *nccl : boot;
+    // NCCL at P = 1 too: the in-process group would stage reductions on the host and make
+    // the baseline slower than it is.
+    std::unique_ptr<Communicator> nccl = nccl_communicator(boot, r);
+    Communicator& comm = *nccl;
     const cp::LayerPlan plan = cp::build_layer_plan(geo, part, r, cfg.window);
     const std::int64_t n = part.local_rows(r);
     const Tensor x = uniform_rows(n, cfg.d_model, 100 + static_cast<std::uint64_t>(r));
@@ -70,8 +71,10 @@ json cp_case(const AttentionConfig& cfg, int tokens, int P, CpMode mode) {
     {
       cuda::CudaCpLayer layer(cfg, w);
       const CommStats before = comm.stats();
-      layer.forward(comm, geo, plan, x);
-      layer.backward(comm, dy, 1.0f);
+      layer.prepare_forward(comm, geo, plan);
+      layer.forward(comm, x);
+      layer.prepare_backward(comm, 1.0f);
+      layer.backward(comm, dy);
       const CommStats after = comm.stats();
       const cuda::CudaCpProfile prof = layer.profile(comm, 1, 3);
       CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -118,7 +121,8 @@ json cp_benchmarks() {
   std::printf("%5s %7s %3s %11s %9s %9s %12s %9s %9s\n", "type", "tokens", "P", "mode", "fwd ms", "bwd ms",
               "tokens/s", "GiB/rank", "MiB sent");
   // CSATTN_BENCH_CP_TOKENS (comma list) picks the sequence lengths.
-  std::vector<int> token_list{32768, 65536};
+  std::vector<int> token_list;
+  for (int t : {32768, 65536}) token_list.push_back((t + 2 * P - 1) / (2 * P) * (2 * P));  // both modes' rule
   if (const char* env = std::getenv("CSATTN_BENCH_CP_TOKENS")) {
     token_list.clear();
     std::stringstream list(env);

@@ -86,6 +86,8 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "local", "mpi", "nccl"
   virtual bool accepts(Device device) const { return device == Device::cpu; }
+  // The CUDA device a device-only backend (NCCL) runs on; -1 for the others.
+  virtual int device() const { return -1; }
 
   // Posts every send and receive of one exchange together (MPI Isend/Irecv, later
   // ncclGroupStart/End). Between two ranks, messages are matched in the order posted.
@@ -98,6 +100,11 @@ class Communicator {
   // In place over every rank's buffer.
   CommRequest all_reduce(CommBuffer inout, ReduceOp op, CommStream stream = nullptr);
   void barrier();
+  // A blocking all-gather of host memory (`count` values per rank, rank-major into `out`),
+  // on every backend: a device-only one (NCCL) stages it through its own device scratch on a
+  // private stream, without synchronising the device. For small metadata such as the
+  // context-parallel layer's agreement, not for payloads.
+  void all_gather_host(const std::int64_t* in, std::size_t count, std::int64_t* out);
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
@@ -111,19 +118,13 @@ class Communicator {
                                               CommStream stream) = 0;
   virtual CommRequest post_all_reduce(CommBuffer inout, ReduceOp op, CommStream stream) = 0;
   virtual void do_barrier() = 0;
+  // Default: the backend's all-gather on the host buffers (needs accepts(Device::cpu)).
+  virtual void do_all_gather_host(const std::int64_t* in, std::size_t count, std::int64_t* out);
 
  private:
   void check_buffer(const CommBuffer& b, const char* what) const;
   CommStats stats_;
 };
-
-// A blocking all-gather of host memory (`count` values per rank, rank-major into `out`) on
-// any communicator: one that takes only device buffers (NCCL) moves the blocks through a
-// temporary buffer on the calling thread's current device, which must be the
-// communicator's. For small metadata such as the context-parallel layer's agreement, not for
-// payloads.
-void all_gather_host(Communicator& comm, const std::int64_t* in, std::size_t count,
-                     std::int64_t* out);
 
 // ---- in-process backend ----
 

@@ -4,10 +4,6 @@
 #include <cstdlib>
 #include <string>
 
-#ifdef CSATTN_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
-
 #include "csattn/error.hpp"
 
 namespace csattn {
@@ -120,41 +116,19 @@ void Communicator::barrier() {
   do_barrier();
 }
 
-void all_gather_host(Communicator& comm, const std::int64_t* in, std::size_t count,
-                     std::int64_t* out) {
-  const std::size_t total = count * static_cast<std::size_t>(comm.size());
-  if (comm.accepts(Device::cpu)) {
-    comm.all_gather(comm_buffer(const_cast<std::int64_t*>(in), count), comm_buffer(out, total)).wait();
-    return;
-  }
-#ifdef CSATTN_HAVE_CUDA
-  // A device-only backend (NCCL): through a temporary device buffer on the current device,
-  // on the legacy default stream, which the synchronous copies order the collective with.
-  auto check = [](cudaError_t e, const char* what) {
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      throw Error(ErrorKind::Internal, std::string("all_gather_host: ") + what + ": " + cudaGetErrorString(e));
-    }
-  };
-  std::int64_t* dev = nullptr;
-  check(cudaMalloc(&dev, sizeof(std::int64_t) * (count + total)), "cudaMalloc");
-  try {
-    check(cudaMemcpy(dev, in, sizeof(std::int64_t) * count, cudaMemcpyHostToDevice), "upload");
-    comm.all_gather({dev, count, DType::i64, Device::cuda}, {dev + count, total, DType::i64, Device::cuda},
-                    nullptr)
-        .wait();
-    check(cudaMemcpy(out, dev + count, sizeof(std::int64_t) * total, cudaMemcpyDeviceToHost), "download");
-  } catch (...) {
-    cudaFree(dev);
-    throw;
-  }
-  cudaFree(dev);
-#else
-  (void)in;
-  (void)out;
-  throw Error(ErrorKind::Unsupported, "all_gather_host: the " + comm.backend() +
-                                          " communicator takes no host buffers and this build has no CUDA");
-#endif
+void Communicator::all_gather_host(const std::int64_t* in, std::size_t count, std::int64_t* out) {
+  ++stats_.operations;
+  const std::uint64_t bytes = sizeof(std::int64_t) * count * static_cast<std::uint64_t>(size() - 1);
+  stats_.bytes_sent += bytes;
+  stats_.bytes_received += bytes;
+  do_all_gather_host(in, count, out);
+}
+
+void Communicator::do_all_gather_host(const std::int64_t* in, std::size_t count, std::int64_t* out) {
+  require(accepts(Device::cpu), ErrorKind::Internal,
+          "all_gather_host: the " + backend() + " communicator takes no host buffers and does not stage them");
+  const std::size_t total = count * static_cast<std::size_t>(size());
+  post_all_gather(comm_buffer(const_cast<std::int64_t*>(in), count), comm_buffer(out, total), nullptr).wait();
 }
 
 bool mpi_launched() {

@@ -264,8 +264,12 @@ class LocalComm : public Communicator {
  protected:
   CommRequest post_exchange(const std::vector<P2PMessage>& sends,
                             const std::vector<P2PMessage>& receives, CommStream stream) override {
+    // Device buffers: the stream's earlier work is done before the host copies - a send's
+    // data is ready, and a receive buffer is no longer read by earlier launches when wait()
+    // overwrites it.
     bool device = false;
     for (const P2PMessage& m : sends) device |= m.buffer.device == Device::cuda;
+    for (const P2PMessage& m : receives) device |= m.buffer.device == Device::cuda;
     if (device) sync_stream(stream);
     {
       // Device payloads are copied out before taking the lock.

@@ -96,13 +96,17 @@ class NcclComm final : public Communicator {
   NcclComm(ncclComm_t comm, int rank, int size, int device)
       : comm_(comm), rank_(rank), size_(size), device_(device) {}
   ~NcclComm() override {
+    cudaSetDevice(device_);
     if (comm_) ncclCommDestroy(comm_);
     if (scratch_) cudaFree(scratch_);
+    if (host_scratch_) cudaFree(host_scratch_);
+    if (host_stream_) cudaStreamDestroy(host_stream_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
   bool accepts(Device device) const override { return device == Device::cuda; }
+  int device() const override { return device_; }
 
  protected:
   CommRequest post_exchange(const std::vector<P2PMessage>& sends,
@@ -141,6 +145,30 @@ class NcclComm final : public Communicator {
                "ncclAllReduce", comm_);
     return done(stream);
   }
+  // Host metadata through a grow-only device scratch on a private stream: only that stream
+  // is synchronised (no cudaMalloc / cudaFree per call, which would wait for the whole
+  // device, NCCL kernels included).
+  void do_all_gather_host(const std::int64_t* in, std::size_t count, std::int64_t* out) override {
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    const std::size_t total = count * static_cast<std::size_t>(size_);
+    const std::size_t bytes = sizeof(std::int64_t) * (count + total);
+    if (!host_stream_) check_cuda(cudaStreamCreateWithFlags(&host_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (bytes > host_scratch_bytes_) {
+      check_cuda(cudaStreamSynchronize(host_stream_), "all_gather_host");
+      if (host_scratch_) check_cuda(cudaFree(host_scratch_), "cudaFree");
+      host_scratch_ = nullptr;
+      host_scratch_bytes_ = 0;
+      check_cuda(cudaMalloc(&host_scratch_, bytes), "cudaMalloc (all_gather_host)");
+      host_scratch_bytes_ = bytes;
+    }
+    auto* dev = static_cast<std::int64_t*>(host_scratch_);
+    check_cuda(cudaMemcpyAsync(dev, in, sizeof(std::int64_t) * count, cudaMemcpyHostToDevice, host_stream_),
+               "all_gather_host upload");
+    check_nccl(ncclAllGather(dev, dev + count, count, ncclInt64, comm_, host_stream_), "ncclAllGather (host)", comm_);
+    check_cuda(cudaMemcpyAsync(out, dev + count, sizeof(std::int64_t) * total, cudaMemcpyDeviceToHost, host_stream_),
+               "all_gather_host download");
+    check_cuda(cudaStreamSynchronize(host_stream_), "all_gather_host");
+  }
   void do_barrier() override {
     // A one-element all-reduce on the default stream, waited for: every rank has reached
     // it once it completes anywhere.
@@ -164,6 +192,9 @@ class NcclComm final : public Communicator {
   ncclComm_t comm_;
   int rank_, size_, device_;
   void* scratch_ = nullptr;
+  void* host_scratch_ = nullptr;  // all_gather_host's staging (grow-only)
+  std::size_t host_scratch_bytes_ = 0;
+  cudaStream_t host_stream_ = nullptr;
 };
 
 }  // namespace

@@ -76,7 +76,7 @@ void agree(Communicator& comm, const char* operation, const std::vector<Agreemen
     std::memcpy(&mine[1 + i], &items[i].value, sizeof(std::uint64_t));
   const std::size_t n = std::min(local_error.size(), kMessageWords * 8 - 1);
   std::memcpy(&mine[1 + kItems], local_error.data(), n);
-  all_gather_host(comm, mine.data(), mine.size(), all.data());  // NCCL too
+  comm.all_gather_host(mine.data(), mine.size(), all.data());  // NCCL too
 
   const std::string prefix = std::string(operation) + ": ";
   for (int r = 0; r < P; ++r) {

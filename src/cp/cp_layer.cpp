@@ -14,6 +14,7 @@
 // Every collective is decided by metadata the ranks agreed on, so all ranks issue the same
 // sequence.
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -190,6 +191,20 @@ std::string shape_error(const char* name, const Tensor& t, std::int64_t rows, in
          std::to_string(rows) + ", " + std::to_string(cols) + "] (this rank's rows)";
 }
 
+// Runs a rank's local preparation (the GPU layer's plan and buffers: where one rank can fail
+// alone, e.g. out of memory on the rank with the longest prefix) and agrees on its outcome,
+// so a failure becomes the same csattn::Error on every rank instead of a hang in the next
+// collective (NCCL waits cannot be aborted by a peer's exception).
+void agreed_prepare(Communicator& comm, const char* operation, const std::function<void()>& prepare) {
+  std::string error;
+  try {
+    prepare();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  cp::agree(comm, (std::string(operation) + " (buffers)").c_str(), {}, error);
+}
+
 // The work and traffic of this rank's forward. Attention pairs per own row: its window
 // (min(W, pos + 1) rows) plus its compressed keys (CSA: the valid top-k ids; HCA: every
 // visible entry).
@@ -318,7 +333,8 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
   const QueryRows queries = local_queries(*s);
 #ifdef CSATTN_HAVE_CUDA
   if (gpu_) {
-    cuda::CudaCpForward g = gpu_->forward(comm, geo, plan, x_local);
+    agreed_prepare(comm, "context-parallel forward", [&] { gpu_->prepare_forward(comm, geo, plan); });
+    cuda::CudaCpForward g = gpu_->forward(comm, x_local);
     s->gpu_generation = gpu_->generation();
     device_layout_ = 0;  // a backward_device now has no forward_device to differentiate
     CpLayerOutputs out;
@@ -442,7 +458,9 @@ CpLayerGradients ContextParallelLayer::backward(Communicator& comm, const CpLaye
     require(fwd.saved->gpu_generation == gpu_->generation(), ErrorKind::InvalidArgument,
             "backward on device cuda must follow the forward it differentiates: the GPU keeps "
             "only the last forward's activations");
-    cuda::CudaCpGradients g = gpu_->backward(comm, grad_output, grad_indexer_loss);
+    agreed_prepare(comm, "context-parallel backward",
+                   [&] { gpu_->prepare_backward(comm, grad_indexer_loss); });
+    cuda::CudaCpGradients g = gpu_->backward(comm, grad_output);
     CpLayerGradients out;
     out.grad_input = std::move(g.grad_input);
     out.grad = std::move(g.grad);
@@ -591,7 +609,8 @@ void ContextParallelLayer::forward_device(Communicator& comm, const CpPartition&
 #ifdef CSATTN_HAVE_CUDA
   const BatchGeometry geo = BatchGeometry::build(part.layout(), cfg_.compress_ratio);
   const cp::LayerPlan plan = cp::build_layer_plan(geo, part, comm.rank(), cfg_.window);
-  gpu_->forward_device(comm, geo, plan, x_local, out.y, out.topk, out.loss, stream);
+  agreed_prepare(comm, "context-parallel forward", [&] { gpu_->prepare_forward(comm, geo, plan); });
+  gpu_->forward_device(comm, x_local, out.y, out.topk, out.loss, stream);
   device_layout_ = layout_checksum_of(part);
 #else
   (void)stream;
@@ -619,7 +638,8 @@ void ContextParallelLayer::backward_device(Communicator& comm, const void* dy_lo
              {"the layer weights", weights_checksum_}},
             local_error);
 #ifdef CSATTN_HAVE_CUDA
-  gpu_->backward_device(comm, dy_local, grad_indexer_loss, dx_local, stream);
+  agreed_prepare(comm, "context-parallel backward", [&] { gpu_->prepare_backward(comm, grad_indexer_loss); });
+  gpu_->backward_device(comm, dy_local, dx_local, stream);
 #else
   (void)stream;
 #endif

@@ -258,13 +258,15 @@ struct CudaCpLayerImpl {
   void run_backward(Communicator& comm);
   // Before them: the plan, buffers and metadata of a forward (collective-free; checks the
   // rank), and the backward's buffers and parameters.
-  void prepare_forward(Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan);
-  void prepare_backward(Communicator& comm, float grad_indexer_loss);
+  void prepare_forward(const Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan);
+  void prepare_backward(const Communicator& comm, float grad_indexer_loss);
+  bool forward_prepared = false, backward_prepared = false;
   // After a forward: this rank's output rows, top-k rows and loss share into the pointers
   // (device memory; topk and loss may be null), on the layer's stream.
   void write_forward_outputs(void* y, std::int32_t* topk, float* loss);
 
   ~CudaCpLayerImpl() {
+    cudaSetDevice(device);  // the handles and (after this body) the members' memory are its
     if (blas) cublasDestroy(blas);
     if (ready) cudaEventDestroy(ready);
     for (cudaEvent_t e : done) cudaEventDestroy(e);
@@ -502,10 +504,13 @@ std::size_t CudaCpLayer::device_bytes() const {
   return s.weights->bytes() + s.workspace.capacity + s.grad_workspace.capacity + s.cp.capacity;
 }
 
-void CudaCpLayerImpl::prepare_forward(Communicator& comm, const BatchGeometry& geo,
+void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeometry& geo,
                                       const cp::LayerPlan& plan) {
   CudaCpLayerImpl& s = *this;
   const AttentionConfig& c = s.cfg;
+  require(comm.device() < 0 || comm.device() == s.device, ErrorKind::InvalidArgument,
+          "the communicator runs on GPU " + std::to_string(comm.device()) + " but this rank's layer on GPU " +
+              std::to_string(s.device) + " (construct the layer with its GPU current)");
   int expected = -1;
   const int rank = comm.rank();
   require(s.owner.compare_exchange_strong(expected, rank) || expected == rank,
@@ -568,6 +573,7 @@ void CudaCpLayerImpl::prepare_forward(Communicator& comm, const BatchGeometry& g
   s.comp_meta.comp_entry_row0 = static_cast<const i32*>(cpp(b.entry_row0));
   s.comp_meta.comp_entry_pos = static_cast<const i32*>(cpp(b.entry_pos));
   s.loss_scale = loss_scale_of(c, geo.real_rows);
+  s.forward_prepared = true;
 }
 
 void CudaCpLayerImpl::write_forward_outputs(void* y, std::int32_t* topk, float* loss) {
@@ -583,7 +589,7 @@ void CudaCpLayerImpl::write_forward_outputs(void* y, std::int32_t* topk, float* 
   }
 }
 
-void CudaCpLayerImpl::prepare_backward(Communicator& comm, float grad_indexer_loss) {
+void CudaCpLayerImpl::prepare_backward(const Communicator& comm, float grad_indexer_loss) {
   CudaCpLayerImpl& s = *this;
   require(s.has_last, ErrorKind::InvalidArgument, "backward needs a forward first");
   require(comm.rank() == s.owner.load(), ErrorKind::InvalidArgument,
@@ -600,6 +606,7 @@ void CudaCpLayerImpl::prepare_backward(Communicator& comm, float grad_indexer_lo
   bp.sparse_loss = s.cfg.sparse_loss;
   bp.deterministic = s.deterministic;
   if (s.poison) CSATTN_CUDA_CHECK(cudaMemsetAsync(gws, 0xFF, s.grad_plan.grads_offset, s.stream));
+  s.backward_prepared = true;
 }
 
 // The caller's stream and the layer's: `from` waits for what `to_wait_for` has queued.
@@ -608,11 +615,26 @@ static void stream_after(cudaStream_t from, cudaStream_t to_wait_for, cudaEvent_
   CSATTN_CUDA_CHECK(cudaStreamWaitEvent(from, ev, 0));
 }
 
-CudaCpForward CudaCpLayer::forward(Communicator& comm, const BatchGeometry& geo,
-                                   const cp::LayerPlan& plan, const Tensor& x_local) {
+void CudaCpLayer::prepare_forward(const Communicator& comm, const BatchGeometry& geo,
+                                  const cp::LayerPlan& plan) {
+  impl_->prepare_forward(comm, geo, plan);
+}
+
+void CudaCpLayer::prepare_backward(const Communicator& comm, float grad_indexer_loss) {
+  impl_->prepare_backward(comm, grad_indexer_loss);
+}
+
+// The prepare_* call a run needs, consumed by it.
+static void take_prepared(bool& flag, const char* what) {
+  require(flag, ErrorKind::InvalidArgument, std::string(what) + " needs its prepare call first");
+  flag = false;
+}
+
+CudaCpForward CudaCpLayer::forward(Communicator& comm, const Tensor& x_local) {
   CudaCpLayerImpl& s = *impl_;
   const AttentionConfig& c = s.cfg;
-  s.prepare_forward(comm, geo, plan);
+  take_prepared(s.forward_prepared, "forward");
+  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   const HostPlan& h = s.host;
   const int dm = c.d_model, K = c.has_indexer() ? c.index_topk : 0;
   const cudaStream_t st = s.stream;
@@ -637,11 +659,11 @@ CudaCpForward CudaCpLayer::forward(Communicator& comm, const BatchGeometry& geo,
   return out;
 }
 
-void CudaCpLayer::forward_device(Communicator& comm, const BatchGeometry& geo,
-                                 const cp::LayerPlan& plan, const void* x_local, void* y,
+void CudaCpLayer::forward_device(Communicator& comm, const void* x_local, void* y,
                                  std::int32_t* topk, float* loss, void* stream) {
   CudaCpLayerImpl& s = *impl_;
-  s.prepare_forward(comm, geo, plan);
+  take_prepared(s.forward_prepared, "forward_device");
+  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   const auto caller = static_cast<cudaStream_t>(stream);
   stream_after(s.stream, caller, s.ready);  // x_local is ready on the caller's stream
   CSATTN_CUDA_CHECK(cudaMemcpyAsync(s.cp.at(s.buf.x_local), x_local,
@@ -653,10 +675,10 @@ void CudaCpLayer::forward_device(Communicator& comm, const BatchGeometry& geo,
   s.has_last = true;
 }
 
-CudaCpGradients CudaCpLayer::backward(Communicator& comm, const Tensor& grad_output_local,
-                                      float grad_indexer_loss) {
+CudaCpGradients CudaCpLayer::backward(Communicator& comm, const Tensor& grad_output_local) {
   CudaCpLayerImpl& s = *impl_;
-  s.prepare_backward(comm, grad_indexer_loss);
+  take_prepared(s.backward_prepared, "backward");
+  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   const AttentionConfig& c = s.cfg;
   const int n = s.host.n, dm = c.d_model;
   const std::vector<std::uint16_t> dyb =
@@ -672,10 +694,11 @@ CudaCpGradients CudaCpLayer::backward(Communicator& comm, const Tensor& grad_out
   return out;
 }
 
-void CudaCpLayer::backward_device(Communicator& comm, const void* dy_local, float grad_indexer_loss,
-                                  float* dx_local, void* stream) {
+void CudaCpLayer::backward_device(Communicator& comm, const void* dy_local, float* dx_local,
+                                  void* stream) {
   CudaCpLayerImpl& s = *impl_;
-  s.prepare_backward(comm, grad_indexer_loss);
+  take_prepared(s.backward_prepared, "backward_device");
+  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   const auto caller = static_cast<cudaStream_t>(stream);
   const std::size_t rows = static_cast<std::size_t>(s.host.n) * s.cfg.d_model;
   stream_after(s.stream, caller, s.ready);

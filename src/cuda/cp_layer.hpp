@@ -59,23 +59,25 @@ class CudaCpLayer {
   void set_poison(bool on);
   void set_deterministic(bool on);
 
-  // Collective. geo: the global geometry (this layer's ratio); plan: this rank's. The
-  // activations stay on the device for backward(); `generation` numbers forwards.
-  CudaCpForward forward(Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan,
-                        const Tensor& x_local);
+  // A forward or backward is a prepare call (no communication: the plan, buffers and
+  // metadata, so an allocation failure happens before the ranks' collectives and can be
+  // agreed on) and then the run (collective). geo: the global geometry (this layer's
+  // ratio); plan: this rank's. The activations stay on the device for backward();
+  // `generation` numbers forwards.
+  void prepare_forward(const Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan);
+  CudaCpForward forward(Communicator& comm, const Tensor& x_local);
   std::uint64_t generation() const;
-  // Collective; the gradients of the last forward.
-  CudaCpGradients backward(Communicator& comm, const Tensor& grad_output_local,
-                           float grad_indexer_loss);
+  // The gradients of the last forward.
+  void prepare_backward(const Communicator& comm, float grad_indexer_loss);
+  CudaCpGradients backward(Communicator& comm, const Tensor& grad_output_local);
 
-  // The same on device memory and the caller's stream (ContextParallelLayer::forward_device):
+  // The runs on device memory and the caller's stream (ContextParallelLayer::forward_device):
   // x_local / dy_local bf16 [local rows, d_model], y bf16, topk i32 [local rows, K] (null:
   // not wanted), loss one float (null: not wanted), dx_local fp32. The weight gradients of
   // the last backward stay in the layer (device_gradients, fp32, by release name).
-  void forward_device(Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan,
-                      const void* x_local, void* y, std::int32_t* topk, float* loss, void* stream);
-  void backward_device(Communicator& comm, const void* dy_local, float grad_indexer_loss,
-                       float* dx_local, void* stream);
+  void forward_device(Communicator& comm, const void* x_local, void* y, std::int32_t* topk,
+                      float* loss, void* stream);
+  void backward_device(Communicator& comm, const void* dy_local, float* dx_local, void* stream);
   std::map<std::string, const float*> device_gradients() const;
   // Collective (every rank calls it): re-runs the last forward's device work (collectives
   // included, host transfers not) and, after a backward, the last backward's, `iters` times

@@ -172,7 +172,7 @@ TEST(LocalComm, AllGatherHostIsRankMajor) {
   run_local_ranks(3, [](Communicator& comm) {
     const int r = comm.rank();
     std::vector<std::int64_t> mine{r, 7 * r}, all(6, -1);
-    all_gather_host(comm, mine.data(), mine.size(), all.data());
+    comm.all_gather_host(mine.data(), mine.size(), all.data());
     for (int s = 0; s < 3; ++s) {
       ASSERT_EQ(all[2 * static_cast<std::size_t>(s)], s);
       ASSERT_EQ(all[2 * static_cast<std::size_t>(s) + 1], 7 * s);

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <memory>
 #include <set>
+#include <stdexcept>
 
 #include "cp_test_util.hpp"
 #include "cuda_test_util.hpp"
@@ -79,7 +80,8 @@ CpRun run_cp_gpu(const AttentionConfig& cfg, const LayerWeights& w, const CpPart
   std::vector<std::map<std::string, Tensor>> grads(static_cast<std::size_t>(P));
   run_local_ranks(P, [&](Communicator& boot) {
     const int r = boot.rank();
-    ASSERT_EQ(cudaSetDevice(nccl ? r : 0), cudaSuccess);
+    // Throws, not ASSERT: a rank returning early would leave NCCL peers waiting for it.
+    if (cudaSetDevice(nccl ? r : 0) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
     std::unique_ptr<Communicator> owned;
     if (nccl) owned = nccl_communicator(boot, r);
     Communicator& comm = nccl ? *owned : boot;
@@ -247,7 +249,7 @@ TEST(CudaCp, DeviceMemoryEntryPointsMatchTheHostOnes) {
   const Tensor x = random_tensor(T, d, 102, true);
   const Tensor dy = random_tensor(T, d, 103, true);
   run_local_ranks(P, [&](Communicator& comm) {
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    if (cudaSetDevice(0) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
     const int r = comm.rank();
     const Tensor xl = local_rows_of(x, part, r), dyl = local_rows_of(dy, part, r);
     const int n = static_cast<int>(xl.dim(0));

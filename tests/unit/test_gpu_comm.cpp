@@ -147,7 +147,7 @@ TEST(GpuComm, NcclOneRankPerGpu) {
     // the device.
     const int ranks = boot.size(), r = boot.rank();
     std::vector<std::int64_t> mine{r, 1000 + r, -r}, all(3 * static_cast<std::size_t>(ranks), -7);
-    all_gather_host(*nccl, mine.data(), mine.size(), all.data());
+    nccl->all_gather_host(mine.data(), mine.size(), all.data());
     for (int s = 0; s < ranks; ++s) {
       ASSERT_EQ(all[3 * static_cast<std::size_t>(s)], s);
       ASSERT_EQ(all[3 * static_cast<std::size_t>(s) + 1], 1000 + s);
