@@ -30,6 +30,7 @@
 #include "cpu/indexer_loss.hpp"
 #include "cpu/layer_ops.hpp"
 #include "csattn/cp.hpp"
+#include "core/run_options_check.hpp"
 #include "csattn/error.hpp"
 #ifdef CSATTN_HAVE_CUDA
 #include "cuda/cp_layer.hpp"
@@ -243,15 +244,9 @@ ContextParallelLayer::ContextParallelLayer(AttentionConfig cfg, LayerWeights wei
     : cfg_(cfg), weights_(std::move(weights)), options_(options), cp_options_(cp_options) {
   cfg_.validate();
   weights_.check(cfg_);
-  require(options_.threads >= 0, ErrorKind::InvalidArgument,
-          "threads = " + std::to_string(options_.threads) + " must be >= 0");
+  check_run_options(options_);
   weights_checksum_ = cp::checksum(weights_);
   if (options_.device == Device::cuda) {
-    std::string why;
-    const bool ok = cuda_available(&why);  // before the message is built from `why`
-    require(ok, ErrorKind::Unsupported, "device cuda: " + why);
-    require(options_.precision == Precision::bf16, ErrorKind::Unsupported,
-            "device cuda computes in bf16 only (fp32 is a CPU reference mode)");
 #ifdef CSATTN_HAVE_CUDA
     gpu_ = std::make_shared<cuda::CudaCpLayer>(cfg_, weights_);
     gpu_->set_poison(options_.poison_workspace || cp_options_.poison_unused);

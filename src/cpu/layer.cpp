@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/geometry.hpp"
+#include "core/run_options_check.hpp"
 #include "cpu/attention.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/compressor.hpp"
@@ -107,14 +108,8 @@ HybridAttentionLayer::HybridAttentionLayer(AttentionConfig cfg, LayerWeights wei
     : cfg_(cfg), weights_(std::move(weights)), options_(options) {
   cfg_.validate();
   weights_.check(cfg_);
-  require(options_.threads >= 0, ErrorKind::InvalidArgument,
-          "threads = " + std::to_string(options_.threads) + " must be >= 0");
+  check_run_options(options_);
   if (options_.device == Device::cuda) {
-    std::string why;
-    const bool ok = cuda_available(&why);  // before the message is built from `why`
-    require(ok, ErrorKind::Unsupported, "device cuda: " + why);
-    require(options_.precision == Precision::bf16, ErrorKind::Unsupported,
-            "device cuda computes in bf16 only (fp32 is a CPU reference mode)");
 #ifdef CSATTN_HAVE_CUDA
     cuda_ = std::make_shared<cuda::CudaLayer>(cfg_, weights_);
     cuda_->set_poison(options_.poison_workspace);

@@ -228,9 +228,7 @@ bool indexer_loss_backward_runs(const ForwardParams& f, const BackwardParams& p)
 void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
                   cudaStream_t stream, StageTimer* timer) {
   const LayerDims& d = f.dims;
-  CSATTN_CUBLAS_CHECK(cublasSetStream(blas, stream));
-  if (f.blas_workspace)  // after SetStream, which resets cuBLAS to its own pool
-    CSATTN_CUBLAS_CHECK(cublasSetWorkspace(blas, f.blas_workspace, f.blas_workspace_bytes));
+  use_blas(blas, stream, f.blas_workspace, f.blas_workspace_bytes);
   Stages st{timer, stream};
   st.mark(nullptr);
   backward_output(f, p, blas, stream);

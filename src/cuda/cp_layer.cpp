@@ -31,6 +31,7 @@
 #include "cuda/cp_rows.hpp"
 #include "cuda/device_weights.hpp"
 #include "cuda/forward.hpp"
+#include "cuda/gemm.hpp"
 #include "cuda/host_bf16.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/workspace.hpp"
@@ -308,8 +309,7 @@ void CudaCpLayerImpl::run_forward(Communicator& comm) {
   const int dm = c.d_model, D = c.head_dim;
   const int DI = c.has_indexer() ? c.index_head_dim : 0;
   auto cpp = [&](std::size_t off) { return static_cast<void*>(s.cp.at(off)); };
-  CSATTN_CUBLAS_CHECK(cublasSetStream(s.blas, st));
-  CSATTN_CUBLAS_CHECK(cublasSetWorkspace(s.blas, p.blas_workspace, p.blas_workspace_bytes));
+  use_blas(s.blas, st, p.blas_workspace, p.blas_workspace_bytes);
   launch_rope_table(p.dims, p.w.omega, meta.rope_table, st);
 
   // Hidden rows: own rows into their ext rows, halo rows from their owners.
@@ -392,8 +392,7 @@ void CudaCpLayerImpl::run_backward(Communicator& comm) {
   const int DI = c.has_indexer() ? c.index_head_dim : 0;
   auto cpp = [&](std::size_t off) { return static_cast<void*>(s.cp.at(off)); };
   CSATTN_CUDA_CHECK(cudaMemsetAsync(gws + gp.grads_offset, 0, gp.grads_bytes, st));
-  CSATTN_CUBLAS_CHECK(cublasSetStream(s.blas, st));
-  CSATTN_CUBLAS_CHECK(cublasSetWorkspace(s.blas, f.blas_workspace, f.blas_workspace_bytes));
+  use_blas(s.blas, st, f.blas_workspace, f.blas_workspace_bytes);
 
   // dy: this rank's rows; halo rows get none (their outputs belong to other ranks).
   CSATTN_CUDA_CHECK(cudaMemsetAsync(bp.buf.dy, 0, sizeof(bf16) * static_cast<std::size_t>(h.Te) * dm, st));

@@ -106,9 +106,7 @@ void run_forward(const ForwardParams& p, cublasHandle_t blas, cudaStream_t strea
   const LayerDims& d = p.dims;
   const DeviceMetadata& m = p.meta;
   const DeviceActivations& a = p.act;
-  CSATTN_CUBLAS_CHECK(cublasSetStream(blas, stream));
-  if (p.blas_workspace)  // after SetStream, which resets cuBLAS to its own pool
-    CSATTN_CUBLAS_CHECK(cublasSetWorkspace(blas, p.blas_workspace, p.blas_workspace_bytes));
+  use_blas(blas, stream, p.blas_workspace, p.blas_workspace_bytes);
   Stages st{timer, stream};
   st.mark(nullptr);
 

@@ -4,6 +4,11 @@
 
 namespace csattn::cuda {
 
+void use_blas(cublasHandle_t h, cudaStream_t stream, void* workspace, std::size_t bytes) {
+  CSATTN_CUBLAS_CHECK(cublasSetStream(h, stream));
+  if (workspace) CSATTN_CUBLAS_CHECK(cublasSetWorkspace(h, workspace, bytes));
+}
+
 // cuBLAS is column-major: a row-major [r, c] matrix is a column-major [c, r] one. So the
 // row-major Y = X W^T is the column-major Y^T = W X^T with W read transposed.
 void linear(cublasHandle_t h, const bf16* X, int rows, int in, const bf16* W, int out, bf16* Y) {

@@ -3,9 +3,16 @@
 #pragma once
 #include <cublas_v2.h>
 
+#include <cstddef>
+
 #include "cuda/params.hpp"
 
 namespace csattn::cuda {
+
+// Binds the handle to `stream` and, where given, to the caller's scratch (after the stream:
+// cublasSetStream resets cuBLAS to its own pool). With a scratch cuBLAS allocates nothing
+// inside a run (CUDA-graph capture).
+void use_blas(cublasHandle_t h, cudaStream_t stream, void* workspace, std::size_t bytes);
 
 // Y[rows, out] = X[rows, in] W[out, in]^T
 void linear(cublasHandle_t h, const bf16* X, int rows, int in, const bf16* W, int out, bf16* Y);

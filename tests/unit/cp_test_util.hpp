@@ -24,6 +24,8 @@ struct CpRun {
   std::map<std::string, std::vector<double>> grad;  // summed over ranks (in double)
   std::vector<CpWork> work;            // per rank
   std::vector<CommStats> backward_comm;
+  std::vector<float> rank_loss;                           // per rank (summed by finish_run)
+  std::vector<std::map<std::string, Tensor>> rank_grad;  // per rank (summed by finish_run)
 };
 
 inline void scatter_rows(const std::vector<float>& local, const CpPartition& part, int rank,
@@ -34,47 +36,67 @@ inline void scatter_rows(const std::vector<float>& local, const CpPartition& par
                 local.data() + i * cols, sizeof(float) * cols);
 }
 
-inline CpRun run_cp(const AttentionConfig& cfg, const LayerWeights& w, const CpPartition& part,
-                    const Tensor& x, const Tensor& dy, RunOptions opt = {Precision::fp32},
-                    bool backward = true, CpLayerOptions cp_opt = {true}) {
+// A CP run's results before any rank reports (rows NaN, top-k -2: a row no rank wrote shows).
+inline CpRun empty_run(const AttentionConfig& cfg, const CpPartition& part) {
   const int P = part.ranks();
-  const int T = static_cast<int>(part.total_rows()), d = cfg.d_model, K = cfg.index_topk;
+  const std::size_t T = static_cast<std::size_t>(part.total_rows()), d = static_cast<std::size_t>(cfg.d_model);
   CpRun run;
-  run.output.assign(static_cast<std::size_t>(T) * d, std::nanf(""));
-  run.grad_input.assign(static_cast<std::size_t>(T) * d, std::nanf(""));
-  if (cfg.has_indexer()) run.topk.assign(static_cast<std::size_t>(T) * K, -2);
+  run.output.assign(T * d, std::nanf(""));
+  run.grad_input.assign(T * d, std::nanf(""));
+  if (cfg.has_indexer()) run.topk.assign(T * static_cast<std::size_t>(cfg.index_topk), -2);
   run.work.resize(static_cast<std::size_t>(P));
   run.backward_comm.resize(static_cast<std::size_t>(P));
-  std::vector<float> losses(static_cast<std::size_t>(P), 0.0f);
-  std::vector<std::map<std::string, Tensor>> grads(static_cast<std::size_t>(P));
-  const ContextParallelLayer layer(cfg, w, opt, cp_opt);
-  run_local_ranks(P, [&](Communicator& comm) {
-    const int r = comm.rank();
-    const CpLayerOutputs out = layer.forward(comm, part, local_rows_of(x, part, r));
-    scatter_rows(out.output.to_f32(), part, r, d, run.output);
-    if (cfg.has_indexer()) {
-      const std::vector<int> rows = part.rows(r);
-      const std::int32_t* t = out.topk_indices.ptr<std::int32_t>();
-      for (std::size_t i = 0; i < rows.size(); ++i)
-        std::copy(t + i * K, t + (i + 1) * K, run.topk.begin() + static_cast<long>(rows[i]) * K);
-    }
-    losses[static_cast<std::size_t>(r)] = out.indexer_loss;
-    run.work[static_cast<std::size_t>(r)] = out.work;
-    if (!backward) return;
-    const CpLayerGradients g = layer.backward(comm, out, local_rows_of(dy, part, r));
-    scatter_rows(g.grad_input.to_f32(), part, r, d, run.grad_input);
-    grads[static_cast<std::size_t>(r)] = g.grad;
-    run.backward_comm[static_cast<std::size_t>(r)] = g.backward_comm;
-  });
-  for (int r = 0; r < P; ++r) {
-    run.loss += losses[static_cast<std::size_t>(r)];
-    for (const auto& [name, t] : grads[static_cast<std::size_t>(r)]) {
+  run.rank_loss.assign(static_cast<std::size_t>(P), 0.0f);
+  run.rank_grad.resize(static_cast<std::size_t>(P));
+  return run;
+}
+
+// Rank r's forward and backward into the run (each rank writes only its own rows and slots).
+inline void record_forward(CpRun& run, const AttentionConfig& cfg, const CpPartition& part, int r,
+                           const CpLayerOutputs& out) {
+  const int d = cfg.d_model, K = cfg.index_topk;
+  scatter_rows(out.output.to_f32(), part, r, d, run.output);
+  if (cfg.has_indexer()) {
+    const std::vector<int> rows = part.rows(r);
+    const std::int32_t* t = out.topk_indices.ptr<std::int32_t>();
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      std::copy(t + i * K, t + (i + 1) * K, run.topk.begin() + static_cast<long>(rows[i]) * K);
+  }
+  run.rank_loss[static_cast<std::size_t>(r)] = out.indexer_loss;
+  run.work[static_cast<std::size_t>(r)] = out.work;
+}
+inline void record_backward(CpRun& run, const AttentionConfig& cfg, const CpPartition& part, int r,
+                            const CpLayerGradients& g) {
+  scatter_rows(g.grad_input.to_f32(), part, r, cfg.d_model, run.grad_input);
+  run.rank_grad[static_cast<std::size_t>(r)] = g.grad;
+  run.backward_comm[static_cast<std::size_t>(r)] = g.backward_comm;
+}
+
+// After every rank: the loss and the parameter gradients summed over ranks (in double).
+inline void finish_run(CpRun& run) {
+  for (std::size_t r = 0; r < run.rank_loss.size(); ++r) {
+    run.loss += run.rank_loss[r];
+    for (const auto& [name, t] : run.rank_grad[r]) {
       std::vector<double>& acc = run.grad[name];
       const std::vector<float> v = t.to_f32();
       acc.resize(v.size(), 0.0);
       for (std::size_t i = 0; i < v.size(); ++i) acc[i] += v[i];
     }
   }
+}
+
+inline CpRun run_cp(const AttentionConfig& cfg, const LayerWeights& w, const CpPartition& part,
+                    const Tensor& x, const Tensor& dy, RunOptions opt = {Precision::fp32},
+                    bool backward = true, CpLayerOptions cp_opt = {true}) {
+  CpRun run = empty_run(cfg, part);
+  const ContextParallelLayer layer(cfg, w, opt, cp_opt);
+  run_local_ranks(part.ranks(), [&](Communicator& comm) {
+    const int r = comm.rank();
+    const CpLayerOutputs out = layer.forward(comm, part, local_rows_of(x, part, r));
+    record_forward(run, cfg, part, r, out);
+    if (backward) record_backward(run, cfg, part, r, layer.backward(comm, out, local_rows_of(dy, part, r)));
+  });
+  finish_run(run);
   return run;
 }
 

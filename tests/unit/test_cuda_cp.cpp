@@ -65,20 +65,12 @@ SeqLayout gpu_batch(const AttentionConfig& cfg, CpMode mode, int P) {
   return pad_for_context_parallel(base, mode, P, d_w);
 }
 
-// A device-cuda CP run: every rank constructs its own layer (GPU state is per rank) on
-// `device_of(rank)`, with `comm_of(boot)` as its communicator.
+// A device-cuda CP run: every rank constructs its own layer (GPU state is per rank), on
+// GPU 0 through the in-process group, or (nccl) on GPU r through NCCL.
 CpRun run_cp_gpu(const AttentionConfig& cfg, const LayerWeights& w, const CpPartition& part,
                  const Tensor& x, const Tensor& dy, bool nccl) {
-  const int P = part.ranks();
-  const int T = static_cast<int>(part.total_rows()), d = cfg.d_model, K = cfg.index_topk;
-  CpRun run;
-  run.output.assign(static_cast<std::size_t>(T) * d, std::nanf(""));
-  run.grad_input.assign(static_cast<std::size_t>(T) * d, std::nanf(""));
-  if (cfg.has_indexer()) run.topk.assign(static_cast<std::size_t>(T) * K, -2);
-  run.work.resize(static_cast<std::size_t>(P));
-  std::vector<float> losses(static_cast<std::size_t>(P), 0.0f);
-  std::vector<std::map<std::string, Tensor>> grads(static_cast<std::size_t>(P));
-  run_local_ranks(P, [&](Communicator& boot) {
+  CpRun run = empty_run(cfg, part);
+  run_local_ranks(part.ranks(), [&](Communicator& boot) {
     const int r = boot.rank();
     // Throws, not ASSERT: a rank returning early would leave NCCL peers waiting for it.
     if (cudaSetDevice(nccl ? r : 0) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
@@ -89,28 +81,10 @@ CpRun run_cp_gpu(const AttentionConfig& cfg, const LayerWeights& w, const CpPart
     opt.poison_workspace = true;
     const ContextParallelLayer layer(cfg, w, opt);
     const CpLayerOutputs out = layer.forward(comm, part, local_rows_of(x, part, r));
-    scatter_rows(out.output.to_f32(), part, r, d, run.output);
-    if (cfg.has_indexer()) {
-      const std::vector<int> rows = part.rows(r);
-      const std::int32_t* t = out.topk_indices.ptr<std::int32_t>();
-      for (std::size_t i = 0; i < rows.size(); ++i)
-        std::copy(t + i * K, t + (i + 1) * K, run.topk.begin() + static_cast<long>(rows[i]) * K);
-    }
-    losses[static_cast<std::size_t>(r)] = out.indexer_loss;
-    run.work[static_cast<std::size_t>(r)] = out.work;
-    const CpLayerGradients g = layer.backward(comm, out, local_rows_of(dy, part, r));
-    scatter_rows(g.grad_input.to_f32(), part, r, d, run.grad_input);
-    grads[static_cast<std::size_t>(r)] = g.grad;
+    record_forward(run, cfg, part, r, out);
+    record_backward(run, cfg, part, r, layer.backward(comm, out, local_rows_of(dy, part, r)));
   });
-  for (int r = 0; r < P; ++r) {
-    run.loss += losses[static_cast<std::size_t>(r)];
-    for (const auto& [name, t] : grads[static_cast<std::size_t>(r)]) {
-      std::vector<double>& acc = run.grad[name];
-      const std::vector<float> v = t.to_f32();
-      acc.resize(v.size(), 0.0);
-      for (std::size_t i = 0; i < v.size(); ++i) acc[i] += v[i];
-    }
-  }
+  finish_run(run);
   return run;
 }
 
