@@ -222,6 +222,21 @@ void upload(const void* dst, const std::vector<T>& v, cudaStream_t s) {
 
 CommBuffer device_buffer(void* p, std::size_t count, DType dt) { return {p, count, dt, Device::cuda}; }
 
+// One message per peer of a halo exchange: peer k's rows [off[k], off[k+1]) of `base`, rows
+// of `cols` values of `dt`.
+std::vector<P2PMessage> row_messages(const std::vector<int>& peers, const std::vector<int>& off, void* base,
+                                     int cols, DType dt) {
+  std::vector<P2PMessage> out;
+  auto* bytes = static_cast<unsigned char*>(base);
+  const std::size_t row_bytes = dtype_size(dt) * static_cast<std::size_t>(cols);
+  for (std::size_t k = 0; k < peers.size(); ++k) {
+    const std::size_t rows = static_cast<std::size_t>(off[k + 1] - off[k]);
+    out.push_back({peers[k], device_buffer(bytes + static_cast<std::size_t>(off[k]) * row_bytes,
+                                           rows * static_cast<std::size_t>(cols), dt)});
+  }
+  return out;
+}
+
 }  // namespace
 
 struct CudaCpLayerImpl {
@@ -318,17 +333,8 @@ void CudaCpLayerImpl::run_forward(Communicator& comm) {
   launch_gather_rows(cpp(b.x_local), static_cast<const i32*>(cpp(b.send_idx)),
                      static_cast<int>(h.send_idx.size()), row_words, cpp(b.halo_send), st);
   {
-    std::vector<P2PMessage> sends, recvs;
-    auto* hs = static_cast<std::uint16_t*>(cpp(b.halo_send));
-    auto* hr = static_cast<std::uint16_t*>(cpp(b.halo_recv));
-    for (std::size_t k = 0; k < h.send_peer.size(); ++k) {
-      const std::size_t rows = static_cast<std::size_t>(h.send_off[k + 1] - h.send_off[k]);
-      sends.push_back({h.send_peer[k], device_buffer(hs + static_cast<std::size_t>(h.send_off[k]) * dm, rows * dm, DType::bf16)});
-    }
-    for (std::size_t k = 0; k < h.recv_peer.size(); ++k) {
-      const std::size_t rows = static_cast<std::size_t>(h.recv_off[k + 1] - h.recv_off[k]);
-      recvs.push_back({h.recv_peer[k], device_buffer(hr + static_cast<std::size_t>(h.recv_off[k]) * dm, rows * dm, DType::bf16)});
-    }
+    const std::vector<P2PMessage> sends = row_messages(h.send_peer, h.send_off, cpp(b.halo_send), dm, DType::bf16);
+    const std::vector<P2PMessage> recvs = row_messages(h.recv_peer, h.recv_off, cpp(b.halo_recv), dm, DType::bf16);
     CudaCpLayerImpl::Posted halo = s.post(0, [&](CommStream cs) { return comm.exchange(sends, recvs, cs); });
     s.finish(halo);
   }
@@ -453,17 +459,9 @@ void CudaCpLayerImpl::run_backward(Communicator& comm) {
   launch_gather_rows(bp.buf.dx, static_cast<const i32*>(cpp(b.recv_idx)),
                      static_cast<int>(h.recv_idx.size()), dm, cpp(b.dx_send), st);
   {
-    std::vector<P2PMessage> sends, recvs;
-    auto* ds = static_cast<float*>(cpp(b.dx_send));
-    auto* dr = static_cast<float*>(cpp(b.dx_recv));
-    for (std::size_t k = 0; k < h.recv_peer.size(); ++k) {
-      const std::size_t rows = static_cast<std::size_t>(h.recv_off[k + 1] - h.recv_off[k]);
-      sends.push_back({h.recv_peer[k], device_buffer(ds + static_cast<std::size_t>(h.recv_off[k]) * dm, rows * dm, DType::f32)});
-    }
-    for (std::size_t k = 0; k < h.send_peer.size(); ++k) {
-      const std::size_t rows = static_cast<std::size_t>(h.send_off[k + 1] - h.send_off[k]);
-      recvs.push_back({h.send_peer[k], device_buffer(dr + static_cast<std::size_t>(h.send_off[k]) * dm, rows * dm, DType::f32)});
-    }
+    // The forward's transfers reversed: my halo rows go back, the rows I sent come back.
+    const std::vector<P2PMessage> sends = row_messages(h.recv_peer, h.recv_off, cpp(b.dx_send), dm, DType::f32);
+    const std::vector<P2PMessage> recvs = row_messages(h.send_peer, h.send_off, cpp(b.dx_recv), dm, DType::f32);
     CudaCpLayerImpl::Posted halo = s.post(2, [&](CommStream cs) { return comm.exchange(sends, recvs, cs); });
     s.finish(halo);
   }
