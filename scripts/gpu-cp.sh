@@ -39,7 +39,7 @@ if [ "${CP_CLI:-1}" = 1 ]; then
 fi
 if [ "${CP_BENCH:-0}" = 1 ]; then
   echo "== bench: cp"
-  CSATTN_BENCH_SECTIONS=cp build-gpu/csattn bench --device cuda --out "$OUT/bench_cp.json" \
+  CSATTN_BENCH_SECTIONS=${CP_BENCH_SECTIONS:-cp} build-gpu/csattn bench --device cuda --out "$OUT/bench_cp.json" \
     2> "$OUT/bench.err" | tee "$OUT/bench_cp.txt" || { rc=1; tail -5 "$OUT/bench.err"; }
 fi
 echo "gpu-cp: rc $rc, $(( $(date +%s) - start )) s"
