@@ -3,7 +3,8 @@
 # parallelism in one call. Builds csattn (scripts/device-build.sh), runs the gtest cases of
 # CP_FILTER (default: every CUDA and GPU-communicator test), `csattn run` context-parallel on
 # the GPU (ranks as threads, then under mpirun), and with CP_BENCH=1 the `cp` benchmark
-# section (CSATTN_BENCH_CP_TOKENS picks the lengths). Logs and the benchmark JSON in $OUT.
+# section (CSATTN_BENCH_CP_TOKENS picks the lengths; CP_BENCH_SECTIONS runs other sections
+# with it, e.g. "cp,layer"). Logs and the benchmark JSON in $OUT.
 # Here, first: scripts/prepare-device-deps.sh; call the device tool with carry: [".device"]
 # and kind nvidia-h200-x2 (or more GPUs) for the NCCL cases.
 set -uo pipefail
