@@ -25,7 +25,7 @@ __device__ __forceinline__ int build_key_list(const LayerDims& d, const DeviceMe
                                               const std::int32_t* topk, int t, int* ids,
                                               int* shared_count) {
   const int b = meta.row_segment[t], pos = meta.row_position[t];
-  const QueryWindow win = query_window(d, meta, b, t);
+  const QueryWindow win = query_window(d, meta, b, pos);
   const int n_win = win.n;
   if (d.ratio == 4) {
     if (threadIdx.x == 0) {
@@ -107,7 +107,7 @@ __device__ __forceinline__ KeyList make_key_list(const LayerDims& d, const Devic
                                                  int* warp_counts) {
   KeyList k;
   const int b = meta.row_segment[t], pos = meta.row_position[t];
-  const QueryWindow win = query_window(d, meta, b, t);
+  const QueryWindow win = query_window(d, meta, b, pos);
   k.n_win = win.n;
   k.win_row0 = win.row0;
   k.comp_row0 = d.ratio > 1 ? meta.comp_start[b] : 0;

@@ -142,7 +142,7 @@ HostPlan host_plan(const AttentionConfig& c, const BatchGeometry& geo, const cp:
 struct CpBuffers {
   std::size_t bytes = 0;
   // index lists
-  std::size_t entry_row0 = 0, entry_pos = 0, dup_src = 0, sum_off = 0,
+  std::size_t seg_pos0 = 0, entry_row0 = 0, entry_pos = 0, dup_src = 0, sum_off = 0,
               sum_rows = 0, local_ext = 0, send_idx = 0, recv_idx = 0;
   // data
   std::size_t x_local = 0, halo_send = 0, halo_recv = 0, comp_slots = 0, idx_slots = 0,
@@ -165,6 +165,7 @@ CpBuffers plan_cp_buffers(const AttentionConfig& c, const HostPlan& h) {
   const std::size_t C = static_cast<std::size_t>(h.C), PC = static_cast<std::size_t>(h.P) * C;
   const std::size_t n = static_cast<std::size_t>(h.n);
   const std::size_t ns = h.send_idx.size(), nr = h.recv_idx.size();
+  b.seg_pos0 = take(h.seg_pos0.size() * i4);
   b.entry_row0 = take(C * i4);
   b.entry_pos = take(C * i4);
   b.dup_src = take(h.dup_src.size() * i4);
@@ -546,6 +547,7 @@ void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeome
   p.act = s.plan.activations(ws);
   p.blas_workspace = ws + s.plan.blas;
   p.blas_workspace_bytes = WorkspacePlan::kBlasWorkspaceBytes;
+  p.meta.seg_pos0 = static_cast<const i32*>(cpp(b.seg_pos0));
   DeviceMetadata& meta = p.meta;
 
   // Metadata: uploaded, not derived from cu_seqlens (launch_metadata is not run). The host
@@ -556,6 +558,7 @@ void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeome
   upload(meta.row_position, h.row_position, st);
   upload(meta.row_is_padding, h.row_pad, st);
   upload(meta.comp_start, h.comp_start, st);
+  upload(cpp(b.seg_pos0), h.seg_pos0, st);
   upload(cpp(b.entry_row0), h.entry_row0, st);
   upload(cpp(b.entry_pos), h.entry_pos, st);
   upload(cpp(b.dup_src), h.dup_src, st);

@@ -5,9 +5,9 @@
 // the single-GPU kernels read, so the kernels are the single-GPU layer's:
 //
 //  - a rank's ext rows (halo + own, ascending) are the batch, one segment per run of
-//    consecutive positions of a sequence (cp/device_view.hpp), with global positions in
-//    row_position (query_window finds windows by rows); halo rows are flagged as padding, so
-//    they score no keys and add no loss, and their dy is zero;
+//    consecutive positions of a sequence (cp/device_view.hpp), with global positions
+//    (DeviceMetadata::seg_pos0); halo rows are flagged as padding, so they score no keys and
+//    add no loss, and their dy is zero;
 //  - the compressors pool only the owned groups, into the rank's all-gather slots
 //    (DeviceMetadata::comp_entry_row0 / comp_entry_pos);
 //  - after the rank-major all-gathers, every run gets its own copy of the compressed rows

@@ -59,19 +59,21 @@ __device__ __forceinline__ int compressed_segment(const std::int32_t* comp_start
   return lo;
 }
 
-// The window of the query at row t of segment b: n keys, the first at row `row0` =
-// max(the segment's first row, t - W + 1). Rows, not positions: a segment's rows hold
-// consecutive positions, so this is the window of positions [max(first, pos - W + 1), pos]
-// whether the segment starts a sequence (one GPU) or is a context-parallel run starting
-// mid-sequence, whose halo rows hold its own rows' whole windows (a halo row's window is
-// cut at the run start, never read from another run).
+// The window of the query of segment b at position pos: n keys, the first at row `row0`.
+// By position, not by the query's row: the kernels' contract lets query rows and key rows be
+// different index spaces (the kernel tests and benchmarks score a subset of positions
+// against a longer key buffer); a rows-only version failed those tests on the H200.
+// It starts at max(pos - W + 1, the segment's first position): 0 on one GPU; a
+// context-parallel run's halo rows hold the whole window of its own rows (a halo row's
+// window is cut at the run start, never read from another run).
 struct QueryWindow {
   int n, row0;
 };
 __device__ __forceinline__ QueryWindow query_window(const LayerDims& d, const DeviceMetadata& m,
-                                                    int b, int t) {
-  const int row0 = max(m.cu_padded[b], t - d.window + 1);
-  return {t - row0 + 1, row0};
+                                                    int b, int pos) {
+  const int p0 = m.seg_pos0 != nullptr ? m.seg_pos0[b] : 0;
+  const int w0 = max(p0, pos - d.window + 1);
+  return {pos - w0 + 1, m.cu_padded[b] + (w0 - p0)};
 }
 
 // Compressed row e as the compressor kernels address it: the first row of its block (-1: a

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kThreads)
 
   // Teacher statistics over sink + window + candidates; lane (h mod 32) keeps head h's
   // running (max, sum) for this warp's keys.
-  const QueryWindow win = query_window(d, meta, b, t);
+  const QueryWindow win = query_window(d, meta, b, pos);
   const int n_win = win.n;
   float run_m[kMaxHeadsPerLane], run_s[kMaxHeadsPerLane];
 #pragma unroll

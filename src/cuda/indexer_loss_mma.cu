@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   const int c0 = meta.comp_start[b];
-  const QueryWindow win = query_window(d, meta, b, t);
+  const QueryWindow win = query_window(d, meta, b, pos);
   const int n_win = win.n;
   const float scale2 = d.scale * kLog2e;
   const KeyGradSink sink_out{dkeys_acc, kIdxDim, a.chunk.scratch, a.chunk.r0, a.chunk.slots};

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int r = base + lane;
       int slot = -1;
       if (r < hi) {
-        const int first = query_window(d, meta, meta.row_segment[r], r).row0;
+        const int first = query_window(d, meta, meta.row_segment[r], meta.row_position[r]).row0;
         if (first <= u) slot = u - first;
       }
       const unsigned found = __ballot_sync(0xffffffffu, slot >= 0);
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (r < hi) {
         const int pos = meta.row_position[r];
         const bool attention = s.layout == SlotLayout::attention;
-        const int n_win = attention ? query_window(d, meta, b, r).n : 0;
+        const int n_win = attention ? query_window(d, meta, b, pos).n : 0;
         if (attention || !meta.row_is_padding[r]) {
           if (s.layout == SlotLayout::loss_sparse || (attention && d.ratio == 4)) {
             const int k = find_in_topk(topk + static_cast<long>(r) * d.topk, d.topk, j);

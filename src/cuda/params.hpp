@@ -54,11 +54,13 @@ struct DeviceMetadata {
   std::int32_t* row_position = nullptr;     // [T]
   std::uint8_t* row_is_padding = nullptr;   // [T]
   std::int32_t* comp_start = nullptr;       // [B+1]
-  // GPU context parallelism (cuda/cp_layer.cpp); null on one GPU. A rank's compressor
-  // writes its owned groups into all-gather slots: entry e's block starts at row
-  // comp_entry_row0[e] (-1: an unused slot), at position comp_entry_pos[e] (= group * m).
-  // (A rank's "segments" are runs of its halo + own rows whose row_position holds global
-  // positions; query_window works on rows, so runs need no other field.)
+  // GPU context parallelism (cuda/cp_layer.cpp); null on one GPU. A rank's "segments" are
+  // runs of its halo + own rows: seg_pos0[b] is the global position of run b's first row
+  // (row_position holds global positions, so "the row of position p" is
+  // cu_padded[b] + p - seg_pos0[b]). Its compressed rows are its owned groups in all-gather
+  // slots: entry e's block starts at row comp_entry_row0[e] (-1: an unused slot) at
+  // position comp_entry_pos[e] (= group * m).
+  const std::int32_t* seg_pos0 = nullptr;        // [B]
   const std::int32_t* comp_entry_row0 = nullptr; // [comp_capacity]
   const std::int32_t* comp_entry_pos = nullptr;  // [comp_capacity]
   // RoPE (cos, sin) per position and frequency, [max_seg_len, rope_dim / 2], bf16 values as

@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // The key list (same order as build_key_list): window rows, then compressed rows.
       const int b = meta.row_segment[t], pos = meta.row_position[t];
-      const QueryWindow win = query_window(d, meta, b, t);
+      const QueryWindow win = query_window(d, meta, b, pos);
       const int n_win = win.n;
       const int comp0 = meta.comp_start[b];
       int n_comp;
