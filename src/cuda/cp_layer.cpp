@@ -24,7 +24,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cp/device_view.hpp"
+#include "cp/gpu_rank_plan.hpp"
 #include "cuda/backward.hpp"
 #include "cuda/check.hpp"
 #include "cuda/cuda_layer.hpp"
@@ -42,102 +42,6 @@ namespace {
 
 using i32 = std::int32_t;
 
-// The host side of one forward: everything the device metadata and index lists hold.
-struct HostPlan {
-  int P = 1, R = 0, Te = 0, n = 0, C = 0, ndup = 0, max_pos = 1;
-  std::vector<i32> cu;             // [R+1] run starts in ext rows
-  std::vector<i32> seg_pos0;       // [R]
-  std::vector<i32> row_segment;    // [Te]
-  std::vector<i32> row_position;   // [Te] global positions
-  std::vector<std::uint8_t> row_pad;  // [Te] padding or halo
-  std::vector<i32> comp_start;     // [R+1] per-run copies of the compressed rows
-  std::vector<i32> dup_src;        // [ndup] rank-major row of each copy
-  std::vector<i32> sum_off, sum_rows;  // [P*C+1], [ndup]: the copies of each rank-major row
-  std::vector<i32> entry_row0, entry_pos;  // [C] owned groups by slot (-1: unused)
-  std::vector<i32> local_ext;      // [n]
-  std::vector<i32> send_idx, recv_idx;   // halo: local rows sent, ext rows received
-  std::vector<int> send_off, recv_off;   // per transfer, into send_idx / recv_idx
-  std::vector<int> send_peer, recv_peer;
-};
-
-HostPlan host_plan(const AttentionConfig& c, const BatchGeometry& geo, const cp::LayerPlan& plan) {
-  const cp::CpDeviceView v = cp::build_device_view(geo, plan);
-  HostPlan h;
-  const int m = c.compress_ratio;
-  h.P = plan.ranks;
-  h.R = v.runs();
-  h.Te = static_cast<int>(plan.ext_rows.size());
-  h.n = static_cast<int>(plan.local_rows.size());
-  h.C = m > 1 ? plan.slots : 0;
-  h.cu = v.run_start;
-  h.seg_pos0 = v.run_pos0;
-  h.row_segment = v.ext_run;
-  h.row_position = v.ext_position;
-  h.row_pad.resize(static_cast<std::size_t>(h.Te));
-  for (int e = 0; e < h.Te; ++e) {
-    const std::size_t ue = static_cast<std::size_t>(e);
-    h.row_pad[ue] = plan.ext_local[ue] < 0 || geo.row_is_padding[static_cast<std::size_t>(plan.ext_rows[ue])];
-  }
-  h.comp_start.assign(1, 0);
-  for (int r = 0; r < h.R; ++r) {
-    const std::size_t ur = static_cast<std::size_t>(r);
-    const int len = h.cu[ur + 1] - h.cu[ur];
-    h.max_pos = std::max(h.max_pos, h.seg_pos0[ur] + len);
-    int copies = 0;
-    if (m > 1) {
-      // The sequence's rows the run's last (so every) query can see: E_r >= min((pos+1)/m,
-      // N_s) for each of its positions, so min((pos+1)/m, E_r) is the one-GPU count.
-      const int s = v.run_sequence[ur];
-      const int base = v.seq_comp_start[static_cast<std::size_t>(s)];
-      const int entries = v.seq_comp_start[static_cast<std::size_t>(s) + 1] - base;
-      copies = std::min((h.seg_pos0[ur] + len) / m, entries);
-      for (int j = 0; j < copies; ++j) {
-        const i32 src = plan.seq_to_rank_row[static_cast<std::size_t>(base + j)];
-        require(src >= 0, ErrorKind::Internal, "context parallelism: a visible compressed row has no owner");
-        h.dup_src.push_back(src);
-      }
-    }
-    h.comp_start.push_back(h.comp_start.back() + copies);
-  }
-  h.ndup = h.comp_start.back();
-  if (m > 1) {
-    // The copies of each rank-major row in copy order (a CSR), for the fixed-order sum.
-    const int rm = h.P * h.C;
-    std::vector<int> count(static_cast<std::size_t>(rm) + 1, 0);
-    for (i32 q : h.dup_src) ++count[static_cast<std::size_t>(q) + 1];
-    h.sum_off.assign(count.begin(), count.end());
-    for (int q = 0; q < rm; ++q) h.sum_off[static_cast<std::size_t>(q) + 1] += h.sum_off[static_cast<std::size_t>(q)];
-    std::vector<int> fill(h.sum_off.begin(), h.sum_off.end() - 1);
-    h.sum_rows.resize(static_cast<std::size_t>(h.ndup));
-    for (int k = 0; k < h.ndup; ++k)
-      h.sum_rows[static_cast<std::size_t>(fill[static_cast<std::size_t>(h.dup_src[static_cast<std::size_t>(k)])]++)] = k;
-    h.entry_row0.assign(static_cast<std::size_t>(h.C), -1);
-    h.entry_pos.assign(static_cast<std::size_t>(h.C), -1);
-    for (std::size_t k = 0; k < plan.entries.size(); ++k) {
-      const cpu::CompressorEntry& e = plan.entries[k];
-      require(m != 4 || e.position == 0 || e.prev_row == e.first_row - m, ErrorKind::Internal,
-              "context parallelism: a group's previous block is not just before it");
-      const std::size_t slot = static_cast<std::size_t>(plan.entry_slot[k]);
-      h.entry_row0[slot] = e.first_row;
-      h.entry_pos[slot] = e.position;
-    }
-  }
-  h.local_ext = plan.local_ext;
-  for (const cp::HaloTransfer& t : plan.halo_send) {
-    h.send_peer.push_back(t.peer);
-    h.send_off.push_back(static_cast<int>(h.send_idx.size()));
-    h.send_idx.insert(h.send_idx.end(), t.rows.begin(), t.rows.end());
-  }
-  h.send_off.push_back(static_cast<int>(h.send_idx.size()));
-  for (const cp::HaloTransfer& t : plan.halo_receive) {
-    h.recv_peer.push_back(t.peer);
-    h.recv_off.push_back(static_cast<int>(h.recv_idx.size()));
-    h.recv_idx.insert(h.recv_idx.end(), t.rows.begin(), t.rows.end());
-  }
-  h.recv_off.push_back(static_cast<int>(h.recv_idx.size()));
-  return h;
-}
-
 // Offsets of the CP buffers in one device allocation (256-byte aligned pieces).
 struct CpBuffers {
   std::size_t bytes = 0;
@@ -151,7 +55,7 @@ struct CpBuffers {
               dx_send = 0, dx_recv = 0, dx_local = 0;
 };
 
-CpBuffers plan_cp_buffers(const AttentionConfig& c, const HostPlan& h) {
+CpBuffers plan_cp_buffers(const AttentionConfig& c, const cp::GpuRankPlan& h) {
   CpBuffers b;
   std::size_t at = 0;
   auto take = [&](std::size_t bytes) {
@@ -256,7 +160,7 @@ struct CudaCpLayerImpl {
   // The last forward.
   bool has_last = false;
   std::uint64_t generation = 0;
-  HostPlan host;
+  cp::GpuRankPlan host;
   CpBuffers buf;
   WorkspacePlan plan;
   ForwardParams fwd;
@@ -317,7 +221,7 @@ struct CudaCpLayerImpl {
 void CudaCpLayerImpl::run_forward(Communicator& comm) {
   CudaCpLayerImpl& s = *this;
   const AttentionConfig& c = s.cfg;
-  const HostPlan& h = s.host;
+  const cp::GpuRankPlan& h = s.host;
   const CpBuffers& b = s.buf;
   const ForwardParams& p = s.fwd;
   const DeviceMetadata& meta = p.meta;
@@ -388,7 +292,7 @@ void CudaCpLayerImpl::run_forward(Communicator& comm) {
 void CudaCpLayerImpl::run_backward(Communicator& comm) {
   CudaCpLayerImpl& s = *this;
   const AttentionConfig& c = s.cfg;
-  const HostPlan& h = s.host;
+  const cp::GpuRankPlan& h = s.host;
   const CpBuffers& b = s.buf;
   const ForwardParams& f = s.fwd;
   const BackwardParams& bp = s.bwd;
@@ -520,8 +424,8 @@ void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeome
   ++s.generation;
   s.has_last = false;
   s.has_backward = false;
-  s.host = host_plan(c, geo, plan);
-  const HostPlan& h = s.host;
+  s.host = cp::build_gpu_rank_plan(geo, plan);
+  const cp::GpuRankPlan& h = s.host;
   const int m = c.compress_ratio;
   const int K = c.has_indexer() ? c.index_topk : 0;
   const cudaStream_t st = s.stream;
@@ -635,7 +539,7 @@ CudaCpForward CudaCpLayer::forward(Communicator& comm, const Tensor& x_local) {
   const AttentionConfig& c = s.cfg;
   take_prepared(s.forward_prepared, "forward");
   CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
-  const HostPlan& h = s.host;
+  const cp::GpuRankPlan& h = s.host;
   const int dm = c.d_model, K = c.has_indexer() ? c.index_topk : 0;
   const cudaStream_t st = s.stream;
   const std::vector<std::uint16_t> xb = to_bf16_bits(x_local.to_f32().data(), static_cast<std::size_t>(x_local.numel()));

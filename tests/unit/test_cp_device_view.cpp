@@ -3,7 +3,9 @@
 // CPU layer's index lists (build_attention_index over the same plan), and the owned
 // compressed groups addressed through runs must reach the CPU compressor's rows, for both
 // partition modes, several rank counts, every layer type and ragged padded batches - so the
-// GPU context-parallel layer can take this addressing as its contract.
+// GPU context-parallel layer can take this addressing as its contract. The GPU layer's own
+// host plan (per-run copies of the compressed rows, their sum lists, the slot table) is held
+// to the same index lists.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 
 #include "core/attention_index.hpp"
 #include "cp/device_view.hpp"
+#include "cp/gpu_rank_plan.hpp"
 #include "cp/layer_plan.hpp"
 #include "csattn/cp.hpp"
 #include "csattn/error.hpp"
@@ -30,6 +33,77 @@ struct ViewCase {
 void PrintTo(const ViewCase& c, std::ostream* os) {
   *os << (c.mode == CpMode::contiguous ? "contiguous" : "two_chunk") << " P " << c.ranks << " m " << c.ratio
       << " W " << c.window;
+}
+
+// The GPU layer's host plan (cp/gpu_rank_plan.hpp) held to the CPU index lists: the keys of
+// every local query derived the way the GPU kernels derive them - window rows from (run,
+// position) as query_window does, compressed rows as the run's copy comp_start[r] + id and
+// its gathered source dup_src - equal build_attention_index's; the fixed-order sum lists
+// hold exactly each rank-major row's copies; the slot table is the plan's owned entries.
+void check_gpu_plan(const BatchGeometry& geo, const cp::LayerPlan& plan, const cp::CpDeviceView& view,
+                    const ViewCase& c, const QueryRows& q, const KvLowering& low, std::mt19937& rng) {
+  const cp::GpuRankPlan g = cp::build_gpu_rank_plan(geo, plan);
+  ASSERT_EQ(g.cu, view.run_start);
+  ASSERT_EQ(g.seg_pos0, view.run_pos0);
+  for (std::size_t e = 0; e < plan.ext_rows.size(); ++e)
+    ASSERT_EQ(g.row_pad[e] != 0,
+              plan.ext_local[e] < 0 || geo.row_is_padding[static_cast<std::size_t>(plan.ext_rows[e])] != 0)
+        << "ext row " << e;
+  // The sum lists: each rank-major row's copies, ascending.
+  const int rank_major = g.P * g.C;
+  if (c.ratio > 1) {
+    ASSERT_EQ(static_cast<int>(g.sum_off.size()), rank_major + 1);
+    for (int row = 0; row < rank_major; ++row) {
+      std::vector<int> want;
+      for (int k = 0; k < g.ndup; ++k)
+        if (g.dup_src[static_cast<std::size_t>(k)] == row) want.push_back(k);
+      const std::vector<int> got(g.sum_rows.begin() + g.sum_off[static_cast<std::size_t>(row)],
+                                 g.sum_rows.begin() + g.sum_off[static_cast<std::size_t>(row) + 1]);
+      ASSERT_EQ(got, want) << "rank-major row " << row;
+    }
+    int used = 0;
+    for (std::size_t k = 0; k < plan.entries.size(); ++k) {
+      const std::size_t slot = static_cast<std::size_t>(plan.entry_slot[k]);
+      EXPECT_EQ(g.entry_row0[slot], plan.entries[k].first_row);
+      EXPECT_EQ(g.entry_pos[slot], plan.entries[k].position);
+    }
+    for (std::int32_t r0 : g.entry_row0) used += r0 >= 0;
+    EXPECT_EQ(used, static_cast<int>(plan.entries.size()));
+  }
+  // Top-k rows as the GPU selection writes them: valid ids below the visible count, or -1.
+  const int K = 5;
+  std::vector<std::int32_t> topk(static_cast<std::size_t>(q.count) * K, -1);
+  for (int i = 0; i < q.count; ++i) {
+    const int vis = geo.visible_compressed(q.row(i));
+    for (int k = 0; k < K; ++k)
+      if (vis > 0 && rng() % 3 != 0) topk[static_cast<std::size_t>(i) * K + k] = static_cast<int>(rng() % vis);
+  }
+  const bool selected = c.ratio == 4;
+  const int cw = selected ? K : c.ratio > 1 ? geo.rows / c.ratio + 1 : 0;
+  const AttentionIndex idx = build_attention_index(q, selected ? IndexMode::selected : IndexMode::all_visible,
+                                                   c.window, cw, selected ? topk.data() : nullptr, low);
+  for (int i = 0; i < q.count; ++i) {
+    const int e = plan.local_ext[static_cast<std::size_t>(i)];
+    const std::size_t r = static_cast<std::size_t>(g.row_segment[static_cast<std::size_t>(e)]);
+    const int pos = g.row_position[static_cast<std::size_t>(e)];
+    std::vector<std::int32_t> keys;
+    const int w0 = std::max(g.seg_pos0[r], pos - c.window + 1);
+    for (int p = w0; p <= pos; ++p) keys.push_back(g.cu[r] + p - g.seg_pos0[r]);
+    const int copies = g.comp_start[r + 1] - g.comp_start[r];
+    auto add = [&](int id) {
+      ASSERT_LT(id, copies) << "a visible entry beyond the run's copies";
+      keys.push_back(low.compressed_base + g.dup_src[static_cast<std::size_t>(g.comp_start[r] + id)]);
+    };
+    if (selected) {
+      for (int k = 0; k < K; ++k)
+        if (topk[static_cast<std::size_t>(i) * K + k] >= 0) add(topk[static_cast<std::size_t>(i) * K + k]);
+    } else if (c.ratio > 1) {
+      for (int j = 0; j < std::min((pos + 1) / c.ratio, copies); ++j) add(j);
+    }
+    const std::int32_t* row = idx.index.data() + static_cast<std::size_t>(i) * idx.width();
+    const std::vector<std::int32_t> want(row, row + idx.length[static_cast<std::size_t>(i)]);
+    ASSERT_EQ(keys, want) << "GPU addressing, local query " << i << " (global row " << q.row(i) << ")";
+  }
 }
 
 void check_view(const SeqLayout& raw_layout, const ViewCase& c, std::uint64_t seed) {
@@ -101,6 +175,7 @@ void check_view(const SeqLayout& raw_layout, const ViewCase& c, std::uint64_t se
       const std::vector<std::int32_t> want(row, row + idx.length[static_cast<std::size_t>(i)]);
       ASSERT_EQ(keys, want) << "local query " << i << " (global row " << q.row(i) << ")";
     }
+    check_gpu_plan(geo, plan, view, c, q, low, rng);
   }
 }
 
