@@ -293,6 +293,24 @@ def test_cuda_availability_is_reported():
             csattn.Layer(tiny("SWA"), device="cuda")
 
 
+def test_context_parallel_device_options():
+    """ContextParallelLayer takes device like Layer: a bad name, 'cuda' without a GPU, and fp32
+    on the GPU are csattn.Error; the NCCL factory and the launcher's local rank are there."""
+    cfg = tiny("CSA")
+    w = csattn.LayerWeights.random(cfg, 29)
+    with pytest.raises(csattn.Error, match="expected 'cpu', 'cuda' or 'auto'"):
+        csattn.ContextParallelLayer(cfg, w, device="gpu")
+    if not csattn.cuda_available()[0]:
+        with pytest.raises(csattn.Error, match="device cuda"):
+            csattn.ContextParallelLayer(cfg, w, device="cuda")
+    else:
+        with pytest.raises(csattn.Error, match="bf16 only"):
+            csattn.ContextParallelLayer(cfg, w, precision="fp32", device="cuda")
+    assert isinstance(csattn.nccl_available(), bool)
+    assert isinstance(csattn.launcher_local_rank(), int)
+    assert callable(csattn.nccl_communicator)
+
+
 @pytest.mark.skipif(not csattn.cuda_available()[0], reason="no usable GPU in this build")
 @pytest.mark.parametrize("kind", ["SWA", "CSA", "HCA"])
 def test_cuda_layer_matches_the_cpu_layer(kind):
