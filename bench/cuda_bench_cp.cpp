@@ -142,9 +142,10 @@ json cp_benchmarks() {
     for (int ratio : {0, 4, 128}) {
       AttentionConfig cfg = ModelConfig::preset("flash").base;
       cfg.compress_ratio = ratio;
-      for (auto [ranks, mode] : {std::pair{1, CpMode::contiguous}, std::pair{P, CpMode::contiguous},
-                                 std::pair{P, CpMode::two_chunk}}) {
-        if (ranks > 1 && P < 2) continue;
+      const std::vector<std::pair<int, CpMode>> runs =
+          P < 2 ? std::vector<std::pair<int, CpMode>>{{1, CpMode::contiguous}}
+                : std::vector<std::pair<int, CpMode>>{{1, CpMode::contiguous}, {P, CpMode::contiguous}, {P, CpMode::two_chunk}};
+      for (auto [ranks, mode] : runs) {
         std::fprintf(stderr, "cuda_bench: cp ratio %d tokens %d P %d %s\n", ratio, tokens, ranks, cp_mode_name(mode));
         json j = cp_case(cfg, tokens, ranks, mode);
         std::printf("%5s %7d %3d %11s %9.2f %9.2f %12.0f %9.2f %9.1f\n", j["type"].get<std::string>().c_str(), tokens,

@@ -54,7 +54,10 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, std:
     return;
   }
 #ifdef CSATTN_HAVE_CUDA
-  const cudaError_t rc = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+  // A pageable host -> device cudaMemcpy may return before its DMA lands, and the ranks'
+  // non-blocking streams are not ordered after the legacy stream it runs on: wait for it.
+  cudaError_t rc = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+  if (rc == cudaSuccess && dst_dev == Device::cuda) rc = cudaStreamSynchronize(cudaStreamLegacy);
   if (rc != cudaSuccess)
     throw Error(ErrorKind::Internal, std::string("local communicator: cudaMemcpy failed: ") + cudaGetErrorString(rc));
 #else

@@ -192,6 +192,7 @@ std::string shape_error(const char* name, const Tensor& t, std::int64_t rows, in
          std::to_string(rows) + ", " + std::to_string(cols) + "] (this rank's rows)";
 }
 
+#ifdef CSATTN_HAVE_CUDA
 // Runs a rank's local preparation (the GPU layer's plan and buffers: where one rank can fail
 // alone, e.g. out of memory on the rank with the longest prefix) and agrees on its outcome,
 // so a failure becomes the same csattn::Error on every rank instead of a hang in the next
@@ -202,9 +203,12 @@ void agreed_prepare(Communicator& comm, const char* operation, const std::functi
     prepare();
   } catch (const std::exception& e) {
     error = e.what();
+  } catch (...) {
+    error = "an unknown exception";
   }
   cp::agree(comm, (std::string(operation) + " (buffers)").c_str(), {}, error);
 }
+#endif
 
 // The work and traffic of this rank's forward. Attention pairs per own row: its window
 // (min(W, pos + 1) rows) plus its compressed keys (CSA: the valid top-k ids; HCA: every
@@ -272,7 +276,8 @@ void ContextParallelLayer::agree_forward(Communicator& comm, const CpPartition& 
              {"the partition mode", static_cast<std::uint64_t>(part.mode())},
              {"the layer config", cp::checksum(c)},
              {"the layer weights", weights_checksum_},
-             {"the precision", static_cast<std::uint64_t>(options_.precision)}},
+             {"the precision", static_cast<std::uint64_t>(options_.precision)},
+             {"the device", static_cast<std::uint64_t>(options_.device)}},
             local_error);
 
   // Global rules (the same verdict on every rank).
@@ -438,6 +443,11 @@ CpLayerGradients ContextParallelLayer::backward(Communicator& comm, const CpLaye
                               c.d_model);
     if (local_error.empty() && !std::isfinite(grad_indexer_loss))
       local_error = "grad_indexer_loss must be finite";
+#ifdef CSATTN_HAVE_CUDA
+    if (local_error.empty() && gpu_ && fwd.saved->gpu_generation != gpu_->generation())
+      local_error = "backward on device cuda must follow the forward it differentiates: the GPU "
+                    "keeps only the last forward's activations";
+#endif
   }
 #ifdef CSATTN_HAVE_CUDA
   if (gpu_) gpu_->make_current();
@@ -445,14 +455,12 @@ CpLayerGradients ContextParallelLayer::backward(Communicator& comm, const CpLaye
   cp::agree(comm, "context-parallel backward",
             {{"the layout of the forward", layout_sum},
              {"the layer config", cp::checksum(c)},
-             {"the layer weights", weights_checksum_}},
+             {"the layer weights", weights_checksum_},
+             {"the device", static_cast<std::uint64_t>(options_.device)}},
             local_error);
 
 #ifdef CSATTN_HAVE_CUDA
   if (gpu_) {
-    require(fwd.saved->gpu_generation == gpu_->generation(), ErrorKind::InvalidArgument,
-            "backward on device cuda must follow the forward it differentiates: the GPU keeps "
-            "only the last forward's activations");
     agreed_prepare(comm, "context-parallel backward",
                    [&] { gpu_->prepare_backward(comm, grad_indexer_loss); });
     cuda::CudaCpGradients g = gpu_->backward(comm, grad_output);
@@ -630,7 +638,8 @@ void ContextParallelLayer::backward_device(Communicator& comm, const void* dy_lo
   cp::agree(comm, "context-parallel backward",
             {{"the layout of the forward", device_layout_},
              {"the layer config", cp::checksum(cfg_)},
-             {"the layer weights", weights_checksum_}},
+             {"the layer weights", weights_checksum_},
+             {"the device", static_cast<std::uint64_t>(options_.device)}},
             local_error);
 #ifdef CSATTN_HAVE_CUDA
   agreed_prepare(comm, "context-parallel backward", [&] { gpu_->prepare_backward(comm, grad_indexer_loss); });

@@ -410,6 +410,10 @@ void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeome
                                       const cp::LayerPlan& plan) {
   CudaCpLayerImpl& s = *this;
   const AttentionConfig& c = s.cfg;
+  s.forward_prepared = s.backward_prepared = false;  // a new forward voids any earlier prepare
+  require(comm.accepts(Device::cuda), ErrorKind::Unsupported,
+          "the " + comm.backend() + " communicator takes no device buffers: a device-cuda "
+          "context-parallel layer needs NCCL (nccl_communicator) or the in-process group");
   require(comm.device() < 0 || comm.device() == s.device, ErrorKind::InvalidArgument,
           "the communicator runs on GPU " + std::to_string(comm.device()) + " but this rank's layer on GPU " +
               std::to_string(s.device) + " (construct the layer with its GPU current)");
@@ -495,6 +499,7 @@ void CudaCpLayerImpl::write_forward_outputs(void* y, std::int32_t* topk, float* 
 
 void CudaCpLayerImpl::prepare_backward(const Communicator& comm, float grad_indexer_loss) {
   CudaCpLayerImpl& s = *this;
+  s.backward_prepared = false;
   require(s.has_last, ErrorKind::InvalidArgument, "backward needs a forward first");
   require(comm.rank() == s.owner.load(), ErrorKind::InvalidArgument,
           "backward on another rank than its forward's (construct one layer per rank)");
