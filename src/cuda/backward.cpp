@@ -50,6 +50,16 @@ IndexerLossArgs loss_args(const ForwardParams& f, const BackwardParams& b) {
 
 }  // namespace
 
+void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, bool deterministic,
+                              float grad_indexer_loss) {
+  require(!(deterministic && c.has_indexer() && c.loss_coeff > 0.0 && grad_indexer_loss != 0.0f) ||
+              indexer_loss_mma_supported(f.dims),
+          ErrorKind::Unsupported,
+          "deterministic backward: the indexer loss gradient needs the tensor-core loss kernel "
+          "(head_dim 512, index_head_dim 128, at most 64 heads and 64 index heads); use the "
+          "fast (atomic) backward for this shape");
+}
+
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream) {
   const IndexerLossArgs l = loss_args(f, b);
   launch_indexer_loss(f.dims, f.meta, l, f.act.loss_rows, f.act.loss, false, 0.0f, nullptr, nullptr,

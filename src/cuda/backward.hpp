@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "csattn/config.hpp"
 #include "cuda/backward_params.hpp"
 #include "cuda/forward.hpp"
 #include "cuda/params.hpp"
@@ -25,6 +26,11 @@ struct BackwardParams {
 // only).
 void run_backward(const ForwardParams& f, const BackwardParams& b, cublasHandle_t blas,
                   cudaStream_t stream, StageTimer* timer = nullptr);
+
+// The backward cases the GPU refuses (csattn::Error with the reason), checked before any
+// launch by every layer that runs the stages below.
+void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, bool deterministic,
+                              float grad_indexer_loss);
 
 // ---- the stages run_backward runs in order (cuBLAS on `stream`); the context-parallel
 // layer (cp_layer.cpp) runs them with its collectives in between ----

@@ -29,6 +29,7 @@
 #include "cuda/check.hpp"
 #include "cuda/cuda_layer.hpp"
 #include "cuda/cp_rows.hpp"
+#include "cuda/device_arena.hpp"
 #include "cuda/device_weights.hpp"
 #include "cuda/forward.hpp"
 #include "cuda/gemm.hpp"
@@ -98,26 +99,6 @@ CpBuffers plan_cp_buffers(const AttentionConfig& c, const cp::GpuRankPlan& h) {
   b.bytes = at;
   return b;
 }
-
-// A grow-only device allocation.
-struct DeviceArena {
-  void* base = nullptr;
-  std::size_t capacity = 0;
-  ~DeviceArena() {
-    if (base) cudaFree(base);
-  }
-  unsigned char* reserve(std::size_t bytes) {
-    if (bytes > capacity) {
-      if (base) CSATTN_CUDA_CHECK(cudaFree(base));
-      base = nullptr;
-      capacity = 0;
-      CSATTN_CUDA_CHECK(cudaMalloc(&base, bytes));
-      capacity = bytes;
-    }
-    return static_cast<unsigned char*>(base);
-  }
-  unsigned char* at(std::size_t off) const { return static_cast<unsigned char*>(base) + off; }
-};
 
 template <class T>
 void upload(const void* dst, const std::vector<T>& v, cudaStream_t s) {
@@ -286,7 +267,6 @@ void CudaCpLayerImpl::run_forward(Communicator& comm) {
     bp.sparse_loss = c.sparse_loss;
     run_indexer_loss(p, bp, st);
   }
-
 }
 
 void CudaCpLayerImpl::run_backward(Communicator& comm) {
@@ -374,7 +354,6 @@ void CudaCpLayerImpl::run_backward(Communicator& comm) {
   for (std::size_t k = 0; k < h.send_peer.size(); ++k)  // peers ascending (plan order)
     launch_add_rows(static_cast<const float*>(cpp(b.dx_recv)) + static_cast<std::size_t>(h.send_off[k]) * dm,
                     send_idx + h.send_off[k], h.send_off[k + 1] - h.send_off[k], dm, dx_local, st);
-
 }
 
 CudaCpLayer::CudaCpLayer(const AttentionConfig& cfg, const LayerWeights& weights)
@@ -503,6 +482,7 @@ void CudaCpLayerImpl::prepare_backward(const Communicator& comm, float grad_inde
   require(s.has_last, ErrorKind::InvalidArgument, "backward needs a forward first");
   require(comm.rank() == s.owner.load(), ErrorKind::InvalidArgument,
           "backward on another rank than its forward's (construct one layer per rank)");
+  check_backward_supported(s.cfg, s.fwd, s.deterministic, grad_indexer_loss);
   CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   s.grad_plan = plan_backward(s.cfg, s.fwd.dims, s.deterministic);
   unsigned char* gws = s.grad_workspace.reserve(s.grad_plan.bytes);

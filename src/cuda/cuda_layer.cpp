@@ -8,6 +8,7 @@
 #include "core/geometry.hpp"
 #include "core/rope_table.hpp"
 #include "cuda/check.hpp"
+#include "cuda/device_arena.hpp"
 #include "cuda/host_bf16.hpp"
 #include "cuda/device_weights.hpp"
 #include "cuda/backward.hpp"
@@ -36,23 +37,19 @@ struct CudaLayerImpl {
   cublasHandle_t blas = nullptr;
   std::unique_ptr<DeviceWeightStore> weights;
   DeviceWeights w;
-  void* workspace = nullptr;
-  std::size_t workspace_capacity = 0;
+  DeviceArena workspace;
   bool poison = false;
   bool deterministic = false;
   ForwardParams last;  // the last run's parameters (for profile and backward)
   bool has_last = false;
   std::uint64_t generation = 0;
   float loss_scale = 0.0f;  // lambda / N_real of the last forward
-  void* grad_workspace = nullptr;  // backward buffers + weight gradients (grow-only)
-  std::size_t grad_capacity = 0;
+  DeviceArena grad_workspace;  // backward buffers + weight gradients
   BackwardPlan grad_plan;
   BackwardParams last_backward;
   bool has_backward = false;
 
   ~CudaLayerImpl() {
-    if (grad_workspace) cudaFree(grad_workspace);
-    if (workspace) cudaFree(workspace);
     if (blas) cublasDestroy(blas);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -84,16 +81,6 @@ void poison_forward(const AttentionConfig& c, const WorkspacePlan& plan, void* w
 }
 
 
-// The backward cases the GPU refuses, with the reason.
-void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, bool deterministic,
-                              float grad_indexer_loss) {
-  require(!(deterministic && c.has_indexer() && c.loss_coeff > 0.0 && grad_indexer_loss != 0.0f) ||
-              indexer_loss_mma_supported(f.dims),
-          ErrorKind::Unsupported,
-          "deterministic backward: the indexer loss gradient needs the tensor-core loss kernel "
-          "(head_dim 512, index_head_dim 128, at most 64 heads and 64 index heads); use the "
-          "fast (atomic) backward for this shape");
-}
 
 }  // namespace
 
@@ -128,15 +115,9 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   s.has_last = false;
   s.has_backward = false;
   const WorkspacePlan plan = plan_forward(c, T, layout.num_segments(), layout.max_seg_len());
-  if (plan.bytes > s.workspace_capacity) {  // grow outside the run
-    if (s.workspace) CSATTN_CUDA_CHECK(cudaFree(s.workspace));
-    s.workspace = nullptr;
-    CSATTN_CUDA_CHECK(cudaMalloc(&s.workspace, plan.bytes));
-    s.workspace_capacity = plan.bytes;
-  }
-  auto* base = static_cast<unsigned char*>(s.workspace);
-  if (s.poison) poison_forward(c, plan, s.workspace, T, s.stream);
-  ForwardParams p = params_on(plan, s.workspace, s.w);
+  unsigned char* base = s.workspace.reserve(plan.bytes);  // grown outside the run
+  if (s.poison) poison_forward(c, plan, base, T, s.stream);
+  ForwardParams p = params_on(plan, base, s.w);
   const std::vector<std::int32_t>& cu = layout.cu_seqlens();
   const std::vector<std::int32_t>& cup = layout.cu_seqlens_padded();
   const std::vector<std::uint16_t> xb = to_bf16_bits(x.to_f32().data(), static_cast<std::size_t>(x.numel()));
@@ -186,7 +167,7 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
 std::uint64_t CudaLayer::generation() const { return impl_->generation; }
 
 std::size_t CudaLayer::device_bytes() const {
-  return impl_->weights->bytes() + impl_->workspace_capacity + impl_->grad_capacity;
+  return impl_->weights->bytes() + impl_->workspace.capacity + impl_->grad_workspace.capacity;
 }
 
 LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer_loss) {
@@ -199,18 +180,11 @@ LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer
   // The backward's buffers are sized here, outside the run (grow-only), so a forward-only
   // caller never holds them.
   s.grad_plan = plan_backward(c, f.dims, s.deterministic);
-  if (s.grad_plan.bytes > s.grad_capacity) {
-    if (s.grad_workspace) CSATTN_CUDA_CHECK(cudaFree(s.grad_workspace));
-    s.grad_workspace = nullptr;
-    s.grad_capacity = 0;
-    s.has_backward = false;
-    CSATTN_CUDA_CHECK(cudaMalloc(&s.grad_workspace, s.grad_plan.bytes));
-    s.grad_capacity = s.grad_plan.bytes;
-  }
-  auto* gbase = static_cast<unsigned char*>(s.grad_workspace);
+  if (s.grad_plan.bytes > s.grad_workspace.capacity) s.has_backward = false;  // its buffers go
+  unsigned char* gbase = s.grad_workspace.reserve(s.grad_plan.bytes);
   BackwardParams bp;
-  bp.buf = s.grad_plan.buffers(s.grad_workspace);
-  bp.grad = s.grad_plan.gradients(s.grad_workspace);
+  bp.buf = s.grad_plan.buffers(gbase);
+  bp.grad = s.grad_plan.gradients(gbase);
   bp.grad_loss = grad_indexer_loss;
   bp.loss_scale = s.loss_scale;
   bp.sparse_loss = c.sparse_loss;
@@ -229,7 +203,7 @@ LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer
   out.grad_input = Tensor(DType::f32, {T, c.d_model});
   CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.grad_input.data(), bp.buf.dx, out.grad_input.nbytes(),
                                     cudaMemcpyDeviceToHost, s.stream));
-  out.grad = gradients_to_host(c, s.grad_plan, s.grad_workspace, s.stream);
+  out.grad = gradients_to_host(c, s.grad_plan, gbase, s.stream);
   return out;
 }
 
@@ -279,7 +253,7 @@ StageProfile CudaLayer::profile(int warmup, int iters) {
   StageProfile prof = profile_stages(
       [&](StageTimer* timer) { run_forward(s.last, s.blas, s.stream, timer); }, s.stream, warmup,
       iters);
-  prof.workspace_bytes = s.workspace_capacity;
+  prof.workspace_bytes = s.workspace.capacity;
   return prof;
 }
 
@@ -352,7 +326,7 @@ StageProfile CudaLayer::profile_backward(int warmup, int iters) {
   StageProfile prof = profile_stages(
       [&](StageTimer* timer) { run_backward(s.last, s.last_backward, s.blas, s.stream, timer); },
       s.stream, warmup, iters);
-  prof.workspace_bytes = s.workspace_capacity;
+  prof.workspace_bytes = s.workspace.capacity;
   return prof;
 }
 

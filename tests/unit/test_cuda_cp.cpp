@@ -68,7 +68,7 @@ SeqLayout gpu_batch(const AttentionConfig& cfg, CpMode mode, int P) {
 // A device-cuda CP run: every rank constructs its own layer (GPU state is per rank), on
 // GPU 0 through the in-process group, or (nccl) on GPU r through NCCL.
 CpRun run_cp_gpu(const AttentionConfig& cfg, const LayerWeights& w, const CpPartition& part,
-                 const Tensor& x, const Tensor& dy, bool nccl) {
+                 const Tensor& x, const Tensor& dy, bool nccl, bool deterministic = false) {
   CpRun run = empty_run(cfg, part);
   run_local_ranks(part.ranks(), [&](Communicator& boot) {
     const int r = boot.rank();
@@ -79,6 +79,7 @@ CpRun run_cp_gpu(const AttentionConfig& cfg, const LayerWeights& w, const CpPart
     Communicator& comm = nccl ? *owned : boot;
     RunOptions opt{Precision::bf16, Device::cuda};
     opt.poison_workspace = true;
+    opt.deterministic = deterministic;
     const ContextParallelLayer layer(cfg, w, opt);
     const CpLayerOutputs out = layer.forward(comm, part, local_rows_of(x, part, r));
     record_forward(run, cfg, part, r, out);
@@ -208,6 +209,58 @@ TEST(CudaCpNccl, OneGpuPerRankMatchesSingleGpu) {
       }
     }
   }
+}
+
+// The deterministic backward (fixed-order key-gradient sums) under context parallelism: two
+// runs give bitwise-equal gradients, and they match the single-GPU layer like the fast mode.
+// (At the small shape the indexer loss has no deterministic kernel: the loss is off here,
+// and its refusal is the next test.)
+TEST(CudaCp, DeterministicBackwardRepeatsBitwise) {
+  SKIP_WITHOUT_GPU();
+  for (int ratio : {4, 128}) {
+    SCOPED_TRACE("ratio " + std::to_string(ratio));
+    AttentionConfig cfg = gpu_config("small", ratio);
+    cfg.loss_coeff = 0.0;
+    const SeqLayout layout = gpu_batch(cfg, CpMode::two_chunk, 2);
+    const CpPartition part = CpPartition::build(layout, CpMode::two_chunk, 2);
+    const int T = static_cast<int>(layout.total_rows());
+    const LayerWeights w = LayerWeights::random(cfg, 111);
+    const Tensor x = random_tensor(T, cfg.d_model, 112, true);
+    const Tensor dy = random_tensor(T, cfg.d_model, 113, true);
+    const CpRun a = run_cp_gpu(cfg, w, part, x, dy, false, true);
+    const CpRun b = run_cp_gpu(cfg, w, part, x, dy, false, true);
+    EXPECT_TRUE(bitwise_equal(a.grad_input, b.grad_input)) << "grad_input";
+    for (const auto& [name, g] : a.grad) { EXPECT_EQ(g, b.grad.at(name)) << name; }
+    HybridAttentionLayer single(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+    const LayerOutputs ref = single.forward(x, layout);
+    expect_matches_single(cfg, layout, a, ref, single.backward(ref, dy));
+  }
+}
+
+// What the single-GPU backward refuses (deterministic loss gradient without its kernel) the
+// CP backward refuses too, on every rank with the same error (agreed, no hang).
+TEST(CudaCp, DeterministicLossWithoutItsKernelIsRefusedOnEveryRank) {
+  SKIP_WITHOUT_GPU();
+  const AttentionConfig cfg = gpu_config("small", 4);
+  const SeqLayout layout = gpu_batch(cfg, CpMode::contiguous, 2);
+  const CpPartition part = CpPartition::build(layout, CpMode::contiguous, 2);
+  const int T = static_cast<int>(layout.total_rows());
+  const LayerWeights w = LayerWeights::random(cfg, 121);
+  const Tensor x = random_tensor(T, cfg.d_model, 122, true);
+  std::vector<std::string> errors(2);
+  run_local_ranks(2, [&](Communicator& comm) {
+    if (cudaSetDevice(0) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
+    RunOptions opt{Precision::bf16, Device::cuda};
+    opt.deterministic = true;
+    const ContextParallelLayer layer(cfg, w, opt);
+    const CpLayerOutputs out = layer.forward(comm, part, local_rows_of(x, part, comm.rank()));
+    try {
+      layer.backward(comm, out, local_rows_of(x, part, comm.rank()));
+    } catch (const Error& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const std::string& e : errors) EXPECT_NE(e.find("tensor-core loss kernel"), std::string::npos) << e;
 }
 
 // The device-memory entry points (caller's arrays and stream) give the same results as the
