@@ -220,27 +220,35 @@ json sparse_attention_case(int heads, int topk, int keys, int queries, double ge
 // The sparse attention backward kernel alone (the one launch_attention_backward picks;
 // CSATTN_ATTENTION_BACKWARD=mma / baseline force an older one), after one forward for O and
 // LSE. FLOPs = 2 * H * (3 * 512 + 2 * 512) per (query, key): S, dP, dQ, and the two products
-// of dK (P^T dO, dS^T Q). discard_key_grads (wgmma kernel only) times the same kernel without
-// its key-gradient reductions: what those cost.
+// of dK (P^T dO, dS^T Q). writes other than all (wgmma kernel only, wrong gradients on
+// purpose) time the same kernel without its key-gradient reductions (none: what they cost) or
+// with those of the even head blocks only (what halving them would buy; KeyGradWrites).
+const char* key_grad_writes_label(KeyGradWrites writes) {
+  return writes == KeyGradWrites::none               ? " (no dK writes)"
+         : writes == KeyGradWrites::even_head_blocks ? " (dK of even head blocks)"
+                                                     : "";
+}
+
 json sparse_attention_backward_case(int heads, int topk, int keys, int queries,
-                                    double gemm_tflops, bool discard_key_grads) {
+                                    double gemm_tflops, KeyGradWrites writes) {
   const SparseAttentionInputs in(heads, topk, keys, queries, true);
   in.forward();
   const std::string kernel = attention_backward_kernel_name(in.d);
   double ms;
-  if (discard_key_grads) {
-    require(kernel == "wgmma", ErrorKind::Unsupported,
-            "discarding key gradients is a wgmma-kernel measurement");
+  if (writes != KeyGradWrites::all) {
+    require(kernel.rfind("wgmma", 0) == 0, ErrorKind::Unsupported,
+            "partial key-gradient writes are a wgmma-kernel measurement");
     ms = median_ms([&] {
       launch_attention_backward_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev,
                                       in.out, in.lse, in.dout, in.dq, in.dkv, in.dcomp, in.dsink,
-                                      nullptr, GradChunk{}, true);
+                                      nullptr, GradChunk{}, writes);
     }, 1, 5);
   } else {
     ms = median_ms([&] { in.backward(); }, 1, 5);
   }
   json j = in.record(ms, 2.0 * (3 * 512 + 2 * 512), gemm_tflops);
-  j["kernel"] = discard_key_grads ? kernel + " (no dK writes)" : kernel;
+  // The measurement modes run the unpaired kernel.
+  j["kernel"] = writes == KeyGradWrites::all ? kernel : "wgmma" + std::string(key_grad_writes_label(writes));
   return j;
 }
 
@@ -258,7 +266,7 @@ json attention_backward_phases_case(int heads, int topk, int keys, int queries) 
   CSATTN_CUDA_CHECK(cudaMemset(dev, 0, sizeof(unsigned) * Stamps::count()));
   launch_attention_backward_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev, in.out,
                                   in.lse, in.dout, in.dq, in.dkv, in.dcomp, in.dsink, nullptr,
-                                  GradChunk{}, false, dev);
+                                  GradChunk{}, KeyGradWrites::all, dev);
   CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<unsigned> h(static_cast<std::size_t>(Stamps::count()));
   CSATTN_CUDA_CHECK(cudaMemcpy(h.data(), dev, sizeof(unsigned) * h.size(), cudaMemcpyDeviceToHost));
@@ -512,11 +520,15 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       std::printf("%6s %6s %7s %10s %9s %8s  %s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM", "kernel");
       for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
         for (int keys : {8192, 32768, 65536})
-          for (bool discard : {false, true}) {
-            if (discard && report["sparse_attention_backward"].back()["kernel"] != "wgmma") continue;
+          for (KeyGradWrites writes : {KeyGradWrites::all, KeyGradWrites::none, KeyGradWrites::even_head_blocks}) {
+            // The measurement modes after the real run, with the wgmma kernel only.
+            if (writes != KeyGradWrites::all &&
+                report["sparse_attention_backward"].back()["kernel"].get<std::string>().rfind("wgmma", 0) != 0)
+              continue;
+            if (writes == KeyGradWrites::even_head_blocks && heads < 128) continue;  // one head block
             std::fprintf(stderr, "cuda_bench: sparse attention backward H %d top-k %d keys %d%s\n",
-                         heads, topk, keys, discard ? " (no dK writes)" : "");
-            json j = sparse_attention_backward_case(heads, topk, keys, 4096, gemm, discard);
+                         heads, topk, keys, key_grad_writes_label(writes));
+            json j = sparse_attention_backward_case(heads, topk, keys, 4096, gemm, writes);
             std::printf("%6d %6d %7d %10.3f %9.1f %8.3f  %s\n", heads, topk, keys, j["ms"].get<double>(),
                         j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>(),
                         j["kernel"].get<std::string>().c_str());

@@ -29,7 +29,8 @@ void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, c
 // How many contributions per (row, slot) the kernel launch_attention_backward picks writes in
 // deterministic mode (its head blocks: 1 for the baseline).
 int attention_backward_copies(const LayerDims& d);
-// The kernel launch_attention_backward picks: "wgmma", "mma" or "baseline" (benchmarks).
+// The kernel launch_attention_backward picks: "wgmma" ("wgmma-pair" in its fast mode where it
+// pairs head blocks), "mma" or "baseline" (benchmarks).
 const char* attention_backward_kernel_name(const LayerDims& d);
 // The CUDA-core baseline (any head_dim up to 1024), the reference of the tensor-core kernel.
 void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata& meta,
@@ -40,16 +41,24 @@ void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata
                                         float* dsink_part, cudaStream_t stream,
                                         const GradChunk& chunk = {});
 // The wgmma kernel (attention_backward_wgmma.cu, Hopper): head_dim 512 and a CSA top-k row
-// that fits its shared memory (any HCA / SWA length); same contract. discard_key_grads skips every key-gradient write
-// (measurement only: what the reductions cost).
+// that fits its shared memory (any HCA / SWA length); same contract. `writes` other than all
+// are measurements only (benchmarks), wrong gradients on purpose: none skips every
+// key-gradient write (what the reductions cost); even_head_blocks drops those of the odd head
+// blocks (the write traffic a reduction of a token's two head blocks inside the GPU - a 2-CTA
+// cluster summing through distributed shared memory - would leave: its ceiling at 128 heads).
+enum class KeyGradWrites { all, none, even_head_blocks };
 bool attention_backward_wgmma_supported(const LayerDims& d);
+// Whether the fast mode runs the pair kernel (two head blocks summing their key gradients in a
+// 2-CTA cluster before reducing them; attention_backward_wgmma.cu) for these dims.
+bool attention_backward_wgmma_pairs(const LayerDims& d);
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta,
                                      const bf16* q, const bf16* kv, const bf16* comp,
                                      const float* sink, const std::int32_t* topk,
                                      const bf16* out, const float* lse, const bf16* dout,
                                      float* dq_acc, float* dkv_acc, float* dcomp_acc,
                                      float* dsink_part, cudaStream_t stream,
-                                     const GradChunk& chunk = {}, bool discard_key_grads = false,
+                                     const GradChunk& chunk = {},
+                                     KeyGradWrites writes = KeyGradWrites::all,
                                      unsigned* phase_stamps = nullptr);
 // Measurement only (benchmarks): the wgmma backward's phase_stamps, the multiprocessor's
 // 32-bit clock() with its lowest bit set (never 0: 0 means "not reached"; subtract modulo

@@ -131,6 +131,9 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   ASSERT_EQ(D, 512);
   ASSERT_TRUE(attention_backward_mma_supported(d));
   ASSERT_TRUE(attention_backward_wgmma_supported(d));
+  // Two head blocks: the fast mode pairs them (the cluster kernel), so the comparisons below
+  // test its exchange.
+  EXPECT_EQ(attention_backward_wgmma_pairs(d), (H + 63) / 64 == 2);
 
   // Metadata on the device (the forward's kernel builds the per-row part).
   testing_util::DeviceMetadataArrays metadata;
@@ -208,7 +211,7 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
                                     dev_cast<bf16>(comp), sink.get(), topk.get(),
                                     dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(),
                                     dkv.get(), dcomp.get(), dsink.get(), nullptr, GradChunk{},
-                                    false, stamps.get());
+                                    KeyGradWrites::all, stamps.get());
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(dq.download(), got.dq) << "the stamped kernel's dQ";
     const std::vector<unsigned> h = stamps.download();
@@ -391,6 +394,11 @@ TEST(CudaAttentionBackwardLong, HcaSegmentOf600KTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionBackward,
                          ::testing::Values(BwdCase{64, 4, 100}, BwdCase{128, 4, 128},
+                                           // two head blocks: the pair kernel (HCA, SWA, a
+                                           // half-empty second block, both halves of a long
+                                           // compacted top-k row)
+                                           BwdCase{128, 128, 0}, BwdCase{128, 0, 0},
+                                           BwdCase{96, 4, 256}, BwdCase{128, 4, 1024, 4200},
                                            BwdCase{24, 4, 100}, BwdCase{64, 128, 0},
                                            BwdCase{64, 0, 0},
                                            // top-k rows of ~900 valid ids: the wgmma
