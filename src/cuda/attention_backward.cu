@@ -180,7 +180,7 @@ int attention_backward_copies(const LayerDims& d) {
 
 const char* attention_backward_kernel_name(const LayerDims& d) {
   switch (backward_kernel(d)) {
-    case BackwardKernel::wgmma: return attention_backward_wgmma_pairs(d) ? "wgmma-pair" : "wgmma";
+    case BackwardKernel::wgmma: return "wgmma";
     case BackwardKernel::mma: return "mma";
     case BackwardKernel::baseline: return "baseline";
   }

@@ -35,25 +35,15 @@
 //   previous tile, the last reader of both tiles besides WG0's own, is complete).
 // WG0 and WG1 run separate loops: a loop shared through `if (c == 0)` makes ptxas serialise
 // every wgmma (C7514 / C7515).
-// Pair kernel (kPair; the fast mode at 65-128 heads): the token's two head-block CTAs form a
-// 2-CTA cluster and sum each dK chunk through distributed shared memory before reducing it,
-// each CTA its own half of the dims (flush_dk_pair), which halves the key-gradient reductions
-// into L2. Its compacted top-k row is split between the two CTAs to make room for the
-// landing buffers.
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
-#include <utility>
 
 #include "cuda/atomic_util.cuh"
 #include "cuda/attention_keys.cuh"
 #include "cuda/attention_row_terms.cuh"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
-#include "cuda/cluster_util.cuh"
 #include "cuda/mma_util.cuh"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
@@ -81,16 +71,6 @@ constexpr int kDrowOff = kLseOff + kRows * 4;
 constexpr int kCountOff = kDrowOff + kRows * 4;   // warp counts of the top-k compaction [8]
 constexpr int kSelOff = kCountOff + 8 * 4;
 static_assert(kThreads / 32 <= 8, "make_key_list's warp counts");
-// The pair kernel (a cluster of a token's two head blocks, below) replaces the compacted row
-// at kSelOff by: full[2], free[2] mbarriers | a landing buffer per warpgroup | its half of the
-// compacted row. It fits 227 KB at top-k 1024 only without the 1 KB alignment slack: it
-// needs the dynamic shared memory to start 1024-byte aligned (it does on sm_90: no static
-// shared memory, the 1 KB the system reserves comes first) and traps otherwise.
-constexpr int kLandBytes = 4 * kWgThreads * 16;  // one exchange round: 16 floats a thread
-constexpr int kXBarOff = kSelOff;
-constexpr int kLandOff = kXBarOff + 4 * 8;
-constexpr int kPairSelOff = kLandOff + 2 * kLandBytes;
-static_assert(kLandOff % 16 == 0, "16-byte landing stores");
 
 // Named barriers (0 is __syncthreads), each over both warpgroups.
 constexpr int kBarPReady = 1;   // WG0 -> WG1: the P tile of this key tile is written
@@ -103,11 +83,6 @@ enum class KeyGrads { atomic, scratch, discard, even_head_blocks };
 std::size_t wgmma_backward_smem_bytes(const LayerDims& d) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
   return 1024 + kSelOff + (d.ratio == 4 ? sizeof(int) * static_cast<std::size_t>(d.topk) : 0);
-}
-// Compacted top-k entries a CTA of the pair keeps (the first half in rank 0).
-int pair_sel_half(const LayerDims& d) { return d.ratio == 4 ? (d.topk + 1) / 2 : 0; }
-std::size_t pair_smem_bytes(const LayerDims& d) {
-  return kPairSelOff + sizeof(int) * static_cast<std::size_t>(pair_sel_half(d));
 }
 
 // dK [64 keys x 128 dims from dim0] = P^T dO + dS^T Q over the 64 head rows. A = the [heads x
@@ -134,10 +109,13 @@ __device__ __forceinline__ void dk_chunk(float (&dk)[64], std::uint32_t p_base,
 // pairs (q, q ^ 1) first swap halves in place, so that dk[4i .. 4i + 3] of the even lane are
 // dims 8 i + 2 q .. + 3 of row g and those of the odd lane dims 8 i + 2 (q - 1) .. + 3 of row
 // g + 8; then one 16-byte reduction (or store) per column group. Slots past the key list
-// (the last tile's tail) are skipped. dk is consumed. swap_lane_pairs is that swap, flush_dk
-// the rest.
-__device__ __forceinline__ void swap_lane_pairs(float (&dk)[64]) {
-  const bool odd = (threadIdx.x & 1) != 0;
+// (the last tile's tail) are skipped. dk is consumed.
+template <KeyGrads kMode>
+__device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, float* dkv_acc,
+                                         float* dcomp_acc, float* scratch, int slot0, int dim0,
+                                         int hb) {
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, qd = lane & 3;
+  const bool odd = (qd & 1) != 0;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     // The even lane sends its row g + 8 values (4i + 2, 4i + 3), the odd lane its row g ones.
@@ -153,15 +131,6 @@ __device__ __forceinline__ void swap_lane_pairs(float (&dk)[64]) {
       dk[4 * i + 3] = r1;
     }
   }
-}
-
-template <KeyGrads kMode>
-__device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, float* dkv_acc,
-                                         float* dcomp_acc, float* scratch, int slot0, int dim0,
-                                         int hb) {
-  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, qd = lane & 3;
-  const bool odd = (qd & 1) != 0;
-  swap_lane_pairs(dk);
   // discard (measurement only) stops here, even_head_blocks (measurement only) for odd head
   // blocks. The test is true whenever the two accumulators are distinct buffers (always), but
   // ptxas cannot know it, so it must keep the dK products: it drops wgmmas whose accumulators
@@ -184,88 +153,9 @@ __device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, f
   }
 }
 
-// The pair kernel: a cluster of the two CTAs of one token's two head blocks (H = 65..128). Their
-// dK chunks cover the same keys and dims, so they are summed inside the cluster before one
-// reduction goes to L2: half the key-gradient traffic, the cost that dominates this kernel
-// (perf.md). Warpgroup c of rank r owns dims [64 r, 64 r + 64) of each of its 128-dim chunks:
-// it sends the other 64 (32 floats a thread) to warpgroup c of the peer in two rounds of 16
-// through the peer's landing buffer (8 KB; thread-major per 16-byte group so both sides touch
-// consecutive addresses), adds what the peer sent for its own dims and reduces those. Per round
-// and warpgroup two mbarriers in each CTA: full (the peer's four warps stored this CTA's
-// landing) and free (the peer's four warps have read the landing this CTA writes next). Both
-// CTAs run the same tiles and chunks, so the rounds match one to one.
-// Shared-memory addresses of a warpgroup's exchange (local ones; the peer's through mapa).
-__device__ __forceinline__ std::uint32_t pair_land(std::uint32_t base, int c) {
-  return base + kLandOff + c * kLandBytes;
-}
-__device__ __forceinline__ std::uint32_t pair_full(std::uint32_t base, int c) {
-  return base + kXBarOff + 8 * c;
-}
-__device__ __forceinline__ std::uint32_t pair_free(std::uint32_t base, int c) {
-  return base + kXBarOff + 16 + 8 * c;
-}
-
-// Rounds go 4 a tile (2 chunks x 2 halves), so round h of a chunk has phase parity h: full
-// completes phase h, free the previous round's phase 1 - h. `first`: the kernel's first chunk
-// (its first round has no previous one to wait for).
-__device__ __forceinline__ void flush_dk_pair(float (&dk)[64], const KeyList& keys, float* dkv_acc,
-                                              float* dcomp_acc, int slot0, int dim0,
-                                              std::uint32_t base, int rank, bool first) {
-  const int wt = threadIdx.x & (kWgThreads - 1), lane = threadIdx.x & 31, w = wt >> 5;
-  const int c = threadIdx.x >> 7, g = lane >> 2, qd = lane & 3;
-  const bool odd = (qd & 1) != 0;
-  swap_lane_pairs(dk);
-  // The owned dims first: groups 0-7 owned, 8-15 sent (register indices stay constants).
-  if (rank != 0) {
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const float v = dk[j];
-      dk[j] = dk[j + 32];
-      dk[j + 32] = v;
-    }
-  }
-  const int slot = slot0 + 16 * w + g + (odd ? 8 : 0);
-  float* row = slot < keys.n ? key_grad_row(keys.id(slot), dkv_acc, dcomp_acc, kDim) + dim0 +
-                                   64 * rank + 2 * (qd & ~1)
-                             : nullptr;
-  const unsigned peer = static_cast<unsigned>(rank) ^ 1u;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (h == 1 || !first) mbar_wait_cluster(pair_free(base, c), 1 - h);  // the peer read the last round
-    const std::uint32_t land_peer = cluster_map(pair_land(base, c), peer);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int i = 8 + 4 * h + k;
-      st_cluster_v4(land_peer + (k * kWgThreads + wt) * 16, dk[4 * i], dk[4 * i + 1],
-                    dk[4 * i + 2], dk[4 * i + 3]);
-    }
-    __syncwarp();  // the warp's stores before its release
-    if (lane == 0) mbar_arrive_cluster(cluster_map(pair_full(base, c), peer));
-    mbar_wait_cluster(pair_full(base, c), h);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int i = 4 * h + k;
-      const float4 v = ld_shared_v4(pair_land(base, c) + (k * kWgThreads + wt) * 16);
-      dk[4 * i] += v.x;
-      dk[4 * i + 1] += v.y;
-      dk[4 * i + 2] += v.z;
-      dk[4 * i + 3] += v.w;
-    }
-    __syncwarp();  // the warp's loads before its release
-    if (lane == 0) mbar_arrive_cluster(cluster_map(pair_free(base, c), peer));
-    if (row != nullptr) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int i = 4 * h + k;
-        red_add_v4(row + 8 * i, dk[4 * i], dk[4 * i + 1], dk[4 * i + 2], dk[4 * i + 3]);
-      }
-    }
-  }
-}
-
 // kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
 // AttentionBackwardStamps (backward_kernels.hpp) says.
-template <KeyGrads kMode, bool kStamps, bool kPair>
+template <KeyGrads kMode, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                     const bf16* kv, const bf16* comp, const float* sink,
@@ -308,32 +198,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     mbar_init(ready0, kWgThreads);  // one cp.async arrival per thread of the gathering WG
     mbar_init(ready1, kWgThreads);
-    if constexpr (kPair) {
-      if (smem != smem_raw) __trap();  // the pair layout has no alignment slack (see kXBarOff)
-      if (cluster_ctarank() != static_cast<unsigned>(hb)) __trap();
-      for (int b = 0; b < 4; ++b) mbar_init(base + kXBarOff + 8 * b, 4);  // one arrival a warp
-    }
     mbar_init_fence();
   }
   // (make_key_list ends with __syncthreads: the barriers are initialised for everyone.)
-  KeyList keys;
-  if constexpr (kPair) {
-    // Rank r keeps compacted entries [r half, (r + 1) half); both read both halves.
-    const unsigned rank = static_cast<unsigned>(hb);  // the cluster is blocks 2t, 2t + 1
-    const int half = (d.topk + 1) / 2;
-    int* sel_local = reinterpret_cast<int*>(smem + kPairSelOff);
-    keys = make_key_list<kThreads>(d, meta, topk, t, sel_local, reinterpret_cast<int*>(smem + kCountOff),
-                                   static_cast<int>(rank) * half, half);
-    if (keys.sel != nullptr) {
-      keys.sel = rank == 0 ? sel_local : cluster_map(static_cast<const int*>(sel_local), 0u);
-      keys.sel_hi = rank == 1 ? sel_local : cluster_map(static_cast<const int*>(sel_local), 1u);
-      keys.split = half;
-    }
-    cluster_sync();  // both halves of the row and both CTAs' barriers are ready
-  } else {
-    keys = make_key_list<kThreads>(d, meta, topk, t, reinterpret_cast<int*>(smem + kSelOff),
-                                   reinterpret_cast<int*>(smem + kCountOff));
-  }
+  const KeyList keys = make_key_list<kThreads>(d, meta, topk, t, reinterpret_cast<int*>(smem + kSelOff),
+                                     reinterpret_cast<int*>(smem + kCountOff));
   const int n = keys.n;
   const int tiles = (n + kKeys - 1) / kKeys;
 
@@ -413,8 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     wgmma_pin(dk);
     stamp(tile, 5);
-    if constexpr (kPair) flush_dk_pair(dk, keys, dkv_acc, dcomp_acc, tile * kKeys, dim0, base, hb, tile == 0);
-    else flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dim0, hb);
+    flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dim0, hb);
     stamp(tile, 6);
     wgmma_fence();
     dk_chunk(dk, p_base, ds_base, do_base, q_base, dim0 + 128);
@@ -422,8 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     wgmma_pin(dk);
     if (frees_pds) named_barrier_arrive(kBarPdsFree, kThreads);
-    if constexpr (kPair) flush_dk_pair(dk, keys, dkv_acc, dcomp_acc, tile * kKeys, dim0 + 128, base, hb, false);
-    else flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dim0 + 128, hb);
+    flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dim0 + 128, hb);
     stamp(tile, 7);
   };
 
@@ -501,9 +368,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           make_float2(dq[4 * i + 2], dq[4 * i + 3]);
   }
   stamp_at(Stamps::tiles, 3);
-  // The peer may still arrive on this CTA's barriers (its last free arrival): stay until it is
-  // done.
-  if constexpr (kPair) cluster_sync();
 }
 
 // The opt-in shared-memory maximum of a Hopper block (227 KB).
@@ -514,52 +378,6 @@ constexpr std::size_t kMaxDynamicSmem = 227 * 1024;
 bool attention_backward_wgmma_supported(const LayerDims& d) {
   return d.head_dim == kDim &&
          wgmma_backward_smem_bytes(d) <= kMaxDynamicSmem;
-}
-
-namespace {
-
-// The pair kernel takes the fast mode where a token has exactly two head blocks, its layout fits
-// and the device can co-schedule the cluster; CSATTN_ATTENTION_BACKWARD_PAIR=off turns it off
-// (A/B measurements).
-bool use_pair_kernel(const LayerDims& d, const void* kernel) {
-  static const bool off = [] {
-    const char* v = std::getenv("CSATTN_ATTENTION_BACKWARD_PAIR");
-    return v != nullptr && std::string(v) == "off";
-  }();
-  if (off || (d.heads + kRows - 1) / kRows != 2 || pair_smem_bytes(d) > kMaxDynamicSmem) return false;
-  // Asked once per (device, shared-memory size): the answer cannot change.
-  static std::mutex mutex;
-  static std::map<std::pair<int, std::size_t>, bool> known;
-  int device = 0;
-  CSATTN_CUDA_CHECK(cudaGetDevice(&device));
-  const std::pair<int, std::size_t> key{device, pair_smem_bytes(d)};
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto it = known.find(key); it != known.end()) return it->second;
-  allow_dynamic_smem(kernel, pair_smem_bytes(d), "the wgmma attention backward (pair kernel)");
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = pair_smem_bytes(d);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-  if (err != cudaSuccess) (void)cudaGetLastError();  // a refusal is an answer, not a launch error
-  const bool ok = err == cudaSuccess && clusters > 0;
-  known[key] = ok;
-  return ok;
-}
-
-}  // namespace
-
-bool attention_backward_wgmma_pairs(const LayerDims& d) {
-  return use_pair_kernel(d, reinterpret_cast<const void*>(
-                                attention_backward_wgmma_kernel<KeyGrads::atomic, false, true>));
 }
 
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
@@ -586,39 +404,16 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   require(phase_stamps == nullptr || (chunk.scratch == nullptr && !measuring),
           ErrorKind::InvalidArgument,
           "the wgmma attention backward's phase stamps are taken in the fast mode only");
+  auto kernel =
+      phase_stamps != nullptr                     ? attention_backward_wgmma_kernel<KeyGrads::atomic, true>
+      : writes == KeyGradWrites::none             ? attention_backward_wgmma_kernel<KeyGrads::discard, false>
+      : writes == KeyGradWrites::even_head_blocks ? attention_backward_wgmma_kernel<KeyGrads::even_head_blocks, false>
+      : chunk.scratch                             ? attention_backward_wgmma_kernel<KeyGrads::scratch, false>
+                                                  : attention_backward_wgmma_kernel<KeyGrads::atomic, false>;
+  allow_dynamic_smem(kernel, smem, "the wgmma attention backward");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long blocks = static_cast<long>(rows) * head_blocks;
   require(blocks < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
-  const bool fast = chunk.scratch == nullptr && !measuring;
-  if (fast && attention_backward_wgmma_pairs(d)) {
-    auto kernel = phase_stamps != nullptr ? attention_backward_wgmma_kernel<KeyGrads::atomic, true, true>
-                                          : attention_backward_wgmma_kernel<KeyGrads::atomic, false, true>;
-    const std::size_t pair_smem = pair_smem_bytes(d);
-    allow_dynamic_smem(kernel, pair_smem, "the wgmma attention backward (pair kernel)");
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = pair_smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2;  // the token's two head blocks, blockIdx.x 2t and 2t + 1
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    CSATTN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, d, meta, q, kv, comp, sink, topk, out, lse,
-                                         dout, dq_acc, dkv_acc, dcomp_acc, dsink_part, head_blocks,
-                                         chunk, phase_stamps));
-    return;
-  }
-  auto kernel =
-      phase_stamps != nullptr                     ? attention_backward_wgmma_kernel<KeyGrads::atomic, true, false>
-      : writes == KeyGradWrites::none             ? attention_backward_wgmma_kernel<KeyGrads::discard, false, false>
-      : writes == KeyGradWrites::even_head_blocks ? attention_backward_wgmma_kernel<KeyGrads::even_head_blocks, false, false>
-      : chunk.scratch                             ? attention_backward_wgmma_kernel<KeyGrads::scratch, false, false>
-                                                  : attention_backward_wgmma_kernel<KeyGrads::atomic, false, false>;
-  allow_dynamic_smem(kernel, smem, "the wgmma attention backward");
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
       d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part,
       head_blocks, chunk, phase_stamps);

@@ -49,18 +49,13 @@ __device__ __forceinline__ int build_key_list(const LayerDims& d, const DeviceMe
 // A query's key list without storing it: slot s < n_win is raw kv row win_row0 + s; slot
 // n_win + j is compressed row comp_row0 + (sel ? sel[j] : j), sel holding the valid entries
 // of a CSA top-k row in order (shared memory), HCA taking every visible entry in order.
-// Kernels whose two CTAs share one query (a cluster, attention_backward_wgmma.cu) keep half of
-// the compacted row each: entries j >= split are sel_hi[j - split] (both pointers generic, one
-// into the other CTA's shared memory).
 struct KeyList {
   int n_win = 0, n = 0, win_row0 = 0, comp_row0 = 0;
   const int* sel = nullptr;
-  const int* sel_hi = nullptr;
-  int split = 0x7fffffff;
   __device__ __forceinline__ int id(int slot) const {
     if (slot < n_win) return win_row0 + slot;
     const int j = slot - n_win;
-    return -(comp_row0 + (sel == nullptr ? j : j < split ? sel[j] : sel_hi[j - split]) + 1);
+    return -(comp_row0 + (sel != nullptr ? sel[j] : j) + 1);
   }
 };
 
@@ -69,12 +64,9 @@ struct KeyList {
 // sync() synchronises - a block or a named barrier; warp_counts: [kThreads / 32] ints of
 // shared memory. kBatch entries a thread per round (one global round trip per
 // kBatch x kThreads entries), a ballot and a scan over the warps' counts per entry.
-// out[i] = the i-th valid entry, for i in [first, first + count) only (stored at out[i - first]):
-// a CTA keeping part of the compacted row.
 template <int kThreads, class Sync>
 __device__ __forceinline__ int compact_valid_ids(const std::int32_t* sel, int K, int* out,
-                                                 int* warp_counts, Sync sync, int first = 0,
-                                                 int count = 0x7fffffff) {
+                                                 int* warp_counts, Sync sync) {
   constexpr int kBatch = 4;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int total = 0;
@@ -98,8 +90,7 @@ __device__ __forceinline__ int compact_valid_ids(const std::int32_t* sel, int K,
         before += w < warp ? c : 0;
         all += c;
       }
-      const int at = total + before + __popc(ballot & ((1u << lane) - 1u)) - first;
-      if (ok && at >= 0 && at < count) out[at] = v[j];
+      if (ok) out[total + before + __popc(ballot & ((1u << lane) - 1u))] = v[j];
       total += all;
       sync();  // warp_counts is rewritten next; out complete after the last
     }
@@ -110,13 +101,10 @@ __device__ __forceinline__ int compact_valid_ids(const std::int32_t* sel, int K,
 // The KeyList of row t. Called by every thread of a block of kThreads threads; for CSA it
 // compacts the top-k row into sel_s ([topk] ints of shared memory, compact_valid_ids with
 // warp_counts: [kThreads / 32] ints of shared memory); ends with a __syncthreads.
-// With sel_first / sel_count, sel_s keeps only the compacted entries [sel_first, sel_first +
-// sel_count) (the caller sets KeyList::sel / sel_hi / split).
 template <int kThreads>
 __device__ __forceinline__ KeyList make_key_list(const LayerDims& d, const DeviceMetadata& meta,
                                                  const std::int32_t* topk, int t, int* sel_s,
-                                                 int* warp_counts, int sel_first = 0,
-                                                 int sel_count = 0x7fffffff) {
+                                                 int* warp_counts) {
   KeyList k;
   const int b = meta.row_segment[t], pos = meta.row_position[t];
   const QueryWindow win = query_window(d, meta, b, pos);
@@ -126,7 +114,7 @@ __device__ __forceinline__ KeyList make_key_list(const LayerDims& d, const Devic
   int n_comp = 0;
   if (d.ratio == 4) {
     n_comp = compact_valid_ids<kThreads>(topk + static_cast<long>(t) * d.topk, d.topk, sel_s,
-                                         warp_counts, [] { __syncthreads(); }, sel_first, sel_count);
+                                         warp_counts, [] { __syncthreads(); });
     k.sel = sel_s;
   } else if (d.ratio > 1) {
     n_comp = min((pos + 1) / d.ratio, meta.comp_start[b + 1] - meta.comp_start[b]);

@@ -29,8 +29,7 @@ void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, c
 // How many contributions per (row, slot) the kernel launch_attention_backward picks writes in
 // deterministic mode (its head blocks: 1 for the baseline).
 int attention_backward_copies(const LayerDims& d);
-// The kernel launch_attention_backward picks: "wgmma" ("wgmma-pair" in its fast mode where it
-// pairs head blocks), "mma" or "baseline" (benchmarks).
+// The kernel launch_attention_backward picks: "wgmma", "mma" or "baseline" (benchmarks).
 const char* attention_backward_kernel_name(const LayerDims& d);
 // The CUDA-core baseline (any head_dim up to 1024), the reference of the tensor-core kernel.
 void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata& meta,
@@ -44,13 +43,10 @@ void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata
 // that fits its shared memory (any HCA / SWA length); same contract. `writes` other than all
 // are measurements only (benchmarks), wrong gradients on purpose: none skips every
 // key-gradient write (what the reductions cost); even_head_blocks drops those of the odd head
-// blocks (the write traffic a reduction of a token's two head blocks inside the GPU - a 2-CTA
-// cluster summing through distributed shared memory - would leave: its ceiling at 128 heads).
+// blocks (the write traffic a reduction of a token's two head blocks inside the GPU would
+// leave: its ceiling at 128 heads; perf.md, fifth session of 2026-12-04).
 enum class KeyGradWrites { all, none, even_head_blocks };
 bool attention_backward_wgmma_supported(const LayerDims& d);
-// Whether the fast mode runs the pair kernel (two head blocks summing their key gradients in a
-// 2-CTA cluster before reducing them; attention_backward_wgmma.cu) for these dims.
-bool attention_backward_wgmma_pairs(const LayerDims& d);
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta,
                                      const bf16* q, const bf16* kv, const bf16* comp,
                                      const float* sink, const std::int32_t* topk,
