@@ -11,9 +11,9 @@ namespace csattn::bench {
 // The benchmark sections, in run order: the names `csattn bench --sections` and
 // CSATTN_BENCH_SECTIONS take.
 inline const std::vector<std::string>& cuda_bench_sections() {
-  static const std::vector<std::string> names = {"attention",     "attention_backward", "layer",
-                                                 "deterministic", "indexer",            "elementwise",
-                                                 "indexer_loss",  "cp"};
+  static const std::vector<std::string> names = {"attention",     "attention_backward", "reductions",
+                                                 "layer",         "deterministic",      "indexer",
+                                                 "elementwise",   "indexer_loss",       "cp"};
   return names;
 }
 

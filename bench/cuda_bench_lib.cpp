@@ -32,6 +32,7 @@
 #include "cuda/cuda_layer.hpp"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/reduction_ceiling.hpp"
 #include "cuda/timing.hpp"
 #include "cuda/workspace.hpp"
 
@@ -311,6 +312,45 @@ json attention_backward_phases_case(int heads, int topk, int keys, int queries) 
 // ones), the forward attention's LSE as input. FLOPs per (row, candidate) pair, counted once:
 // teacher 2*64*512 + predictor 2*64*128 + dqI and dK 2 * 2*64*128 = 114,688 (recomputation,
 // the dense loss's window pass and second teacher pass not counted).
+// One reduction ceiling (reduction_ceiling.hpp): `tiles` tiles of 64 random rows out of `rows`
+// gradient rows of 512 fp32. One run from zeros is checked first - the buffer's sum must be
+// exactly what the path adds (1.0f per element per tile; the stores leave 1.0f on every row
+// they touch) - then the path is timed; TB/s over the bytes added (tiles x 64 x 2 KB).
+json reduction_case(ReductionPath path, int tiles, int rows) {
+  std::mt19937 rng(static_cast<unsigned>(rows) + 7u);
+  std::uniform_int_distribution<int> pick(0, rows - 1);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(tiles) * 64);
+  for (std::int32_t& id : ids) id = pick(rng);
+  std::int32_t* ids_dev = nullptr;
+  float* dst = nullptr;
+  const std::size_t floats = static_cast<std::size_t>(rows) * 512;
+  CSATTN_CUDA_CHECK(cudaMalloc(&ids_dev, ids.size() * 4));
+  CSATTN_CUDA_CHECK(cudaMalloc(&dst, floats * 4));
+  CSATTN_CUDA_CHECK(cudaMemcpy(ids_dev, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  CSATTN_CUDA_CHECK(cudaMemset(dst, 0, floats * 4));
+  launch_reduction_ceiling(path, dst, ids_dev, tiles, nullptr);
+  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> h(floats);
+  CSATTN_CUDA_CHECK(cudaMemcpy(h.data(), dst, floats * 4, cudaMemcpyDeviceToHost));
+  double sum = 0.0;
+  for (float v : h) sum += v;
+  double expected = 512.0 * static_cast<double>(ids.size());
+  if (path == ReductionPath::store_flush_layout) {
+    std::vector<char> touched(static_cast<std::size_t>(rows), 0);
+    for (std::int32_t id : ids) touched[static_cast<std::size_t>(id)] = 1;
+    expected = 512.0 * static_cast<double>(std::count(touched.begin(), touched.end(), 1));
+  }
+  require(sum == expected, ErrorKind::Internal,
+          std::string("reduction ceiling ") + reduction_path_name(path) + ": the buffer sums to " +
+              std::to_string(sum) + ", expected " + std::to_string(expected));
+  const double ms = median_ms([&] { launch_reduction_ceiling(path, dst, ids_dev, tiles, nullptr); }, 2, 5);
+  cudaFree(ids_dev);
+  cudaFree(dst);
+  const double bytes = static_cast<double>(ids.size()) * 512 * 4;
+  return json{{"path", reduction_path_name(path)}, {"tiles", tiles}, {"rows", rows}, {"ms", ms},
+              {"tbps", bytes / (ms * 1e-3) / 1e12}, {"checked", true}};
+}
+
 json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double gemm_tflops) {
   AttentionConfig cfg = ModelConfig::preset("flash").base;
   cfg.compress_ratio = 4;
@@ -557,6 +597,22 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
           report["attention_backward_phases"].push_back(j);
         }
       }
+    }
+    if (want("reductions")) {
+      // What adding dK tiles into the key-gradient rows can reach (the attention backward's
+      // largest cost), by path; rows 16K = 32 MB (a 64K-key CSA layer's compressed rows, in
+      // L2) and 256K = 512 MB (DRAM).
+      std::printf("\nreductions of 64-row x 512-fp32 tiles into random gradient rows (TB/s of fp32 added)\n");
+      std::printf("%-66s %8s %8s %9s\n", "path", "rows", "ms", "TB/s");
+      for (int rows : {16384, 262144})
+        for (ReductionPath path : {ReductionPath::red_flush_layout, ReductionPath::red_row_major,
+                                   ReductionPath::bulk_shared, ReductionPath::store_flush_layout}) {
+          std::fprintf(stderr, "cuda_bench: reductions %s rows %d\n", reduction_path_name(path), rows);
+          json j = reduction_case(path, 32768, rows);
+          std::printf("%-66s %8d %8.3f %9.2f\n", reduction_path_name(path), rows, j["ms"].get<double>(),
+                      j["tbps"].get<double>());
+          report["reductions"].push_back(j);
+        }
     }
     if (want("layer")) {
       std::printf("\nlayer forward + backward (flash shape, one sequence)\n");

@@ -238,8 +238,8 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--out", a->out, "GPU benchmarks: write the JSON report here")->type_name("FILE");
   cmd->add_option("--svg", a->svg, "GPU benchmarks: write the attention chart here")->type_name("FILE");
   cmd->add_option("--sections", a->sections,
-                  "GPU benchmarks: run only these sections (attention, attention_backward, layer, "
-                  "deterministic, indexer, elementwise, indexer_loss) [default: all]")
+                  "GPU benchmarks: run only these sections (attention, attention_backward, reductions, "
+                  "layer, deterministic, indexer, elementwise, indexer_loss, cp) [default: all]")
       ->delimiter(',')
       ->type_name("LIST");
   return [a]() {
