@@ -1,7 +1,7 @@
 // Measurement only (the `reductions` benchmark section): how fast fp32 gradient rows can be
 // added into global memory on this GPU, in the attention backward's pattern. The wgmma
 // backward spends ~40% of its time adding each 64-key tile's dK (64 random rows x 512 fp32)
-// into the key-gradient rows (perf.md); these kernels time that traffic alone, by three
+// into the key-gradient rows (perf.md); these kernels time that traffic alone, by four
 // paths, so a redesign knows which limit it is up against:
 //   red_flush_layout - red.global.add.v4.f32 with flush_dk's addresses (a warp instruction
 //                      touches 16 rows x 32 bytes), the kernel's path today;
