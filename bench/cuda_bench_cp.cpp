@@ -1,8 +1,10 @@
 // GPU context parallelism against CP = 1 (the `cp` section of `csattn bench --device cuda`):
 // one Flash-shape sequence per layer type, CP = 1 (one rank, the same context-parallel code,
 // over NCCL) and P = every visible GPU (NCCL, one GPU per rank, ranks as threads) in both
-// partition modes; on one GPU, CP = 1 alone. Per run: the slowest rank's forward and backward (medians of re-runs that include
-// the collectives, from a barrier to the stream's end), the train-step tokens/s, and the
+// partition modes; on one GPU, CP = 1 alone. Per run: the slowest rank's forward (without the
+// indexer loss value, as in the `layer` section), its loss stage alone, and its backward
+// (medians of re-runs that include the collectives, from a barrier to the stream's end), the
+// train-step tokens/s (forward + backward, as in the `layer` section), and the
 // largest rank's device memory (what the layer's allocations took from the GPU, measured
 // with cudaMemGetInfo around the layer's life, NCCL's own buffers included).
 #include <cuda_runtime.h>
@@ -43,7 +45,7 @@ Tensor uniform_rows(std::int64_t rows, int cols, std::uint64_t seed) {
 }
 
 struct RankResult {
-  double forward_ms = 0.0, backward_ms = 0.0;
+  double forward_ms = 0.0, loss_ms = 0.0, backward_ms = 0.0;
   std::size_t peak_bytes = 0;
   std::uint64_t comm_bytes = 0;  // sent, forward + backward
 };
@@ -81,6 +83,7 @@ json cp_case(const AttentionConfig& cfg, int tokens, int P, CpMode mode) {
       CSATTN_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
       RankResult& rr = res[static_cast<std::size_t>(r)];
       rr.forward_ms = prof.forward_ms;
+      rr.loss_ms = prof.loss_ms;
       rr.backward_ms = prof.backward_ms;
       rr.peak_bytes = free_before > free_after ? free_before - free_after : 0;
       rr.comm_bytes = after.bytes_sent - before.bytes_sent;
@@ -88,18 +91,20 @@ json cp_case(const AttentionConfig& cfg, int tokens, int P, CpMode mode) {
   });
   json j{{"type", layer_kind_name(cfg.kind())}, {"tokens", tokens}, {"ranks", P},
          {"mode", P > 1 ? cp_mode_name(mode) : "single"}};
-  double fwd = 0.0, bwd = 0.0, peak = 0.0, sent = 0.0;
+  double fwd = 0.0, loss = 0.0, bwd = 0.0, peak = 0.0, sent = 0.0;
   for (const RankResult& rr : res) {
     fwd = std::max(fwd, rr.forward_ms);
+    loss = std::max(loss, rr.loss_ms);
     bwd = std::max(bwd, rr.backward_ms);
     peak = std::max(peak, static_cast<double>(rr.peak_bytes));
     sent = std::max(sent, static_cast<double>(rr.comm_bytes));
-    j["per_rank"].push_back(json{{"forward_ms", rr.forward_ms}, {"backward_ms", rr.backward_ms},
+    j["per_rank"].push_back(json{{"forward_ms", rr.forward_ms}, {"loss_ms", rr.loss_ms}, {"backward_ms", rr.backward_ms},
                                  {"peak_bytes", rr.peak_bytes}, {"sent_bytes", rr.comm_bytes}});
   }
   j["forward_ms"] = fwd;
+  j["loss_ms"] = loss;
   j["backward_ms"] = bwd;
-  j["train_step_tokens_per_s"] = tokens / ((fwd + bwd) * 1e-3);
+  j["train_step_tokens_per_s"] = tokens / ((fwd + bwd) * 1e-3);  // as the `layer` section
   j["peak_bytes_per_rank"] = peak;
   j["max_sent_bytes"] = sent;
   return j;
@@ -121,8 +126,8 @@ json cp_benchmarks() {
   // of the `layer` section); P > 1 needs a GPU per rank.
   const int P = std::min(gpus, 8);
   if (P < 2) std::printf("  (one GPU here: CP = 1 only; P > 1 needs a GPU per rank)\n");
-  std::printf("%5s %7s %3s %11s %9s %9s %12s %9s %9s\n", "type", "tokens", "P", "mode", "fwd ms", "bwd ms",
-              "tokens/s", "GiB/rank", "MiB sent");
+  std::printf("%5s %7s %3s %11s %9s %9s %9s %12s %9s %9s\n", "type", "tokens", "P", "mode", "fwd ms", "loss ms",
+              "bwd ms", "tokens/s", "GiB/rank", "MiB sent");
   // CSATTN_BENCH_CP_TOKENS (comma list) picks the sequence lengths.
   std::vector<int> token_list;
   for (int t : {32768, 65536}) token_list.push_back((t + 2 * P - 1) / (2 * P) * (2 * P));  // both modes' rule
@@ -148,9 +153,9 @@ json cp_benchmarks() {
       for (auto [ranks, mode] : runs) {
         std::fprintf(stderr, "cuda_bench: cp ratio %d tokens %d P %d %s\n", ratio, tokens, ranks, cp_mode_name(mode));
         json j = cp_case(cfg, tokens, ranks, mode);
-        std::printf("%5s %7d %3d %11s %9.2f %9.2f %12.0f %9.2f %9.1f\n", j["type"].get<std::string>().c_str(), tokens,
-                    ranks, j["mode"].get<std::string>().c_str(), j["forward_ms"].get<double>(),
-                    j["backward_ms"].get<double>(), j["train_step_tokens_per_s"].get<double>(),
+        std::printf("%5s %7d %3d %11s %9.2f %9.2f %9.2f %12.0f %9.2f %9.1f\n", j["type"].get<std::string>().c_str(),
+                    tokens, ranks, j["mode"].get<std::string>().c_str(), j["forward_ms"].get<double>(),
+                    j["loss_ms"].get<double>(), j["backward_ms"].get<double>(), j["train_step_tokens_per_s"].get<double>(),
                     j["peak_bytes_per_rank"].get<double>() / (1u << 30), j["max_sent_bytes"].get<double>() / (1u << 20));
         std::fflush(stdout);
         out.push_back(j);

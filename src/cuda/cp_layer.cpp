@@ -127,6 +127,7 @@ std::vector<P2PMessage> row_messages(const std::vector<int>& peers, const std::v
 
 struct CudaCpLayerImpl {
   AttentionConfig cfg;
+  int dm = 0, D = 0, DI = 0;  // d_model, head_dim, index_head_dim (0 without an indexer)
   int device = 0;
   cudaStream_t stream = nullptr, comm_stream = nullptr;
   cudaEvent_t ready = nullptr;
@@ -153,10 +154,15 @@ struct CudaCpLayerImpl {
   BackwardParams bwd;
   bool has_backward = false;
 
+  // A CP buffer of the current plan (an offset of `buf`).
+  void* cpp(std::size_t off) const { return cp.at(off); }
+
   // The device work of a forward / backward whose inputs are uploaded (forward: x_local;
   // backward: dy_local): collectives, launches, and the rows' results in the CP buffers.
-  // Re-runnable: profile() times them.
+  // The indexer loss value is the forward's last stage, apart (no collective) so that
+  // profile() times it on its own as the single-GPU layer's profile does. Re-runnable.
   void run_forward(Communicator& comm);
+  void run_forward_loss();
   void run_backward(Communicator& comm);
   // Before them: the plan, buffers and metadata of a forward (collective-free; checks the
   // rank), and the backward's buffers and parameters.
@@ -207,9 +213,6 @@ void CudaCpLayerImpl::run_forward(Communicator& comm) {
   const ForwardParams& p = s.fwd;
   const DeviceMetadata& meta = p.meta;
   const cudaStream_t st = s.stream;
-  const int dm = c.d_model, D = c.head_dim;
-  const int DI = c.has_indexer() ? c.index_head_dim : 0;
-  auto cpp = [&](std::size_t off) { return static_cast<void*>(s.cp.at(off)); };
   use_blas(s.blas, st, p.blas_workspace, p.blas_workspace_bytes);
   launch_rope_table(p.dims, p.w.omega, meta.rope_table, st);
 
@@ -259,13 +262,15 @@ void CudaCpLayerImpl::run_forward(Communicator& comm) {
   }
   forward_attention(p, st);
   forward_output(p, s.blas, st);
+}
 
+void CudaCpLayerImpl::run_forward_loss() {
   // The indexer loss of this rank's rows (halo rows are padding), over the global count.
-  if (c.has_indexer() && c.loss_coeff > 0.0) {
+  if (cfg.has_indexer() && cfg.loss_coeff > 0.0) {
     BackwardParams bp;
-    bp.loss_scale = s.loss_scale;
-    bp.sparse_loss = c.sparse_loss;
-    run_indexer_loss(p, bp, st);
+    bp.loss_scale = loss_scale;
+    bp.sparse_loss = cfg.sparse_loss;
+    run_indexer_loss(fwd, bp, stream);
   }
 }
 
@@ -279,9 +284,6 @@ void CudaCpLayerImpl::run_backward(Communicator& comm) {
   const BackwardPlan& gp = s.grad_plan;
   unsigned char* gws = static_cast<unsigned char*>(s.grad_workspace.base);
   const cudaStream_t st = s.stream;
-  const int dm = c.d_model, D = c.head_dim;
-  const int DI = c.has_indexer() ? c.index_head_dim : 0;
-  auto cpp = [&](std::size_t off) { return static_cast<void*>(s.cp.at(off)); };
   CSATTN_CUDA_CHECK(cudaMemsetAsync(gws + gp.grads_offset, 0, gp.grads_bytes, st));
   use_blas(s.blas, st, f.blas_workspace, f.blas_workspace_bytes);
 
@@ -363,6 +365,9 @@ CudaCpLayer::CudaCpLayer(const AttentionConfig& cfg, const LayerWeights& weights
   require(ok, ErrorKind::Unsupported, "device cuda: " + why);
   CudaCpLayerImpl& s = *impl_;
   s.cfg = cfg;
+  s.dm = cfg.d_model;
+  s.D = cfg.head_dim;
+  s.DI = cfg.has_indexer() ? cfg.index_head_dim : 0;
   CSATTN_CUDA_CHECK(cudaGetDevice(&s.device));
   CSATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
   CSATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.comm_stream, cudaStreamNonBlocking));
@@ -419,7 +424,6 @@ void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeome
   unsigned char* ws = s.workspace.reserve(s.plan.bytes);
   s.cp.reserve(s.buf.bytes);
   const CpBuffers& b = s.buf;
-  auto cpp = [&](std::size_t off) { return static_cast<void*>(s.cp.at(off)); };
   if (s.poison) {  // NaN everywhere, top-k ids huge: a value nobody wrote shows up
     CSATTN_CUDA_CHECK(cudaMemsetAsync(ws, 0xFF, s.plan.bytes, st));
     CSATTN_CUDA_CHECK(cudaMemsetAsync(s.cp.base, 0xFF, s.buf.bytes, st));
@@ -465,7 +469,7 @@ void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeome
 
 void CudaCpLayerImpl::write_forward_outputs(void* y, std::int32_t* topk, float* loss) {
   const AttentionConfig& c = cfg;
-  const i32* local_ext = reinterpret_cast<const i32*>(cp.at(buf.local_ext));
+  const i32* local_ext = static_cast<const i32*>(cpp(buf.local_ext));
   launch_gather_rows(fwd.act.y, local_ext, host.n, c.d_model / 2, y, stream);
   if (topk && c.has_indexer()) launch_gather_rows(fwd.act.topk, local_ext, host.n, c.index_topk, topk, stream);
   if (loss) {
@@ -528,15 +532,16 @@ CudaCpForward CudaCpLayer::forward(Communicator& comm, const Tensor& x_local) {
   const int dm = c.d_model, K = c.has_indexer() ? c.index_topk : 0;
   const cudaStream_t st = s.stream;
   const std::vector<std::uint16_t> xb = to_bf16_bits(x_local.to_f32().data(), static_cast<std::size_t>(x_local.numel()));
-  upload(s.cp.at(s.buf.x_local), xb, st);
+  upload(s.cpp(s.buf.x_local), xb, st);
   s.run_forward(comm);
-  s.write_forward_outputs(s.cp.at(s.buf.y_local), reinterpret_cast<std::int32_t*>(s.cp.at(s.buf.topk_local)), nullptr);
+  s.run_forward_loss();
+  s.write_forward_outputs(s.cpp(s.buf.y_local), reinterpret_cast<std::int32_t*>(s.cpp(s.buf.topk_local)), nullptr);
   std::vector<std::uint16_t> yb(static_cast<std::size_t>(h.n) * dm);
   CudaCpForward out;
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(yb.data(), s.cp.at(s.buf.y_local), yb.size() * 2, cudaMemcpyDeviceToHost, st));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(yb.data(), s.cpp(s.buf.y_local), yb.size() * 2, cudaMemcpyDeviceToHost, st));
   if (c.has_indexer()) {
     out.topk = Tensor(DType::i32, {h.n, K});
-    CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.topk.data(), s.cp.at(s.buf.topk_local), out.topk.nbytes(), cudaMemcpyDeviceToHost, st));
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.topk.data(), s.cpp(s.buf.topk_local), out.topk.nbytes(), cudaMemcpyDeviceToHost, st));
   }
   float loss = 0.0f;
   if (c.has_indexer() && c.loss_coeff > 0.0)
@@ -555,10 +560,11 @@ void CudaCpLayer::forward_device(Communicator& comm, const void* x_local, void* 
   CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   const auto caller = static_cast<cudaStream_t>(stream);
   stream_after(s.stream, caller, s.ready);  // x_local is ready on the caller's stream
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(s.cp.at(s.buf.x_local), x_local,
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(s.cpp(s.buf.x_local), x_local,
                                     static_cast<std::size_t>(s.host.n) * s.cfg.d_model * 2,
                                     cudaMemcpyDeviceToDevice, s.stream));
   s.run_forward(comm);
+  s.run_forward_loss();
   s.write_forward_outputs(y, topk, loss);
   stream_after(caller, s.stream, s.ready);
   s.has_last = true;
@@ -572,12 +578,12 @@ CudaCpGradients CudaCpLayer::backward(Communicator& comm, const Tensor& grad_out
   const int n = s.host.n, dm = c.d_model;
   const std::vector<std::uint16_t> dyb =
       to_bf16_bits(grad_output_local.to_f32().data(), static_cast<std::size_t>(grad_output_local.numel()));
-  upload(s.cp.at(s.buf.dy_local), dyb, s.stream);
+  upload(s.cpp(s.buf.dy_local), dyb, s.stream);
   s.run_backward(comm);
   s.has_backward = true;
   CudaCpGradients out;
   out.grad_input = Tensor(DType::f32, {n, dm});
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.grad_input.data(), s.cp.at(s.buf.dx_local), out.grad_input.nbytes(),
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.grad_input.data(), s.cpp(s.buf.dx_local), out.grad_input.nbytes(),
                                     cudaMemcpyDeviceToHost, s.stream));
   out.grad = gradients_to_host(c, s.grad_plan, s.grad_workspace.base, s.stream);
   return out;
@@ -591,9 +597,9 @@ void CudaCpLayer::backward_device(Communicator& comm, const void* dy_local, floa
   const auto caller = static_cast<cudaStream_t>(stream);
   const std::size_t rows = static_cast<std::size_t>(s.host.n) * s.cfg.d_model;
   stream_after(s.stream, caller, s.ready);
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(s.cp.at(s.buf.dy_local), dy_local, rows * 2, cudaMemcpyDeviceToDevice, s.stream));
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(s.cpp(s.buf.dy_local), dy_local, rows * 2, cudaMemcpyDeviceToDevice, s.stream));
   s.run_backward(comm);
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(dx_local, s.cp.at(s.buf.dx_local), rows * sizeof(float),
+  CSATTN_CUDA_CHECK(cudaMemcpyAsync(dx_local, s.cpp(s.buf.dx_local), rows * sizeof(float),
                                     cudaMemcpyDeviceToDevice, s.stream));
   stream_after(caller, s.stream, s.ready);
   s.has_backward = true;
@@ -626,6 +632,7 @@ CudaCpProfile CudaCpLayer::profile(Communicator& comm, int warmup, int iters) {
   };
   CudaCpProfile out;
   out.forward_ms = timed([&] { s.run_forward(comm); });
+  if (s.cfg.has_indexer() && s.cfg.loss_coeff > 0.0) out.loss_ms = timed([&] { s.run_forward_loss(); });
   if (s.has_backward) out.backward_ms = timed([&] { s.run_backward(comm); });
   return out;
 }

@@ -43,7 +43,9 @@ struct CudaCpGradients {
 };
 
 struct CudaCpProfile {
-  double forward_ms = 0.0, backward_ms = 0.0;  // medians; backward 0 without a backward
+  // Medians. forward: without the indexer loss value (as the single-GPU layer's profile);
+  // loss: that value's stage alone (0 without a loss); backward: 0 without a backward.
+  double forward_ms = 0.0, loss_ms = 0.0, backward_ms = 0.0;
 };
 
 class CudaCpLayer {
@@ -80,8 +82,9 @@ class CudaCpLayer {
   void backward_device(Communicator& comm, const void* dy_local, float* dx_local, void* stream);
   std::map<std::string, const float*> device_gradients() const;
   // Collective (every rank calls it): re-runs the last forward's device work (collectives
-  // included, host transfers not) and, after a backward, the last backward's, `iters` times
-  // after `warmup`; each run is host-timed from a barrier to the stream's end. Medians.
+  // included, host transfers not), its indexer loss stage on its own and, after a backward,
+  // the last backward's, `iters` times after `warmup`; each run is host-timed from a barrier
+  // to the stream's end. Medians.
   CudaCpProfile profile(Communicator& comm, int warmup, int iters);
   // Device memory held: weights, workspaces, the CP buffers.
   std::size_t device_bytes() const;

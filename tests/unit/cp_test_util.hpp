@@ -36,6 +36,19 @@ inline void scatter_rows(const std::vector<float>& local, const CpPartition& par
                 local.data() + i * cols, sizeof(float) * cols);
 }
 
+// How many of the partition's ranks own no real row (padding rows only).
+inline int ranks_without_real_rows(const SeqLayout& layout, const CpPartition& part) {
+  int idle = 0;
+  for (int r = 0; r < part.ranks(); ++r) {
+    bool real = false;
+    for (int g : part.rows(r))
+      for (int s = 0; s < layout.num_segments(); ++s)
+        real = real || (g >= layout.seg_start(s) && g < layout.seg_start(s) + layout.real_len(s));
+    idle += real ? 0 : 1;
+  }
+  return idle;
+}
+
 // A CP run's results before any rank reports (rows NaN, top-k -2: a row no rank wrote shows).
 inline CpRun empty_run(const AttentionConfig& cfg, const CpPartition& part) {
   const int P = part.ranks();

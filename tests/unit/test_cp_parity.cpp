@@ -86,32 +86,30 @@ TEST_P(CpParity, Fp32ForwardBitwiseGradientsWithin1e6) {
                      k.mode, k.ranks, true);
 }
 
-// Ranks that own padding rows only: a batch of two short sequences (1 and 2 tokens) padded for
-// 4 ranks leaves ranks 1-3 (contiguous) or most chunks (two_chunk) without a real row. Those
-// ranks still take part in every collective; their rows are padding in the outputs, their
-// gradients zero, and the sums equal the single-rank layer's.
+// Ranks that own padding rows only take part in every collective; their rows are padding in
+// the outputs, their gradients zero, and the sums equal the single-rank layer's. Two batches
+// for 4 ranks: two short sequences (1 and 2 tokens: no compressed entry, so no loss) leave
+// ranks 1-3 (contiguous) or most chunks (two_chunk) without a real row; one sequence of 37
+// real rows padded to 160 puts its real rows on ranks 0-1 only, with CSA entries and a
+// positive indexer loss whose denominator (the global real-row count) idle ranks share.
 TEST(CpParityPadding, RanksHoldingOnlyPaddingRows) {
-  for (CpMode mode : {CpMode::contiguous, CpMode::two_chunk})
-    for (int ratio : {0, 4, 128}) {
-      SCOPED_TRACE(std::string(cp_mode_name(mode)) + " ratio " + std::to_string(ratio));
-      const AttentionConfig cfg = tiny_config(ratio);
-      const int d_w = std::max(cfg.window, ratio == 4 ? 8 : ratio);
-      const SeqLayout layout =
-          pad_for_context_parallel(SeqLayout::from_lengths({1, 2}, {1, 2}), mode, 4, d_w);
-      const CpPartition part = CpPartition::build(layout, mode, 4);
-      int ranks_without_real_rows = 0;
-      for (int r = 0; r < 4; ++r) {
-        bool real = false;
-        for (int g : part.rows(r))
-          for (int s = 0; s < layout.num_segments(); ++s)
-            real = real || (g >= layout.seg_start(s) && g < layout.seg_start(s) + layout.real_len(s));
-        ranks_without_real_rows += real ? 0 : 1;
+  struct Batch {
+    const char* name;
+    std::vector<int> real, padded;
+    bool loss;  // the CSA loss is positive
+  };
+  for (const Batch& batch : {Batch{"1+2 tokens", {1, 2}, {1, 2}, false}, Batch{"37 of 160", {37}, {160}, true}})
+    for (CpMode mode : {CpMode::contiguous, CpMode::two_chunk})
+      for (int ratio : {0, 4, 128}) {
+        SCOPED_TRACE(std::string(batch.name) + ", " + cp_mode_name(mode) + ", ratio " + std::to_string(ratio));
+        const AttentionConfig cfg = tiny_config(ratio);
+        const int d_w = std::max(cfg.window, ratio == 4 ? 8 : ratio);
+        const SeqLayout layout =
+            pad_for_context_parallel(SeqLayout::from_lengths(batch.real, batch.padded), mode, 4, d_w);
+        const CpPartition part = CpPartition::build(layout, mode, 4);
+        ASSERT_GE(ranks_without_real_rows(layout, part), 2) << "the layout must leave ranks without real rows";
+        expect_fp32_parity(cfg, layout, mode, 4, batch.loss);
       }
-      ASSERT_GE(ranks_without_real_rows, 2) << "the layout must leave ranks without real rows";
-      // Three real rows: too few for a compressed entry at ratio 4 with tails, so no loss is
-      // required to be positive.
-      expect_fp32_parity(cfg, layout, mode, 4, false);
-    }
 }
 
 std::vector<Case> all_cases() {

@@ -326,30 +326,38 @@ TEST(CudaCp, DeviceMemoryEntryPointsMatchTheHostOnes) {
   });
 }
 
-// Ranks that own padding rows only (two sequences of 1 and 2 tokens over 4 ranks sharing the
-// GPU): they run every kernel on padding and every collective, and the results still equal the
-// single-GPU layer's. The loss is off: three real rows have no compressed entry to score (the
-// CPU's CpParityPadding covers the loss with such ranks).
+// Ranks that own padding rows only (4 ranks sharing the GPU): they run every kernel on
+// padding and every collective, and the results still equal the single-GPU layer's. Two
+// batches: sequences of 1 and 2 tokens (no compressed entry, so the loss is off), and one
+// sequence of 200 real rows padded to 1024 (real rows on ranks 0-1 only, CSA entries, the
+// loss on: idle ranks add nothing but share its global denominator).
 TEST(CudaCp, RanksHoldingOnlyPaddingRows) {
   SKIP_WITHOUT_GPU();
-  for (CpMode mode : {CpMode::contiguous, CpMode::two_chunk})
-    for (int ratio : {0, 4, 128}) {
-      SCOPED_TRACE(std::string(cp_mode_name(mode)) + " ratio " + std::to_string(ratio));
-      AttentionConfig cfg = gpu_config("small", ratio);
-      cfg.loss_coeff = 0.0;
-      const int d_w = std::max(cfg.window, ratio == 4 ? 8 : ratio);
-      const SeqLayout layout =
-          pad_for_context_parallel(SeqLayout::from_lengths({1, 2}, {1, 2}), mode, 4, d_w);
-      const CpPartition part = CpPartition::build(layout, mode, 4);
-      const int T = static_cast<int>(layout.total_rows());
-      const LayerWeights w = LayerWeights::random(cfg, 131);
-      const Tensor x = random_tensor(T, cfg.d_model, 132, true);
-      const Tensor dy = random_tensor(T, cfg.d_model, 133, true);
-      HybridAttentionLayer single(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
-      const LayerOutputs ref = single.forward(x, layout);
-      const CpRun cp = run_cp_gpu(cfg, w, part, x, dy, false);
-      expect_matches_single(cfg, layout, cp, ref, single.backward(ref, dy));
-    }
+  struct Batch {
+    const char* name;
+    std::vector<int> real, padded;
+    bool loss;
+  };
+  for (const Batch& batch : {Batch{"1+2 tokens", {1, 2}, {1, 2}, false}, Batch{"200 of 1024", {200}, {1024}, true}})
+    for (CpMode mode : {CpMode::contiguous, CpMode::two_chunk})
+      for (int ratio : {0, 4, 128}) {
+        SCOPED_TRACE(std::string(batch.name) + ", " + cp_mode_name(mode) + ", ratio " + std::to_string(ratio));
+        AttentionConfig cfg = gpu_config("small", ratio);
+        if (!batch.loss) cfg.loss_coeff = 0.0;
+        const int d_w = std::max(cfg.window, ratio == 4 ? 8 : ratio);
+        const SeqLayout layout =
+            pad_for_context_parallel(SeqLayout::from_lengths(batch.real, batch.padded), mode, 4, d_w);
+        const CpPartition part = CpPartition::build(layout, mode, 4);
+        const int T = static_cast<int>(layout.total_rows());
+        ASSERT_GE(ranks_without_real_rows(layout, part), 2) << "the layout must leave ranks without real rows";
+        const LayerWeights w = LayerWeights::random(cfg, 131);
+        const Tensor x = random_tensor(T, cfg.d_model, 132, true);
+        const Tensor dy = random_tensor(T, cfg.d_model, 133, true);
+        HybridAttentionLayer single(cfg, w, RunOptions{Precision::bf16, Device::cuda, 0, true});
+        const LayerOutputs ref = single.forward(x, layout);
+        const CpRun cp = run_cp_gpu(cfg, w, part, x, dy, false);
+        expect_matches_single(cfg, layout, cp, ref, single.backward(ref, dy));
+      }
 }
 
 // A device-cuda layer holds one rank's GPU state: a second rank using it is refused.
