@@ -1,8 +1,9 @@
 // GPU benchmarks of the CUDA backend (run on the lent H200 by scripts/gpu-check.sh):
 //  1. the ceilings of this run: bf16 GEMM (cuBLAS, 8192^3) and device copy bandwidth;
 //  2. the sparse attention kernel at FlashMLA's anchor shapes (4096 queries, random top-k
-//     into 8K-64K compressed keys, sink on) plus our 128-row window;
-//  3. the sparse attention backward kernel at the same shapes;
+//     into 8K-64K compressed keys, sink on) plus our 128-row window, and its phases
+//     (cuda_bench_phases.cpp);
+//  3. the sparse attention backward kernel at the same shapes, and its phases;
 //  4. the whole layer forward + backward per layer type at the Flash shape, per stage;
 //  5. the indexer KL loss (value + gradients) at the Flash shape, both kernels;
 //  6. the indexer + top-k at 32K-128K tokens and the bandwidth-bound kernels.
@@ -26,6 +27,7 @@
 
 #include "bench_random.hpp"
 #include "cuda_bench.hpp"
+#include "sparse_attention_inputs.hpp"
 
 #include "csattn/layer.hpp"
 #include "cuda/check.hpp"
@@ -76,6 +78,7 @@ void fill_random_bf16(cuda::bf16* dev, std::size_t n, std::uint64_t seed, float 
 }  // namespace csattn::bench
 
 using csattn::bench::fill_random_bf16;
+using csattn::bench::SparseAttentionInputs;
 
 namespace {
 
@@ -113,104 +116,6 @@ json ceilings() {
   cudaFree(A); cudaFree(B); cudaFree(C); cudaFree(src); cudaFree(dst);
   return j;
 }
-
-// The inputs of the sparse attention microbenchmarks: `queries` rows at the end of a long
-// sequence, each attending to its 128-row window plus `topk` random distinct compressed keys
-// out of `keys`; with `backward`, also dO and the gradient buffers.
-struct SparseAttentionInputs {
-  static constexpr int D = 512, W = 128;
-  int heads, topk, keys, queries;
-  LayerDims d;
-  DeviceMetadata m;
-  bf16 *q = nullptr, *kv = nullptr, *comp = nullptr, *out = nullptr, *dout = nullptr;
-  float *lse = nullptr, *sink = nullptr, *dq = nullptr, *dkv = nullptr, *dcomp = nullptr,
-        *dsink = nullptr;
-  std::int32_t *meta_buf = nullptr, *topk_dev = nullptr;
-
-  SparseAttentionInputs(int heads_, int topk_, int keys_, int queries_, bool backward)
-      : heads(heads_), topk(topk_), keys(keys_), queries(queries_) {
-    AttentionConfig cfg = ModelConfig::preset(heads == 128 ? "pro" : "flash").base;
-    cfg.compress_ratio = 4;
-    cfg.index_topk = topk;
-    const int S = queries + W;  // raw rows: the queries and the window before the first one
-    d = make_dims(cfg, queries, 1, 4 * keys);
-    d.comp_capacity = keys;
-    const std::size_t qn = static_cast<std::size_t>(queries) * heads * D;
-    CSATTN_CUDA_CHECK(cudaMalloc(&q, sizeof(bf16) * qn));
-    CSATTN_CUDA_CHECK(cudaMalloc(&kv, sizeof(bf16) * S * D));
-    CSATTN_CUDA_CHECK(cudaMalloc(&comp, sizeof(bf16) * static_cast<std::size_t>(keys) * D));
-    CSATTN_CUDA_CHECK(cudaMalloc(&out, sizeof(bf16) * qn));
-    CSATTN_CUDA_CHECK(cudaMalloc(&lse, sizeof(float) * queries * heads));
-    CSATTN_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * heads));
-    CSATTN_CUDA_CHECK(cudaMalloc(&topk_dev, sizeof(std::int32_t) * queries * topk));
-    CSATTN_CUDA_CHECK(cudaMalloc(&meta_buf, sizeof(std::int32_t) * (4 + 2 * queries) + queries));
-    fill_random_bf16(q, qn, 3, 0.05f);
-    fill_random_bf16(kv, static_cast<std::size_t>(S) * D, 4);
-    fill_random_bf16(comp, static_cast<std::size_t>(keys) * D, 5);
-    std::vector<float> sink_h(heads, 0.5f);
-    CSATTN_CUDA_CHECK(cudaMemcpy(sink, sink_h.data(), heads * 4, cudaMemcpyHostToDevice));
-    // Random distinct ascending ids per row.
-    std::mt19937_64 rng(6);
-    std::vector<std::int32_t> sel(static_cast<std::size_t>(queries) * topk);
-    std::vector<std::int32_t> pool(keys);
-    for (int i = 0; i < keys; ++i) pool[i] = i;
-    for (int t = 0; t < queries; ++t) {
-      for (int k = 0; k < topk; ++k) std::swap(pool[k], pool[k + rng() % (keys - k)]);
-      std::vector<std::int32_t> row(pool.begin(), pool.begin() + topk);
-      std::sort(row.begin(), row.end());
-      std::copy(row.begin(), row.end(), sel.begin() + static_cast<long>(t) * topk);
-    }
-    CSATTN_CUDA_CHECK(cudaMemcpy(topk_dev, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
-    // Metadata: one segment starting at raw row 0; query t sits at position W + t.
-    std::vector<std::int32_t> h(4 + 2 * queries);
-    h[0] = 0; h[1] = S;            // cu_padded (also cu_real)
-    h[2] = 0; h[3] = keys;         // comp_start
-    for (int t = 0; t < queries; ++t) { h[4 + t] = 0; h[4 + queries + t] = W + t; }
-    CSATTN_CUDA_CHECK(cudaMemcpy(meta_buf, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    CSATTN_CUDA_CHECK(cudaMemset(meta_buf + 4 + 2 * queries, 0, queries));
-    m.cu_real = meta_buf; m.cu_padded = meta_buf; m.comp_start = meta_buf + 2;
-    m.row_segment = meta_buf + 4; m.row_position = meta_buf + 4 + queries;
-    m.row_is_padding = reinterpret_cast<std::uint8_t*>(meta_buf + 4 + 2 * queries);
-    d.rows = queries;
-    if (backward) {
-      CSATTN_CUDA_CHECK(cudaMalloc(&dout, sizeof(bf16) * qn));
-      CSATTN_CUDA_CHECK(cudaMalloc(&dq, sizeof(float) * qn));
-      CSATTN_CUDA_CHECK(cudaMalloc(&dkv, sizeof(float) * S * D));
-      CSATTN_CUDA_CHECK(cudaMalloc(&dcomp, sizeof(float) * static_cast<std::size_t>(keys) * D));
-      CSATTN_CUDA_CHECK(cudaMalloc(&dsink, sizeof(float) * queries * heads));
-      fill_random_bf16(dout, qn, 7, 0.05f);
-      CSATTN_CUDA_CHECK(cudaMemset(dkv, 0, sizeof(float) * S * D));
-      CSATTN_CUDA_CHECK(cudaMemset(dcomp, 0, sizeof(float) * static_cast<std::size_t>(keys) * D));
-    }
-  }
-  ~SparseAttentionInputs() {
-    for (void* p : {static_cast<void*>(q), static_cast<void*>(kv), static_cast<void*>(comp),
-                    static_cast<void*>(out), static_cast<void*>(dout), static_cast<void*>(lse),
-                    static_cast<void*>(sink), static_cast<void*>(dq), static_cast<void*>(dkv),
-                    static_cast<void*>(dcomp), static_cast<void*>(dsink),
-                    static_cast<void*>(meta_buf), static_cast<void*>(topk_dev)})
-      if (p) cudaFree(p);
-  }
-  SparseAttentionInputs(const SparseAttentionInputs&) = delete;
-  SparseAttentionInputs& operator=(const SparseAttentionInputs&) = delete;
-
-  void forward() const {
-    launch_sparse_attention(d, m, q, kv, comp, sink, topk_dev, out, lse, nullptr);
-  }
-  // Key gradients keep accumulating across repetitions (the layer zeroes them per run; the
-  // memset is not part of the kernel's time).
-  void backward() const {
-    launch_attention_backward(d, m, q, kv, comp, sink, topk_dev, out, lse, dout, dq, dkv, dcomp,
-                              dsink, nullptr);
-  }
-  json record(double ms, double flops_per_query_key, double gemm_tflops) const {
-    const double flops = flops_per_query_key * heads * static_cast<double>(topk + W) * queries;
-    json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries}, {"window", W},
-           {"ms", ms}, {"tflops", flops / (ms * 1e-3) / 1e12}};
-    j["fraction_of_gemm"] = j["tflops"].get<double>() / gemm_tflops;
-    return j;
-  }
-};
 
 // The sparse attention forward kernel alone. FLOPs = 2 * H * (512 + 512) per (query, key).
 json sparse_attention_case(int heads, int topk, int keys, int queries, double gemm_tflops) {
@@ -250,61 +155,6 @@ json sparse_attention_backward_case(int heads, int topk, int keys, int queries,
   }
   json j = in.record(ms, 2.0 * (3 * 512 + 2 * 512), gemm_tflops);
   j["kernel"] = kernel + key_grad_writes_label(writes);
-  return j;
-}
-
-// Where the wgmma backward's time goes: one launch with clock() stamps at its phase
-// boundaries (AttentionBackwardStamps), after a warm-up launch; per warpgroup the mean cycles
-// per key tile of each phase over the first wave's CTAs, and the prologue (key list, Q / dO,
-// D_row) and epilogue (dQ store) per CTA.
-json attention_backward_phases_case(int heads, int topk, int keys, int queries) {
-  using Stamps = AttentionBackwardStamps;
-  const SparseAttentionInputs in(heads, topk, keys, queries, true);
-  in.forward();
-  in.backward();
-  unsigned* dev = nullptr;
-  CSATTN_CUDA_CHECK(cudaMalloc(&dev, sizeof(unsigned) * Stamps::count()));
-  CSATTN_CUDA_CHECK(cudaMemset(dev, 0, sizeof(unsigned) * Stamps::count()));
-  launch_attention_backward_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev, in.out,
-                                  in.lse, in.dout, in.dq, in.dkv, in.dcomp, in.dsink, nullptr,
-                                  GradChunk{}, KeyGradWrites::all, dev);
-  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<unsigned> h(static_cast<std::size_t>(Stamps::count()));
-  CSATTN_CUDA_CHECK(cudaMemcpy(h.data(), dev, sizeof(unsigned) * h.size(), cudaMemcpyDeviceToHost));
-  CSATTN_CUDA_CHECK(cudaFree(dev));
-  static const char* const names[] = {"ready wait", "S / dP",  "hand-over",           "dQ",
-                                      "dK chunk 0", "flush 0", "dK chunk 1 + flush 1"};
-  json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries}};
-  for (int wg = 0; wg < 2; ++wg) {
-    double sum[7] = {}, prologue = 0.0, epilogue = 0.0;
-    long tiles = 0, ctas = 0;
-    for (int cta = 0; cta < Stamps::ctas; ++cta) {
-      const unsigned* base = h.data() + static_cast<long>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
-      const unsigned* head = base + static_cast<long>(Stamps::tiles) * Stamps::phases;
-      if (head[0] == 0 || head[3] == 0) continue;  // a CTA past the grid
-      prologue += static_cast<double>(head[1] - head[0]);  // unsigned: modulo 2^32
-      epilogue += static_cast<double>(head[3] - head[2]);
-      ++ctas;
-      for (int tile = 0; tile < Stamps::tiles; ++tile) {
-        const unsigned* r = base + static_cast<long>(tile) * Stamps::phases;
-        if (r[7] == 0) break;  // the CTA had fewer tiles
-        for (int p = 1; p < Stamps::phases; ++p) sum[p - 1] += static_cast<double>(r[p] - r[p - 1]);
-        ++tiles;
-      }
-    }
-    json w;
-    double total = 0.0;
-    for (int p = 0; p < 7; ++p) {
-      w["cycles_per_tile"][names[p]] = tiles > 0 ? sum[p] / tiles : 0.0;
-      total += tiles > 0 ? sum[p] / tiles : 0.0;
-    }
-    w["tile_cycles"] = total;
-    w["prologue_cycles"] = ctas > 0 ? prologue / ctas : 0.0;
-    w["epilogue_cycles"] = ctas > 0 ? epilogue / ctas : 0.0;
-    w["ctas"] = ctas;
-    w["tiles"] = tiles;
-    j[wg == 0 ? "wg0" : "wg1"] = w;
-  }
   return j;
 }
 
@@ -552,6 +402,8 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
                       j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>());
           report["sparse_attention"].push_back(j);
         }
+      // Where the time goes inside the wgmma kernel (clock() stamps of one launch).
+      report["attention_forward_phases"] = attention_forward_phases();
     }
     if (want("attention_backward")) {
       std::printf("\nsparse attention backward (same shapes; FLOPs = 2*H*keys*(3*512 + 2*512) per query)\n");
@@ -574,28 +426,8 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
         }
       // Where the time goes inside the wgmma kernel (clock() stamps of one launch).
       if (!report["sparse_attention_backward"].empty() &&
-          report["sparse_attention_backward"].front()["kernel"] == "wgmma") {
-        std::printf("\nwgmma attention backward phases (cycles per 64-key tile, mean over the first "
-                    "wave's CTAs; prologue / epilogue per CTA)\n");
-        std::printf("%-14s %3s %7s %7s %9s %7s %7s %7s %9s %7s %8s %8s\n", "shape", "WG", "ready",
-                    "S/dP", "hand-over", "dQ", "dK 0", "flush 0", "dK1+fl 1", "tile", "prologue",
-                    "epilogue");
-        for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}}) {
-          std::fprintf(stderr, "cuda_bench: attention backward phases H %d top-k %d\n", heads, topk);
-          json j = attention_backward_phases_case(heads, topk, 32768, 4096);
-          for (const char* wg : {"wg0", "wg1"}) {
-            const json& w = j[wg];
-            const json& c = w["cycles_per_tile"];
-            std::printf("H%-3d top-k %-4d %3s %7.0f %7.0f %9.0f %7.0f %7.0f %7.0f %9.0f %7.0f %8.0f %8.0f\n",
-                        heads, topk, wg, c["ready wait"].get<double>(), c["S / dP"].get<double>(),
-                        c["hand-over"].get<double>(), c["dQ"].get<double>(),
-                        c["dK chunk 0"].get<double>(), c["flush 0"].get<double>(),
-                        c["dK chunk 1 + flush 1"].get<double>(), w["tile_cycles"].get<double>(),
-                        w["prologue_cycles"].get<double>(), w["epilogue_cycles"].get<double>());
-          }
-          report["attention_backward_phases"].push_back(j);
-        }
-      }
+          report["sparse_attention_backward"].front()["kernel"] == "wgmma")
+        report["attention_backward_phases"] = attention_backward_phases();
     }
     if (want("reductions")) {
       // What adding dK tiles into the key-gradient rows can reach (the attention backward's

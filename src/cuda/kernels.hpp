@@ -136,7 +136,31 @@ bool sparse_attention_wgmma_supported(const LayerDims& d);
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta,
                                    const bf16* q, const bf16* kv, const bf16* comp,
                                    const float* sink, const std::int32_t* topk, bf16* out,
-                                   float* lse, cudaStream_t stream);
+                                   float* lse, cudaStream_t stream,
+                                   unsigned* phase_stamps = nullptr);
+// Measurement only (benchmarks): the wgmma forward's phase_stamps, the multiprocessor's
+// 32-bit clock() with its lowest bit set (0 means "not reached"; subtract modulo 2^32),
+// written by the first thread of each warpgroup w (0 producer, 1 consumer 0, 2 consumer 1)
+// of CTAs 0 .. ctas - 1 for the CTA's work item number `item` (counted from 0 per CTA: a
+// steady-state item, the previous one's tail overlapping its set-up), at
+// stamps[((cta * 3 + w) * (pairs + 1) + row) * phases + p]. Row i < pairs is key-tile pair i:
+//   producer:   0 pair top, 1-4 free waits done (buffer 0 dims 0-255, buffer 1 dims 256-511,
+//               buffer 0 dims 256-511, buffer 1 dims 0-255), 5 the last gather issued;
+//   consumer 0: 0 pair top (S_0 in registers), 1 softmax done (m_0 published), 2 P_0 V_0
+//               done, 3 m_1 / P_1 received, 4 P_0 published, O rescaled, 5 the next pair's
+//               buffer 0 dims 0-255 ready, 6 P_1 V_1 done and dims 256-511 ready, 7 pair end
+//               (the next S_0 done); on the last pair 5 = P_1 V_1 done, 6 and 7 right after;
+//   consumer 1: 0 pair top, 1-2 buffer-1 halves ready (dims 256-511, then 0-255), 3 S_1
+//               done, 4 m_0 received, 5 softmax done, P_1 published, 6 P_0 received and
+//               P_1 V_1 done (the P_0 wait alone: consumer 0's stamp 4 minus this one's 5,
+//               one multiprocessor's clock), 7 pair end (P_0 V_0 done).
+// Row `pairs`: 0 item top, 1 producer: key list built / consumers: Q ready, 2 producer: last
+// gather issued / consumers: loop exit, 3 item end. Stamps not reached stay as the caller left
+// them (zero them first).
+struct AttentionForwardStamps {
+  static constexpr int ctas = 132, item = 2, pairs = 12, phases = 8;
+  static constexpr long count() { return static_cast<long>(ctas) * 3 * (pairs + 1) * phases; }
+};
 
 // The CUDA-core reference kernel (any head_dim up to 1024; sparse_attention.cu).
 void launch_sparse_attention_baseline(const LayerDims& d, const DeviceMetadata& meta,

@@ -138,12 +138,15 @@ __device__ __forceinline__ void rescale(float (&o)[128], float (&l)[2], const fl
 
 // Persistent: CTA i handles work items i, i + gridDim.x, ... (item = token * head_blocks +
 // head block). The producer runs ahead across items: it builds the next item's key list and
-// streams its tiles while the consumers finish the current item.
+// streams its tiles while the consumers finish the current item. kStamps (measurement only):
+// clock() at the phase boundaries into `stamps`, laid out as AttentionForwardStamps
+// (kernels.hpp) says.
+template <bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
                                   const std::int32_t* topk, bf16* out, float* lse,
-                                  int head_blocks, int items) {
+                                  int head_blocks, int items, unsigned* stamps) {
   extern __shared__ unsigned char smem_raw[];
   // wgmma's 128B swizzle is anchored at 1024-byte boundaries (descriptor base offset 0).
   const std::uint32_t raw = smem_addr(smem_raw);
@@ -162,6 +165,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int H = d.heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  using Stamps = AttentionForwardStamps;
+  // Warpgroup `warp / 4` (0 producer, 1 and 2 the consumers) stamps phase p of row `row` of
+  // its local item `local` (only item Stamps::item is kept).
+  // The CTA and thread ids are re-read at each stamp (volatile): kept live across the loops
+  // they take registers the consumers do not have (ptxas spilled and serialised wgmmas).
+  auto stamp_at = [&](int local, int row, int phase) {
+    if constexpr (kStamps) {
+      if (local == Stamps::item) {
+        unsigned cta, thread;
+        asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
+        if ((thread & 127u) == 0u && cta < static_cast<unsigned>(Stamps::ctas))
+          stamps[((cta * 3u + thread / 128u) * (Stamps::pairs + 1) + row) * Stamps::phases + phase] =
+              static_cast<unsigned>(clock()) | 1u;
+      }
+    }
+  };
+  auto stamp = [&](int local, int pair, int phase) {  // key-tile pair `pair`
+    if (pair < Stamps::pairs) stamp_at(local, pair, phase);
+  };
+  auto stamp_item = [&](int local, int phase) { stamp_at(local, Stamps::pairs, phase); };
   if (tid == 0) {
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
@@ -181,6 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int ring = 0;  // pairs issued so far (barrier phases)
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
+      stamp_item(local, 0);
       const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
       // The next item's Q rows (64 KB, contiguous) and top-k row into L2 while this one runs:
       // its set-up then waits on L2, not device memory.
@@ -208,6 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         n_comp = d.ratio > 1 ? min((pos + 1) / d.ratio, meta.comp_start[b + 1] - comp0) : 0;
       const int n = n_win + n_comp;
       const int pairs = (n + 2 * kKeys - 1) / (2 * kKeys);
+      stamp_item(local, 1);
       const bf16* win_base = kv + static_cast<long>(win.row0) * kDim;
       const bf16* comp_base = comp + static_cast<long>(comp0) * kDim;
 
@@ -249,6 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp_async_mbar_arrive(ready_bar(buf, h));
       };
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
+        stamp(local, pair, 0);
         const std::uint32_t phase = (ring & 1) ^ 1;
         const int row = warp * 16 + (lane & 15);
         const bf16* mine0 = key_row(2 * pair * kKeys + row);
@@ -266,18 +293,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         mbar_wait(free_bar(0, 0), phase);
+        stamp(local, pair, 1);
         gather_half(mine0, 0, 0);
         if (pair == 0) load_q();
         mbar_wait(free_bar(1, 1), phase);
+        stamp(local, pair, 2);
         gather_half(mine1, 1, 1);
         mbar_wait(free_bar(0, 1), phase);
+        stamp(local, pair, 3);
         gather_half(mine0, 0, 1);
         mbar_wait(free_bar(1, 0), phase);
+        stamp(local, pair, 4);
         gather_half(mine1, 1, 0);
+        stamp(local, pair, 5);
       }
+      stamp_item(local, 2);
       // sel_s is rewritten by the next item's compaction only after every lane of the
       // warpgroup resolved its rows of this item.
       named_barrier_sync(kProducerBar, kProducerThreads);
+      stamp_item(local, 3);
     }
     cp_async_wait_all();
     return;
@@ -297,8 +331,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   int ring = 0;
   int local = 0;
   for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
+    stamp_item(local, 0);
     const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
     mbar_wait(q_full_bar, local & 1);
+    stamp_item(local, 1);
     fence_proxy_async_smem();  // the producer's cp.async writes of Q -> wgmma
     const int n = item_keys[local & 1];
     const int pairs = (n + 2 * kKeys - 1) / (2 * kKeys);
@@ -321,8 +357,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // `pending`: the previous pair's O += P_1 V_1[:, 0:256] is in flight; it is waited for
       // right after the first half's S is issued, so buffer 1's first half is freed before
       // this S waits for buffer 0's second half (which the producer fills only after it).
-      auto issue_s0 = [&](std::uint32_t phase, bool pending) {
+      // `pair`: the pair whose stamps 5 and 6 take the two ready waits (none before the loop).
+      auto issue_s0 = [&](std::uint32_t phase, bool pending, int pair) {
         mbar_wait(ready_bar(0, 0), phase);
+        if (pair >= 0) stamp(local, pair, 5);
         fence_proxy_async_smem();
         wgmma_fence();
         qk_half(s, q_base, k0_base, 0, true);
@@ -333,17 +371,19 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (lane == 0) mbar_arrive(free_bar(1, 0));
         }
         mbar_wait(ready_bar(0, 1), phase);
+        if (pair >= 0) stamp(local, pair, 6);
         fence_proxy_async_smem();
         wgmma_fence();
         qk_half(s, q_base, k0_base, 1, false);
         wgmma_commit();
       };
       if (pairs > 0) {
-        issue_s0(ring & 1, false);
+        issue_s0(ring & 1, false, -1);
         wgmma_wait<0>();
         wgmma_pin(s);
       }
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
+        stamp(local, pair, 0);
         if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
         float mx[2];
         scale_and_mask(s, 2 * pair * kKeys, n, scale2, qd, mx);
@@ -360,6 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           row_max[row1] = m0[1];
         }
         named_barrier_arrive(kBarM0, kConsumerThreads);
+        stamp(local, pair, 1);
 
         // O += P_0 V_0[:, 0:256], then buffer 0's first half is free.
         wgmma_fence();
@@ -368,9 +409,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         wgmma_pin(o);
         if (lane == 0) mbar_arrive(free_bar(0, 0));
+        stamp(local, pair, 2);
 
         // m_1 (>= m_0) and P_1 from consumer 1; P_0 rescaled to m_1 for it.
         named_barrier_sync(kBarM1P1, kConsumerThreads);
+        stamp(local, pair, 3);
         float m1[2];
         m1[0] = row_max[row0];
         m1[1] = row_max[row1];
@@ -385,43 +428,52 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_proxy_async_smem();  // P_0's st.shared -> consumer 1's wgmma
         named_barrier_arrive(kBarP0, kConsumerThreads);
         rescale(o, l_part, f);
+        stamp(local, pair, 4);
 
         // O += P_1 V_1[:, 0:256], overlapped with the next pair's S_0.
         wgmma_fence();
         pv_half_smem(o, p1_base, k1_base, 0);
         wgmma_commit();
         if (pair + 1 < pairs) {
-          issue_s0((ring + 1) & 1, true);
+          issue_s0((ring + 1) & 1, true, pair);
         } else {
           wgmma_wait<0>();
           wgmma_pin(o);
           if (lane == 0) mbar_arrive(free_bar(1, 0));  // O += P_1 V_1 is done
+          stamp(local, pair, 5);
+          stamp(local, pair, 6);
         }
         wgmma_wait<0>();
         wgmma_pin(s);
         wgmma_pin(o);
+        stamp(local, pair, 7);
       }
     } else {
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
+        stamp(local, pair, 0);
         const std::uint32_t phase = ring & 1;
         // S_1 over buffer 1, second half first (the producer fills it before the first).
         mbar_wait(ready_bar(1, 1), phase);
+        stamp(local, pair, 1);
         fence_proxy_async_smem();
         wgmma_fence();
         qk_half(s, q_base, k1_base, 1, true);
         wgmma_commit();
         mbar_wait(ready_bar(1, 0), phase);
+        stamp(local, pair, 2);
         fence_proxy_async_smem();
         wgmma_fence();
         qk_half(s, q_base, k1_base, 0, false);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_pin(s);
+        stamp(local, pair, 3);
         if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
 
         float mx[2];
         scale_and_mask(s, (2 * pair + 1) * kKeys, n, scale2, qd, mx);
         named_barrier_sync(kBarM0, kConsumerThreads);
+        stamp(local, pair, 4);
         float m1[2], f[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -438,6 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         fence_proxy_async_smem();  // P_1's st.shared -> consumer 0's wgmma
         named_barrier_arrive(kBarM1P1, kConsumerThreads);
+        stamp(local, pair, 5);
 
         // O += P_1 V_1[:, 256:512] (P_1 from registers), then O += P_0 V_0[:, 256:512].
         wgmma_fence();
@@ -448,11 +501,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
         wgmma_wait<1>();
         if (lane == 0) mbar_arrive(free_bar(1, 1));
+        // (Not right after the P_0 hand-over: a stamp between the two products, with P_1's
+        // registers in flight, made ptxas spill. Its wait is consumer 0's stamp 4 minus 5.)
+        stamp(local, pair, 6);
         wgmma_wait<0>();
         wgmma_pin(o);
         if (lane == 0) mbar_arrive(free_bar(0, 1));
+        stamp(local, pair, 7);
       }
     }
+    stamp_item(local, 2);
 
     // Row sums: the four lanes of a row, then the two consumers (fixed order). Both consumers
     // end on the same running max (m_1 of the last pair).
@@ -492,6 +550,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (h0 + row0 < H) lse[static_cast<long>(t) * H + h0 + row0] = (m_run[0] + log2f(l0)) * kLn2;
       if (h0 + row1 < H) lse[static_cast<long>(t) * H + h0 + row1] = (m_run[1] + log2f(l1)) * kLn2;
     }
+    stamp_item(local, 3);
   }
 }
 
@@ -504,7 +563,7 @@ bool sparse_attention_wgmma_supported(const LayerDims& d) {
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                    const bf16* kv, const bf16* comp, const float* sink,
                                    const std::int32_t* topk, bf16* out, float* lse,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, unsigned* phase_stamps) {
   if (d.rows <= 0) return;
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention kernel needs head_dim 512, got " + std::to_string(d.head_dim));
@@ -512,15 +571,16 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   require(smem <= 227 * 1024, ErrorKind::Unsupported,
           "the wgmma attention kernel needs " + std::to_string(smem) +
               " bytes of shared memory for top-k " + std::to_string(d.topk));
-  allow_dynamic_smem(sparse_attention_wgmma_kernel, smem, "the wgmma attention kernel");
+  auto kernel = phase_stamps != nullptr ? sparse_attention_wgmma_kernel<true> : sparse_attention_wgmma_kernel<false>;
+  allow_dynamic_smem(kernel, smem, "the wgmma attention kernel");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long items = static_cast<long>(d.rows) * head_blocks;
   require(items < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
   // Persistent: one CTA per multiprocessor (the kernel's shared memory allows one).
   const int sms = multiprocessor_count();
   const int grid = static_cast<int>(std::min<long>(items, sms));
-  sparse_attention_wgmma_kernel<<<grid, kThreads, smem, stream>>>(
-      d, meta, q, kv, comp, sink, topk, out, lse, head_blocks, static_cast<int>(items));
+  kernel<<<grid, kThreads, smem, stream>>>(d, meta, q, kv, comp, sink, topk, out, lse, head_blocks,
+                                           static_cast<int>(items), phase_stamps);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

@@ -188,7 +188,7 @@ void reference(const Problem& p, std::vector<double>& out, std::vector<double>& 
   }
 }
 
-enum class Kernel { wgmma, mma, baseline, dispatch };
+enum class Kernel { wgmma, wgmma_stamped, mma, baseline, dispatch };
 
 struct Result {
   std::vector<float> out, lse;
@@ -246,6 +246,11 @@ class DeviceProblem {
         cuda::launch_sparse_attention_wgmma(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
                                             lse_.get(), nullptr);
         break;
+      case Kernel::wgmma_stamped:
+        stamps_.fill_bytes(0);
+        cuda::launch_sparse_attention_wgmma(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
+                                            lse_.get(), nullptr, stamps_.get());
+        break;
       case Kernel::mma:
         cuda::launch_sparse_attention_mma(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
                                           lse_.get(), nullptr);
@@ -268,6 +273,8 @@ class DeviceProblem {
     r.lse = lse_.download();
     return r;
   }
+  // The phase stamps of the last Kernel::wgmma_stamped run.
+  std::vector<unsigned> stamps() { return stamps_.download(); }
 
  private:
   const Problem& p_;
@@ -276,6 +283,7 @@ class DeviceProblem {
   DeviceArray<std::int32_t> topk_, meta_;
   DeviceArray<std::uint16_t> out_;
   DeviceArray<float> lse_;
+  DeviceArray<unsigned> stamps_{static_cast<std::size_t>(cuda::AttentionForwardStamps::count())};
   DeviceMetadata meta_dev_;
 };
 
@@ -358,6 +366,46 @@ TEST_P(CudaAttentionForward, WgmmaRunsAreBitwiseEqual) {
     EXPECT_EQ(0, std::memcmp(a.out_bits.data(), dsp.out_bits.data(), a.out_bits.size() * 2))
         << "launch_sparse_attention does not dispatch to the wgmma kernel";
   }
+}
+
+// The measurement instance (phase stamps, kernels.hpp) computes the same outputs bit for bit,
+// and on every CTA that reaches the stamped item each warpgroup writes that item's four stamps
+// and, per key-tile pair, its pair stamps in time order (32-bit clock, never 0). 1200 rows of
+// one head block: every CTA has 9+ items, the stamped one 2 pairs (window + 66-99 entries).
+TEST(CudaAttentionForwardStamps, SameOutputsAndStampsInOrder) {
+  SKIP_WITHOUT_GPU();
+  using Stamps = cuda::AttentionForwardStamps;
+  const AttnCase c{"CSA_H8_stamps", 8, 4, 128, 256, {1200}, 1200, 0, false};
+  const Problem p = make_problem(c, 4242);
+  DeviceProblem dev(p);
+  const Result plain = dev.run(Kernel::wgmma);
+  const Result stamped = dev.run(Kernel::wgmma_stamped);
+  EXPECT_EQ(0, std::memcmp(plain.out_bits.data(), stamped.out_bits.data(), plain.out_bits.size() * 2));
+  EXPECT_EQ(0, std::memcmp(plain.lse.data(), stamped.lse.data(), plain.lse.size() * 4));
+  const std::vector<unsigned> h = dev.stamps();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int ctas = std::min({Stamps::ctas, sms, p.d.rows});
+  ASSERT_GT(p.d.rows, (Stamps::item + 1) * ctas) << "every CTA must reach the stamped item";
+  const int last[3] = {5, 7, 7};  // the final stamp of a pair: producer, consumer 0, consumer 1
+  for (int cta = 0; cta < ctas; ++cta)
+    for (int wg = 0; wg < 3; ++wg) {
+      SCOPED_TRACE("CTA " + std::to_string(cta) + " warpgroup " + std::to_string(wg));
+      const unsigned* base = h.data() + static_cast<std::size_t>(cta * 3 + wg) * (Stamps::pairs + 1) * Stamps::phases;
+      const unsigned* item = base + static_cast<std::size_t>(Stamps::pairs) * Stamps::phases;
+      for (int k = 0; k < 4; ++k) ASSERT_NE(item[k], 0u) << "item stamp " << k;
+      for (int k = 1; k < 4; ++k) ASSERT_LT(item[k] - item[k - 1], 1u << 31) << "item stamp " << k;
+      ASSERT_NE(base[last[wg]], 0u) << "the item's first pair";
+      int pairs = 0;
+      for (int pair = 0; pair < Stamps::pairs && base[pair * Stamps::phases + last[wg]] != 0u; ++pair, ++pairs) {
+        const unsigned* r = base + pair * Stamps::phases;
+        for (int k = 1; k <= last[wg]; ++k) ASSERT_LT(r[k] - r[k - 1], 1u << 31) << "pair " << pair << " stamp " << k;
+        if (wg > 0) {
+          ASSERT_LT(r[0] - item[1], 1u << 31) << "pair " << pair << " before Q was ready";
+        }
+      }
+      EXPECT_EQ(pairs, 2);
+    }
 }
 
 // name, heads, ratio, window, top-k, segment lengths, all_up_to, tail, interleave

@@ -1,0 +1,214 @@
+// Where the wgmma attention kernels' time goes: one launch each with clock() stamps at the
+// phase boundaries (AttentionForwardStamps in kernels.hpp, AttentionBackwardStamps in
+// backward_kernels.hpp), after a warm-up launch, at 32K keys and 4096 queries. Stamps of one
+// multiprocessor share its clock; differences are taken modulo 2^32.
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cuda/backward_kernels.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda_bench.hpp"
+#include "sparse_attention_inputs.hpp"
+
+namespace csattn::bench {
+
+namespace {
+
+using json = nlohmann::json;
+using cuda::AttentionBackwardStamps;
+using cuda::AttentionForwardStamps;
+
+// Copies the stamps of one launch to the host (zeroed before it: 0 = not reached).
+template <class Launch>
+std::vector<unsigned> stamps_of(long count, Launch&& launch) {
+  unsigned* dev = nullptr;
+  CSATTN_CUDA_CHECK(cudaMalloc(&dev, sizeof(unsigned) * count));
+  CSATTN_CUDA_CHECK(cudaMemset(dev, 0, sizeof(unsigned) * count));
+  launch(dev);
+  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned> h(static_cast<std::size_t>(count));
+  CSATTN_CUDA_CHECK(cudaMemcpy(h.data(), dev, sizeof(unsigned) * h.size(), cudaMemcpyDeviceToHost));
+  CSATTN_CUDA_CHECK(cudaFree(dev));
+  return h;
+}
+
+// The forward's phase names per warpgroup (producer, consumer 0, consumer 1): phase p is the
+// time from stamp p - 1 to stamp p (kernels.hpp); "b0.lo" is key buffer 0's dims 0-255, a "+"
+// phase includes the gather issued before the wait.
+constexpr const char* kForwardPhases[3][7] = {
+    {"free b0.lo", "+free b1.hi", "+free b0.hi", "+free b1.lo", "last gather", nullptr, nullptr},
+    {"softmax 0", "P0 V0", "wait m1/P1", "publish P0", "ready b0.lo", "P1V1 + b0.hi", "next S0"},
+    {"ready b1.hi", "ready b1.lo", "S1", "wait m0", "softmax 1", "P0 + P1V1", "P0 V0"}};
+constexpr int kForwardLastStamp[3] = {5, 7, 7};  // each warpgroup's final stamp of a pair
+
+// The forward's phases (cycles per key-tile pair, per warpgroup) over the stamped item of
+// each CTA. Also the hand-over consumer 1 waits for P_0 (consumer 0's stamp 4 minus consumer
+// 1's stamp 5, same pair, same multiprocessor), the consumers' Q wait and tail per item.
+json attention_forward_phases_case(int heads, int topk, int keys, int queries) {
+  using Stamps = AttentionForwardStamps;
+  const SparseAttentionInputs in(heads, topk, keys, queries, false);
+  in.forward();
+  const std::vector<unsigned> h = stamps_of(Stamps::count(), [&](unsigned* dev) {
+    cuda::launch_sparse_attention_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev,
+                                        in.out, in.lse, nullptr, dev);
+  });
+  auto row = [&](int cta, int wg, int r) {
+    return h.data() + ((static_cast<long>(cta) * 3 + wg) * (Stamps::pairs + 1) + r) * Stamps::phases;
+  };
+  json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries},
+         {"item", Stamps::item}, {"tensor_floor_cycles_per_pair", 2.0 * 2 * 2 * 64 * 64 * 512 / 4096.0}};
+  double p0_wait = 0.0;
+  long p0_pairs = 0;
+  for (int wg = 0; wg < 3; ++wg) {
+    double sum[7] = {}, pair_sum = 0.0, item_sum[3] = {};
+    long pairs = 0, items = 0;
+    for (int cta = 0; cta < Stamps::ctas; ++cta) {
+      const unsigned* item = row(cta, wg, Stamps::pairs);
+      if (item[0] == 0 || item[3] == 0) continue;  // no stamped item here
+      ++items;
+      for (int p = 1; p < 4; ++p) item_sum[p - 1] += static_cast<double>(item[p] - item[p - 1]);
+      for (int pair = 0; pair < Stamps::pairs; ++pair) {
+        const unsigned* r = row(cta, wg, pair);
+        if (r[kForwardLastStamp[wg]] == 0) break;  // the item had fewer pairs
+        for (int p = 1; p <= kForwardLastStamp[wg]; ++p) sum[p - 1] += static_cast<double>(r[p] - r[p - 1]);
+        pair_sum += static_cast<double>(r[kForwardLastStamp[wg]] - r[0]);
+        ++pairs;
+        if (wg == 2 && row(cta, 1, pair)[4] != 0) {
+          const int d = static_cast<int>(row(cta, 1, pair)[4] - r[5]);  // signed: may be early
+          p0_wait += d > 0 ? d : 0;
+          ++p0_pairs;
+        }
+      }
+    }
+    json w;
+    for (int p = 0; p < kForwardLastStamp[wg]; ++p) w["cycles_per_pair"][kForwardPhases[wg][p]] = pairs > 0 ? sum[p] / pairs : 0.0;
+    w["pair_cycles"] = pairs > 0 ? pair_sum / pairs : 0.0;
+    w["pairs"] = pairs;
+    w["items"] = items;
+    static const char* const item_names[3] = {"to first pair", "pairs", "tail"};
+    for (int p = 0; p < 3; ++p) w["item_cycles"][item_names[p]] = items > 0 ? item_sum[p] / items : 0.0;
+    j[wg == 0 ? "producer" : wg == 1 ? "consumer0" : "consumer1"] = w;
+  }
+  j["consumer1"]["p0_wait_cycles_per_pair"] = p0_pairs > 0 ? p0_wait / p0_pairs : 0.0;
+  return j;
+}
+
+void print_forward_phases(const json& j) {
+  std::printf("H%d top-k %d, %d keys: %.1f pairs an item (stamped item %d of CTAs 0-%d); tensor floor %.0f cycles a pair\n",
+              j["heads"].get<int>(), j["topk"].get<int>(), j["keys"].get<int>(),
+              j["consumer0"]["items"].get<long>() > 0
+                  ? j["consumer0"]["pairs"].get<double>() / j["consumer0"]["items"].get<double>()
+                  : 0.0,
+              j["item"].get<int>(), AttentionForwardStamps::ctas - 1,
+              j["tensor_floor_cycles_per_pair"].get<double>());
+  static const char* const wgs[3] = {"producer", "consumer0", "consumer1"};
+  for (int k = 0; k < 3; ++k) {
+    const json& w = j[wgs[k]];
+    std::printf("  %-10s", wgs[k]);
+    for (int p = 0; p < kForwardLastStamp[k]; ++p)
+      std::printf(" | %s %.0f", kForwardPhases[k][p], w["cycles_per_pair"][kForwardPhases[k][p]].get<double>());
+    std::printf(" | pair %.0f\n", w["pair_cycles"].get<double>());
+    std::printf("  %-10s   item: to first pair %.0f, pairs %.0f, tail %.0f", "",
+                w["item_cycles"]["to first pair"].get<double>(), w["item_cycles"]["pairs"].get<double>(),
+                w["item_cycles"]["tail"].get<double>());
+    if (w.contains("p0_wait_cycles_per_pair"))
+      std::printf("; P0 hand-over wait alone %.0f a pair", w["p0_wait_cycles_per_pair"].get<double>());
+    std::printf("\n");
+  }
+}
+
+// Where the wgmma backward's time goes: one launch with clock() stamps at its phase
+// boundaries (AttentionBackwardStamps), after a warm-up launch; per warpgroup the mean cycles
+// per key tile of each phase over the first wave's CTAs, and the prologue (key list, Q / dO,
+// D_row) and epilogue (dQ store) per CTA.
+json attention_backward_phases_case(int heads, int topk, int keys, int queries) {
+  using Stamps = AttentionBackwardStamps;
+  const SparseAttentionInputs in(heads, topk, keys, queries, true);
+  in.forward();
+  in.backward();
+  const std::vector<unsigned> h = stamps_of(Stamps::count(), [&](unsigned* dev) {
+    cuda::launch_attention_backward_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev,
+                                          in.out, in.lse, in.dout, in.dq, in.dkv, in.dcomp, in.dsink,
+                                          nullptr, cuda::GradChunk{}, cuda::KeyGradWrites::all, dev);
+  });
+  static const char* const names[] = {"ready wait", "S / dP",  "hand-over",           "dQ",
+                                      "dK chunk 0", "flush 0", "dK chunk 1 + flush 1"};
+  json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries}};
+  for (int wg = 0; wg < 2; ++wg) {
+    double sum[7] = {}, prologue = 0.0, epilogue = 0.0;
+    long tiles = 0, ctas = 0;
+    for (int cta = 0; cta < Stamps::ctas; ++cta) {
+      const unsigned* base = h.data() + static_cast<long>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
+      const unsigned* head = base + static_cast<long>(Stamps::tiles) * Stamps::phases;
+      if (head[0] == 0 || head[3] == 0) continue;  // a CTA past the grid
+      prologue += static_cast<double>(head[1] - head[0]);  // unsigned: modulo 2^32
+      epilogue += static_cast<double>(head[3] - head[2]);
+      ++ctas;
+      for (int tile = 0; tile < Stamps::tiles; ++tile) {
+        const unsigned* r = base + static_cast<long>(tile) * Stamps::phases;
+        if (r[7] == 0) break;  // the CTA had fewer tiles
+        for (int p = 1; p < Stamps::phases; ++p) sum[p - 1] += static_cast<double>(r[p] - r[p - 1]);
+        ++tiles;
+      }
+    }
+    json w;
+    double total = 0.0;
+    for (int p = 0; p < 7; ++p) {
+      w["cycles_per_tile"][names[p]] = tiles > 0 ? sum[p] / tiles : 0.0;
+      total += tiles > 0 ? sum[p] / tiles : 0.0;
+    }
+    w["tile_cycles"] = total;
+    w["prologue_cycles"] = ctas > 0 ? prologue / ctas : 0.0;
+    w["epilogue_cycles"] = ctas > 0 ? epilogue / ctas : 0.0;
+    w["ctas"] = ctas;
+    w["tiles"] = tiles;
+    j[wg == 0 ? "wg0" : "wg1"] = w;
+  }
+  return j;
+}
+
+}  // namespace
+
+json attention_forward_phases() {
+  json out = json::array();
+  std::printf("\nwgmma attention forward phases (cycles per key-tile pair, mean over the CTAs' "
+              "stamped item)\n");
+  for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}}) {
+    std::fprintf(stderr, "cuda_bench: attention forward phases H %d top-k %d\n", heads, topk);
+    json j = attention_forward_phases_case(heads, topk, 32768, 4096);
+    print_forward_phases(j);
+    out.push_back(j);
+  }
+  return out;
+}
+
+json attention_backward_phases() {
+  json out = json::array();
+  std::printf("\nwgmma attention backward phases (cycles per 64-key tile, mean over the first "
+              "wave's CTAs; prologue / epilogue per CTA)\n");
+  std::printf("%-14s %3s %7s %7s %9s %7s %7s %7s %9s %7s %8s %8s\n", "shape", "WG", "ready",
+              "S/dP", "hand-over", "dQ", "dK 0", "flush 0", "dK1+fl 1", "tile", "prologue",
+              "epilogue");
+  for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}}) {
+    std::fprintf(stderr, "cuda_bench: attention backward phases H %d top-k %d\n", heads, topk);
+    json j = attention_backward_phases_case(heads, topk, 32768, 4096);
+    for (const char* wg : {"wg0", "wg1"}) {
+      const json& w = j[wg];
+      const json& c = w["cycles_per_tile"];
+      std::printf("H%-3d top-k %-4d %3s %7.0f %7.0f %9.0f %7.0f %7.0f %7.0f %9.0f %7.0f %8.0f %8.0f\n",
+                  heads, topk, wg, c["ready wait"].get<double>(), c["S / dP"].get<double>(),
+                  c["hand-over"].get<double>(), c["dQ"].get<double>(),
+                  c["dK chunk 0"].get<double>(), c["flush 0"].get<double>(),
+                  c["dK chunk 1 + flush 1"].get<double>(), w["tile_cycles"].get<double>(),
+                  w["prologue_cycles"].get<double>(), w["epilogue_cycles"].get<double>());
+    }
+    out.push_back(j);
+  }
+  return out;
+}
+
+}  // namespace csattn::bench
