@@ -27,7 +27,7 @@ from ._csattn import (AttentionConfig, Communicator, ContextParallelLayer, CpFor
                       CpPartition, DeviceLayer, Error, Forward, LayerWeights, cuda_available,
                       hf_config_layers, launcher_local_rank, mpi_available, mpi_world,
                       nccl_available, nccl_communicator, pad_for_context_parallel,
-                      preset_layers, preset_names)
+                      preset_layers, preset_names, retain_freed_host_memory)
 from . import _csattn
 from ._arrays import host_array as _host, int_list as _offsets
 from .ops import compact_indexer_topk, dequantize_mxfp8, pack_mxfp8_scales, quantize_mxfp8
@@ -37,7 +37,7 @@ __all__ = ["AttentionConfig", "Communicator", "ContextParallelLayer", "CpForward
            "cuda_available", "dequantize_mxfp8", "hf_config_layers", "launcher_local_rank",
            "mpi_available", "mpi_world", "nccl_available", "nccl_communicator",
            "oracle_forward", "pack_mxfp8_scales", "pad_for_context_parallel", "preset_layers",
-           "preset_names", "quantize_mxfp8"]
+           "preset_names", "quantize_mxfp8", "retain_freed_host_memory"]
 
 
 def bshd_cu_seqlens(batch, seqlen):

@@ -293,6 +293,21 @@ def test_cuda_availability_is_reported():
             csattn.Layer(tiny("SWA"), device="cuda")
 
 
+def test_retain_freed_host_memory_then_layers_still_agree():
+    """The allocator setting is taken under glibc (Linux) and changes no result."""
+    import platform
+    cfg = tiny("CSA")
+    layer = csattn.Layer(cfg, csattn.LayerWeights.random(cfg, 31), precision="fp32")
+    x, c, cp = batch(cfg, 32)
+    before = layer.forward(x, cu_seqlens=c, cu_seqlens_padded=cp).output
+    took = csattn.retain_freed_host_memory()
+    assert isinstance(took, bool)
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert took
+    after = layer.forward(x, cu_seqlens=c, cu_seqlens_padded=cp).output
+    np.testing.assert_array_equal(before, after)
+
+
 def test_context_parallel_device_options():
     """ContextParallelLayer takes device like Layer: a bad name, 'cuda' without a GPU, and fp32
     on the GPU are csattn.Error; the NCCL factory and the launcher's local rank are there."""
