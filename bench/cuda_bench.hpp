@@ -27,10 +27,11 @@ int run_cuda_bench(const std::string& json_path, const std::string& svg_path,
 // The bandwidth-bound forward kernels (cuda_bench_elementwise.cpp): a JSON array, and a table.
 nlohmann::json elementwise_benchmarks(double copy_tbps);
 
-// Where the wgmma attention kernels' time goes (cuda_bench_phases.cpp): per-phase cycles from
-// clock() stamps of one launch at the Flash and Pro shapes; a JSON array, and a table.
+// Where the wgmma kernels' time goes (cuda_bench_phases.cpp): per-phase cycles from clock()
+// stamps of one launch (the attention kernels at the Flash and Pro shapes); JSON, and a table.
 nlohmann::json attention_forward_phases();
 nlohmann::json attention_backward_phases();
+nlohmann::json indexer_phases();  // the wgmma indexer on one 32K-token sequence
 
 // GPU context parallelism against CP = 1 (cuda_bench_cp.cpp): a JSON array, and a table.
 nlohmann::json cp_benchmarks();

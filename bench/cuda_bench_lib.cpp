@@ -530,6 +530,8 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
                     j["stages_ms"]["indexer top-k"].get<double>(), j["indexer_tflops"].get<double>());
         report["indexer"].push_back(j);
       }
+      // Where the time goes inside the wgmma indexer (clock() stamps of one launch).
+      report["indexer_phases"] = indexer_phases();
     }
     if (want("elementwise")) {
       std::fprintf(stderr, "cuda_bench: elementwise kernels\n");

@@ -1,7 +1,8 @@
-// Where the wgmma attention kernels' time goes: one launch each with clock() stamps at the
-// phase boundaries (AttentionForwardStamps in kernels.hpp, AttentionBackwardStamps in
-// backward_kernels.hpp), after a warm-up launch, at 32K keys and 4096 queries. Stamps of one
-// multiprocessor share its clock; differences are taken modulo 2^32.
+// Where the wgmma kernels' time goes: one launch each with clock() stamps at the phase
+// boundaries (AttentionForwardStamps in kernels.hpp, AttentionBackwardStamps in
+// backward_kernels.hpp, IndexerStamps in indexer_topk_tiled.hpp), after a warm-up launch:
+// the attention kernels at 32K keys and 4096 queries, the indexer on one 32K-token
+// sequence. Stamps of one multiprocessor share its clock; differences are taken modulo 2^32.
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -9,8 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "csattn/config.hpp"
 #include "cuda/backward_kernels.hpp"
+#include "cuda/device_arena.hpp"
+#include "cuda/indexer_topk_plan.hpp"
+#include "cuda/indexer_topk_tiled.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/workspace.hpp"
 #include "cuda_bench.hpp"
 #include "sparse_attention_inputs.hpp"
 
@@ -21,6 +27,7 @@ namespace {
 using json = nlohmann::json;
 using cuda::AttentionBackwardStamps;
 using cuda::AttentionForwardStamps;
+using cuda::IndexerStamps;
 
 // Copies the stamps of one launch to the host (zeroed before it: 0 = not reached).
 template <class Launch>
@@ -171,7 +178,101 @@ json attention_backward_phases_case(int heads, int topk, int keys, int queries) 
   return j;
 }
 
+// The wgmma indexer's phases: per warpgroup the mean cycles of each phase per key tile over
+// the stamped block's first run (its 4 query rows against their visible compressed keys),
+// and the block's set-up, scoring and selection. Flash CSA geometry (64 heads x 128, top-512),
+// one sequence of `tokens` rows with random operands.
+json indexer_phases_case(int tokens) {
+  using Stamps = IndexerStamps;
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  cfg.compress_ratio = 4;
+  const int T = tokens, Nc = tokens / 4, HI = cfg.index_n_heads, DI = cfg.index_head_dim;
+  cuda::LayerDims d = cuda::make_dims(cfg, T, 1, T);
+  d.rows = T;
+  cuda::DeviceArena qi, w_eff, keys, topk, scratch, meta_buf;
+  qi.reserve(sizeof(bf16) * T * HI * DI);
+  w_eff.reserve(sizeof(float) * T * HI);
+  keys.reserve(sizeof(bf16) * Nc * DI);
+  topk.reserve(sizeof(std::int32_t) * T * d.topk);
+  scratch.reserve(cuda::indexer_topk_scratch_bytes(d));
+  meta_buf.reserve(sizeof(std::int32_t) * (4 + 2 * static_cast<std::size_t>(T)) + T);
+  fill_random_bf16(static_cast<bf16*>(qi.base), static_cast<std::size_t>(T) * HI * DI, 21);
+  fill_random_bf16(static_cast<bf16*>(keys.base), static_cast<std::size_t>(Nc) * DI, 22);
+  std::vector<float> wh(static_cast<std::size_t>(T) * HI);
+  for (std::size_t i = 0; i < wh.size(); ++i) wh[i] = (i % 7 == 3 ? -0.5f : 1.0f) / 64.0f;
+  CSATTN_CUDA_CHECK(cudaMemcpy(w_eff.base, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+  // One segment: cu = [0, T], comp_start = [0, Nc], row t at position t, no padding.
+  std::vector<std::int32_t> mh(4 + 2 * static_cast<std::size_t>(T));
+  mh[1] = T;
+  mh[3] = Nc;
+  for (int t = 0; t < T; ++t) mh[4 + T + t] = t;
+  CSATTN_CUDA_CHECK(cudaMemcpy(meta_buf.base, mh.data(), mh.size() * 4, cudaMemcpyHostToDevice));
+  auto* mb = static_cast<std::int32_t*>(meta_buf.base);
+  CSATTN_CUDA_CHECK(cudaMemset(mb + 4 + 2 * T, 0, T));
+  cuda::DeviceMetadata m;
+  m.cu_real = mb; m.cu_padded = mb; m.comp_start = mb + 2;
+  m.row_segment = mb + 4; m.row_position = mb + 4 + T;
+  m.row_is_padding = reinterpret_cast<std::uint8_t*>(mb + 4 + 2 * T);
+  auto launch = [&](unsigned* stamps) {
+    cuda::launch_indexer_topk_wgmma(d, m, static_cast<const bf16*>(qi.base), static_cast<const float*>(w_eff.base),
+                                    static_cast<const bf16*>(keys.base), static_cast<std::int32_t*>(topk.base),
+                                    scratch.base, nullptr, stamps);
+  };
+  launch(nullptr);  // warm-up
+  const std::vector<unsigned> h = stamps_of(Stamps::count(), launch);
+  static const char* const names[5] = {"keys ready", "next load", "MMA", "head sums", "store+count"};
+  json j{{"tokens", T}, {"block", Stamps::block},
+         {"tensor_floor_cycles_per_tile", 2.0 * 64 * 256 * DI / 4096.0}};
+  for (int wg = 0; wg < 2; ++wg) {
+    double sum[5] = {}, tile_sum = 0.0, block[3] = {};
+    long tiles = 0, blocks = 0;
+    for (int cta = 0; cta < Stamps::ctas; ++cta) {
+      const unsigned* base = h.data() + static_cast<long>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
+      const unsigned* b = base + static_cast<long>(Stamps::tiles) * Stamps::phases;
+      if (b[0] == 0 || b[1] == 0 || b[2] == 0 || b[3] == 0) continue;  // no stamped block here
+      ++blocks;
+      for (int p = 1; p < 4; ++p) block[p - 1] += static_cast<double>(b[p] - b[p - 1]);
+      for (int u = 0; u < Stamps::tiles; ++u) {
+        const unsigned* r = base + static_cast<long>(u) * Stamps::phases;
+        if (r[5] == 0) break;  // the run had fewer tiles
+        for (int p = 1; p < 6; ++p) sum[p - 1] += static_cast<double>(r[p] - r[p - 1]);
+        tile_sum += static_cast<double>(r[5] - r[0]);
+        ++tiles;
+      }
+    }
+    json w;
+    for (int p = 0; p < 5; ++p) w["cycles_per_tile"][names[p]] = tiles > 0 ? sum[p] / tiles : 0.0;
+    w["tile_cycles"] = tiles > 0 ? tile_sum / tiles : 0.0;
+    w["tiles"] = tiles;
+    w["blocks"] = blocks;
+    static const char* const block_names[3] = {"to queries ready", "scoring", "selection"};
+    for (int p = 0; p < 3; ++p) w["block_cycles"][block_names[p]] = blocks > 0 ? block[p] / blocks : 0.0;
+    j[wg == 0 ? "wg0" : "wg1"] = w;
+  }
+  return j;
+}
+
 }  // namespace
+
+json indexer_phases() {
+  std::printf("\nwgmma indexer phases (one %d-token sequence; cycles per key tile of a warpgroup, mean over "
+              "the CTAs' stamped block)\n", 32768);
+  std::fprintf(stderr, "cuda_bench: indexer phases\n");
+  json j = indexer_phases_case(32768);
+  std::printf("tensor floor %.0f cycles a tile (8 x m64n256k16 with the pipe to itself)\n",
+              j["tensor_floor_cycles_per_tile"].get<double>());
+  for (const char* wg : {"wg0", "wg1"}) {
+    const json& w = j[wg];
+    std::printf("  %s", wg);
+    for (const char* name : {"keys ready", "next load", "MMA", "head sums", "store+count"})
+      std::printf(" | %s %.0f", name, w["cycles_per_tile"][name].get<double>());
+    std::printf(" | tile %.0f (%ld tiles)\n", w["tile_cycles"].get<double>(), w["tiles"].get<long>());
+    std::printf("      block: to queries ready %.0f, scoring %.0f, selection %.0f (%ld blocks)\n",
+                w["block_cycles"]["to queries ready"].get<double>(), w["block_cycles"]["scoring"].get<double>(),
+                w["block_cycles"]["selection"].get<double>(), w["blocks"].get<long>());
+  }
+  return j;
+}
 
 json attention_forward_phases() {
   json out = json::array();

@@ -89,15 +89,18 @@ __device__ void select_block(const LayerDims& d, unsigned selecting, const Share
   }
 }
 
-// The signature both kernels share, and their common launch (host): a persistent grid of
-// at most ctas_per_sm CTAs per SM (and no more than the scratch's kIdxTiledMaxCtas slots),
-// the scratch split into the ticket counter (zeroed here) and the CTAs' score slots.
-using BlockKernel = void (*)(LayerDims, DeviceMetadata, const bf16*, const float*, const bf16*,
-                             std::int32_t*, unsigned*, float*, long);
-inline void launch_block_kernel(BlockKernel kernel, int threads, int ctas_per_sm, std::size_t smem,
-                                const char* what, const LayerDims& d, const DeviceMetadata& meta,
-                                const bf16* qi, const float* w_eff, const bf16* keys,
-                                std::int32_t* topk, void* scratch, cudaStream_t stream) {
+// The parameters both kernels start with, and their common launch (host): a persistent grid
+// of at most ctas_per_sm CTAs per SM (and no more than the scratch's kIdxTiledMaxCtas
+// slots), the scratch split into the ticket counter (zeroed here) and the CTAs' score slots.
+// `extra` arguments follow those (the wgmma kernel's measurement stamps).
+template <class... Extra>
+inline void launch_block_kernel(void (*kernel)(LayerDims, DeviceMetadata, const bf16*, const float*,
+                                               const bf16*, std::int32_t*, unsigned*, float*, long,
+                                               Extra...),
+                                int threads, int ctas_per_sm, std::size_t smem, const char* what,
+                                const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
+                                const float* w_eff, const bf16* keys, std::int32_t* topk,
+                                void* scratch, cudaStream_t stream, Extra... extra) {
   const int blocks = (d.rows + kRows - 1) / kRows;
   const int grid = std::min({blocks, ctas_per_sm * multiprocessor_count(), kIdxTiledMaxCtas});
   allow_dynamic_smem(kernel, smem, what);
@@ -105,7 +108,7 @@ inline void launch_block_kernel(BlockKernel kernel, int threads, int ctas_per_sm
   float* slots = reinterpret_cast<float*>(static_cast<unsigned char*>(scratch) + kIdxTiledHeaderBytes);
   CSATTN_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream));
   kernel<<<grid, threads, smem, stream>>>(d, meta, qi, w_eff, keys, topk, counter, slots,
-                                          static_cast<long>(indexer_tiled_row_stride(d)));
+                                          static_cast<long>(indexer_tiled_row_stride(d)), extra...);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

@@ -14,6 +14,23 @@ void launch_indexer_topk_tiled(const LayerDims& d, const DeviceMetadata& meta, c
                                void* scratch, cudaStream_t stream);
 void launch_indexer_topk_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                                const float* w_eff, const bf16* keys, std::int32_t* topk,
-                               void* scratch, cudaStream_t stream);
+                               void* scratch, cudaStream_t stream,
+                               unsigned* phase_stamps = nullptr);
+
+// Measurement only (benchmarks): the wgmma indexer's phase_stamps, the multiprocessor's
+// 32-bit clock() with its lowest bit set (0 means "not reached"; subtract modulo 2^32),
+// written by the first thread of each warpgroup of CTAs 0 .. ctas - 1 for the CTA's block
+// number `block` (counted from 0 per CTA; blocks are taken longest rows first) and that
+// block's first run, at stamps[((cta * 2 + warpgroup) * (tiles + 1) + row) * phases + p].
+// Row u < tiles is the warpgroup's u-th key tile (tile 2u + warpgroup of the run): 0 loop
+// top, 1 the tile's keys ready (cp.async wait and the warpgroup's barrier), 2 the load two
+// tiles ahead issued, 3 the MMAs done, 4 the head sums done, 5 the scores stored and
+// counted. Row `tiles`: 0 block start, 1 the run's queries and weights ready, 2 the run's
+// scoring done, 3 the block's selection done. Stamps not reached stay as the caller left
+// them (zero them first).
+struct IndexerStamps {
+  static constexpr int ctas = 132, block = 2, tiles = 64, phases = 6;
+  static constexpr long count() { return static_cast<long>(ctas) * 2 * (tiles + 1) * phases; }
+};
 
 }  // namespace csattn::cuda

@@ -61,11 +61,13 @@ __device__ __forceinline__ std::uint32_t op_off(int row, int cc, int block_bytes
   return static_cast<std::uint32_t>((cc >> 3) * block_bytes + row * 128 + (((cc & 7) ^ (row & 7)) << 4));
 }
 
-template <int DI>
+// kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
+// IndexerStamps (indexer_topk_tiled.hpp) says.
+template <int DI, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                               const bf16* keys, std::int32_t* topk, unsigned* counter,
-                              float* slots, long row_stride) {
+                              float* slots, long row_stride, unsigned* stamps) {
   using L = Layout<DI>;
   constexpr int kChunks = DI / 8, kSteps = DI / 16;
   extern __shared__ unsigned char smem_raw[];
@@ -86,10 +88,32 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
 
+  using Stamps = IndexerStamps;
+  // Row `row`, phase `phase` of the stamped block's first run. The CTA and thread ids are
+  // re-read at each stamp (volatile), so no register is held for them across the loops.
+  bool stamping = false;
+  auto stamp = [&](int row, int phase) {
+    if constexpr (kStamps) {
+      if (stamping && row <= Stamps::tiles) {
+        unsigned cta, thread;
+        asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
+        if ((thread & 127u) == 0u && cta < static_cast<unsigned>(Stamps::ctas))
+          stamps[((cta * 2u + thread / 128u) * (Stamps::tiles + 1) + row) * Stamps::phases + phase] =
+              static_cast<unsigned>(clock()) | 1u;
+      }
+    }
+  };
+  auto stamp_tile = [&](int u, int phase) {
+    if (u < Stamps::tiles) stamp(u, phase);
+  };
+
   int t0 = 0;
   unsigned todo = 0;
-  while (idxblock::next_block<kThreads>(d, meta, counter, topk, hist, sh, t0, todo)) {
+  for (int local = 0; idxblock::next_block<kThreads>(d, meta, counter, topk, hist, sh, t0, todo); ++local) {
     const unsigned selecting = todo;
+    if constexpr (kStamps) stamping = local == Stamps::block;
+    stamp(Stamps::tiles, 0);
     // The columns of rows outside the run are zero and never written.
     while (todo != 0u) {
       int run_seg = 0, n_run = 0;
@@ -111,6 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_wait<0>();
       fence_proxy_async_smem();  // the cp.async writes of Q -> wgmma
       __syncthreads();
+      stamp(Stamps::tiles, 1);
 
       const int tiles = (n_run + kKeys - 1) / kKeys;
       const int my_tiles = tiles > wg ? (tiles - wg + 1) / 2 : 0;  // tiles wg, wg + 2, ...
@@ -130,10 +155,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       load(0);
       load(1);
       for (int u = 0; u < my_tiles; ++u) {
+        stamp_tile(u, 0);
         cp_async_wait<1>();
         fence_proxy_async_smem();          // this thread's copies of tile u -> wgmma
         named_barrier_sync(1 + wg, 128);   // every thread's copies; tile u - 1's stage is free
+        stamp_tile(u, 1);
         load(u + 2);
+        stamp_tile(u, 2);
         const std::uint32_t kt = ring + (u % kStages) * L::kTileBytes;
         wgmma_fence();
 #pragma unroll
@@ -146,6 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_pin(acc);
+        stamp_tile(u, 3);
 
         // acc[4i + 2 half + e] = S[key 16 (warp % 4) + g + 8 half][column 8i + 2q + e]; row r's
         // head h is column 64 r + h, so its group G holds i = 8r + 2G (heads 16G + 2q + e) and
@@ -170,6 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (qd == r) mine[half] = s;
           }
         }
+        stamp_tile(u, 4);
         const int key0 = (2 * u + wg) * kKeys + 16 * (warp & 3) + g;
         if (run >> qd & 1u) {
 #pragma unroll
@@ -181,31 +211,38 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
         }
+        stamp_tile(u, 5);
       }
       cp_async_wait<0>();
+      stamp(Stamps::tiles, 2);
+      stamping = false;  // the block's first run only
     }
     idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk);
+    if constexpr (kStamps) stamping = local == Stamps::block;
+    stamp(Stamps::tiles, 3);
   }
 }
 
 template <int DI>
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
-                  const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream) {
+                  const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
+                  unsigned* stamps) {
   // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
-  idxblock::launch_block_kernel(indexer_topk_wgmma_kernel<DI>, kThreads, 1, 1024 + Layout<DI>::kBytes,
-                                "the wgmma indexer", d, meta, qi, w_eff, keys, topk, scratch, stream);
+  auto kernel = stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true> : indexer_topk_wgmma_kernel<DI, false>;
+  idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the wgmma indexer", d,
+                                meta, qi, w_eff, keys, topk, scratch, stream, stamps);
 }
 
 }  // namespace
 
 void launch_indexer_topk_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                                const float* w_eff, const bf16* keys, std::int32_t* topk,
-                               void* scratch, cudaStream_t stream) {
+                               void* scratch, cudaStream_t stream, unsigned* phase_stamps) {
   require(indexer_tiled_supported(d), ErrorKind::Unsupported,
           "the wgmma indexer needs index_n_heads <= 64 and index_head_dim 64 or 128");
   require(scratch != nullptr, ErrorKind::InvalidArgument, "the wgmma indexer needs its scratch");
-  if (d.index_dim == 128) launch_wgmma<128>(d, meta, qi, w_eff, keys, topk, scratch, stream);
-  else launch_wgmma<64>(d, meta, qi, w_eff, keys, topk, scratch, stream);
+  if (d.index_dim == 128) launch_wgmma<128>(d, meta, qi, w_eff, keys, topk, scratch, stream, phase_stamps);
+  else launch_wgmma<64>(d, meta, qi, w_eff, keys, topk, scratch, stream, phase_stamps);
 }
 
 }  // namespace csattn::cuda

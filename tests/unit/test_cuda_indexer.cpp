@@ -25,6 +25,7 @@
 #include "csattn/error.hpp"
 #include "csattn/layer.hpp"
 #include "cuda/indexer_topk_plan.hpp"
+#include "cuda/indexer_topk_tiled.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda_test_util.hpp"
 #include "test_util.hpp"
@@ -171,6 +172,17 @@ class DeviceProblem {
     scratch_.fill_bytes(0xFF);
     cuda::launch_indexer_topk(d_, meta(), reinterpret_cast<const cuda::bf16*>(q_.get()), w_.get(),
                               reinterpret_cast<const cuda::bf16*>(k_.get()), topk_.get(), scratch_.get(), nullptr, which);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return topk_.download();
+  }
+  // The wgmma kernel's measurement instance (phase stamps into `stamps`, zeroed here).
+  std::vector<std::int32_t> run_wgmma_stamped(DeviceArray<unsigned>& stamps) {
+    topk_.fill_bytes(0x5A);
+    scratch_.fill_bytes(0xFF);
+    stamps.fill_bytes(0);
+    cuda::launch_indexer_topk_wgmma(d_, meta(), reinterpret_cast<const cuda::bf16*>(q_.get()), w_.get(),
+                                    reinterpret_cast<const cuda::bf16*>(k_.get()), topk_.get(), scratch_.get(),
+                                    nullptr, stamps.get());
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return topk_.download();
   }
@@ -363,6 +375,44 @@ TEST(CudaIndexerLong, SegmentOf200KTokens) {
   expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
 }
 
+
+// The measurement instance (phase stamps, IndexerStamps in indexer_topk_tiled.hpp) selects
+// the same ids as the plain kernel, and on every CTA each warpgroup writes its stamped block's
+// four stamps and, per key tile of the block's first run, six stamps in time order (32-bit
+// clock, never 0). 4000 tokens in blocks of 4 rows: every CTA takes 3+ blocks, the third
+// among the long rows (600+ visible keys against top-256: scored, ~5 tiles a warpgroup).
+TEST(CudaIndexerStamps, SameIdsAndStampsInOrder) {
+  SKIP_WITHOUT_GPU();
+  using Stamps = cuda::IndexerStamps;
+  const Problem p(8, 64, 256, {4000}, {4000}, Values::random, 16);
+  DeviceProblem dev(p);
+  dev.upload();
+  DeviceArray<unsigned> stamps(static_cast<std::size_t>(Stamps::count()));
+  const auto plain = dev.run(cuda::IndexerKernel::wgmma);
+  const auto stamped = dev.run_wgmma_stamped(stamps);
+  expect_equal_rows(p, stamped, plain, "stamped vs plain wgmma");
+  const std::vector<unsigned> h = stamps.download();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int ctas = std::min(Stamps::ctas, sms);
+  ASSERT_GT(p.T / 4, (Stamps::block + 1) * ctas) << "every CTA must reach the stamped block";
+  for (int cta = 0; cta < ctas; ++cta)
+    for (int wg = 0; wg < 2; ++wg) {
+      SCOPED_TRACE("CTA " + std::to_string(cta) + " warpgroup " + std::to_string(wg));
+      const unsigned* base = h.data() + static_cast<std::size_t>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
+      const unsigned* block = base + static_cast<std::size_t>(Stamps::tiles) * Stamps::phases;
+      for (int k = 0; k < 4; ++k) ASSERT_NE(block[k], 0u) << "block stamp " << k;
+      for (int k = 1; k < 4; ++k) ASSERT_LT(block[k] - block[k - 1], 1u << 31) << "block stamp " << k;
+      int tiles = 0;
+      for (int u = 0; u < Stamps::tiles && base[u * Stamps::phases + 5] != 0u; ++u, ++tiles) {
+        const unsigned* r = base + u * Stamps::phases;
+        for (int k = 1; k < 6; ++k) ASSERT_LT(r[k] - r[k - 1], 1u << 31) << "tile " << u << " stamp " << k;
+        ASSERT_LT(r[0] - block[1], 1u << 31) << "tile " << u << " before the queries were ready";
+        ASSERT_LT(block[2] - r[5], 1u << 31) << "tile " << u << " after the scoring ended";
+      }
+      EXPECT_GE(tiles, 2);
+    }
+}
 
 // Timing, not a check (disabled by default; run with --gtest_also_run_disabled_tests
 // --gtest_filter=CudaIndexerTiming.*): the Flash indexer (64 heads x 128, top-512) on one
