@@ -48,7 +48,7 @@ std::vector<unsigned> stamps_of(long count, Launch&& launch) {
 // phase includes the gather issued before the wait.
 constexpr const char* kForwardPhases[3][7] = {
     {"free b0.lo", "+free b1.hi", "+free b0.hi", "+free b1.lo", "last gather", nullptr, nullptr},
-    {"softmax 0", "P0 V0", "wait m1/P1", "publish P0", "ready b0.lo", "P1V1 + b0.hi", "next S0"},
+    {"softmax 0", "P0 V0", "wait m1/P1", "publish P0", "rescale + b0.lo", "P1V1 + b0.hi", "next S0"},
     {"ready b1.hi", "ready b1.lo", "S1", "wait m0", "softmax 1", "P0 + P1V1", "P0 V0"}};
 constexpr int kForwardLastStamp[3] = {5, 7, 7};  // each warpgroup's final stamp of a pair
 

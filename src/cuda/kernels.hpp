@@ -147,9 +147,10 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
 //   producer:   0 pair top, 1-4 free waits done (buffer 0 dims 0-255, buffer 1 dims 256-511,
 //               buffer 0 dims 256-511, buffer 1 dims 0-255), 5 the last gather issued;
 //   consumer 0: 0 pair top (S_0 in registers), 1 softmax done (m_0 published), 2 P_0 V_0
-//               done, 3 m_1 / P_1 received, 4 P_0 published, O rescaled, 5 the next pair's
+//               done, 3 m_1 / P_1 received, 4 P_0 published, 5 O rescaled and the next pair's
 //               buffer 0 dims 0-255 ready, 6 P_1 V_1 done and dims 256-511 ready, 7 pair end
-//               (the next S_0 done); on the last pair 5 = P_1 V_1 done, 6 and 7 right after;
+//               (the next S_0 done); on the last pair 5 = O rescaled and P_1 V_1 done, 6 and
+//               7 right after;
 //   consumer 1: 0 pair top, 1-2 buffer-1 halves ready (dims 256-511, then 0-255), 3 S_1
 //               done, 4 m_0 received, 5 softmax done, P_1 published, 6 P_0 received and
 //               P_1 V_1 done (the P_0 wait alone: consumer 0's stamp 4 minus this one's 5,

@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         store_fragment(p0_s, p, row0, qd);
         fence_proxy_async_smem();  // P_0's st.shared -> consumer 1's wgmma
         named_barrier_arrive(kBarP0, kConsumerThreads);
-        rescale(o, l_part, f);
         stamp(local, pair, 4);
+        rescale(o, l_part, f);
 
         // O += P_1 V_1[:, 0:256], overlapped with the next pair's S_0.
         wgmma_fence();

@@ -90,7 +90,8 @@ TEST_P(CpParity, Fp32ForwardBitwiseGradientsWithin1e6) {
 // the outputs, their gradients zero, and the sums equal the single-rank layer's. Two batches
 // for 4 ranks: two short sequences (1 and 2 tokens: no compressed entry, so no loss) leave
 // ranks 1-3 (contiguous) or most chunks (two_chunk) without a real row; one sequence of 37
-// real rows padded to 160 puts its real rows on ranks 0-1 only, with CSA entries and a
+// real rows padded to 160 puts its real rows on rank 0 (contiguous) or ranks 0-1
+// (two_chunk) only, with CSA entries and a
 // positive indexer loss whose denominator (the global real-row count) idle ranks share.
 TEST(CpParityPadding, RanksHoldingOnlyPaddingRows) {
   struct Batch {

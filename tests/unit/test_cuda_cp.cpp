@@ -329,8 +329,9 @@ TEST(CudaCp, DeviceMemoryEntryPointsMatchTheHostOnes) {
 // Ranks that own padding rows only (4 ranks sharing the GPU): they run every kernel on
 // padding and every collective, and the results still equal the single-GPU layer's. Two
 // batches: sequences of 1 and 2 tokens (no compressed entry, so the loss is off), and one
-// sequence of 200 real rows padded to 1024 (real rows on ranks 0-1 only, CSA entries, the
-// loss on: idle ranks add nothing but share its global denominator).
+// sequence of 200 real rows padded to 1024 (real rows on rank 0 with contiguous, ranks 0-1
+// with two_chunk; CSA entries, the loss on: idle ranks add nothing but share its global
+// denominator).
 TEST(CudaCp, RanksHoldingOnlyPaddingRows) {
   SKIP_WITHOUT_GPU();
   struct Batch {

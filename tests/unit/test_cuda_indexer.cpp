@@ -379,8 +379,9 @@ TEST(CudaIndexerLong, SegmentOf200KTokens) {
 // The measurement instance (phase stamps, IndexerStamps in indexer_topk_tiled.hpp) selects
 // the same ids as the plain kernel, and on every CTA each warpgroup writes its stamped block's
 // four stamps and, per key tile of the block's first run, six stamps in time order (32-bit
-// clock, never 0). 4000 tokens in blocks of 4 rows: every CTA takes 3+ blocks, the third
-// among the long rows (600+ visible keys against top-256: scored, ~5 tiles a warpgroup).
+// clock, never 0). 4000 tokens in blocks of 4 rows: with tickets shared evenly every CTA
+// takes 3+ blocks, the third among the long rows (600+ visible keys against top-256: scored,
+// ~5 tiles a warpgroup); tickets are dynamic, so 90% of the CTAs are required, not all.
 TEST(CudaIndexerStamps, SameIdsAndStampsInOrder) {
   SKIP_WITHOUT_GPU();
   using Stamps = cuda::IndexerStamps;
@@ -395,12 +396,15 @@ TEST(CudaIndexerStamps, SameIdsAndStampsInOrder) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const int ctas = std::min(Stamps::ctas, sms);
-  ASSERT_GT(p.T / 4, (Stamps::block + 1) * ctas) << "every CTA must reach the stamped block";
+  ASSERT_GT(p.T / 4, (Stamps::block + 1) * ctas) << "the CTAs must reach the stamped block";
+  int stamped_wgs = 0;
   for (int cta = 0; cta < ctas; ++cta)
     for (int wg = 0; wg < 2; ++wg) {
       SCOPED_TRACE("CTA " + std::to_string(cta) + " warpgroup " + std::to_string(wg));
       const unsigned* base = h.data() + static_cast<std::size_t>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
       const unsigned* block = base + static_cast<std::size_t>(Stamps::tiles) * Stamps::phases;
+      if (block[0] == 0u) continue;  // this CTA took fewer blocks
+      ++stamped_wgs;
       for (int k = 0; k < 4; ++k) ASSERT_NE(block[k], 0u) << "block stamp " << k;
       for (int k = 1; k < 4; ++k) ASSERT_LT(block[k] - block[k - 1], 1u << 31) << "block stamp " << k;
       int tiles = 0;
@@ -412,6 +416,7 @@ TEST(CudaIndexerStamps, SameIdsAndStampsInOrder) {
       }
       EXPECT_GE(tiles, 2);
     }
+  EXPECT_GE(stamped_wgs, 2 * ctas * 9 / 10) << "warpgroups with a stamped block";
 }
 
 // Timing, not a check (disabled by default; run with --gtest_also_run_disabled_tests
