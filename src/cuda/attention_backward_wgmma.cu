@@ -45,6 +45,7 @@
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/mma_util.cuh"
+#include "cuda/phase_stamp.cuh"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
 #include "cuda/wgmma_tile.cuh"
@@ -184,11 +185,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c = warp >> 2;  // warpgroup
   using Stamps = AttentionBackwardStamps;
   auto stamp_at = [&](int row, int phase) {
-    if constexpr (kStamps) {
-      if ((tid & (kWgThreads - 1)) == 0 && static_cast<int>(blockIdx.x) < Stamps::ctas)
-        stamps[((static_cast<long>(blockIdx.x) * 2 + c) * (Stamps::tiles + 1) + row) *
-                   Stamps::phases + phase] = static_cast<unsigned>(clock()) | 1u;
-    }
+    if constexpr (kStamps)
+      write_phase_stamp<Stamps::ctas, 2, Stamps::tiles + 1, Stamps::phases>(stamps, row, phase);
   };
   auto stamp = [&](int tile, int phase) {  // key tile `tile`
     if (tile < Stamps::tiles) stamp_at(tile, phase);

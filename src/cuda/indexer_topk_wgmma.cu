@@ -27,6 +27,7 @@
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/indexer_topk_tiled.hpp"
 #include "cuda/mma_util.cuh"
+#include "cuda/phase_stamp.cuh"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
 
@@ -89,19 +90,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
 
   using Stamps = IndexerStamps;
-  // Row `row`, phase `phase` of the stamped block's first run. The CTA and thread ids are
-  // re-read at each stamp (volatile), so no register is held for them across the loops.
+  // Row `row`, phase `phase` of the stamped block's first run.
   bool stamping = false;
   auto stamp = [&](int row, int phase) {
     if constexpr (kStamps) {
-      if (stamping && row <= Stamps::tiles) {
-        unsigned cta, thread;
-        asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
-        if ((thread & 127u) == 0u && cta < static_cast<unsigned>(Stamps::ctas))
-          stamps[((cta * 2u + thread / 128u) * (Stamps::tiles + 1) + row) * Stamps::phases + phase] =
-              static_cast<unsigned>(clock()) | 1u;
-      }
+      if (stamping && row <= Stamps::tiles)
+        write_phase_stamp<Stamps::ctas, 2, Stamps::tiles + 1, Stamps::phases>(stamps, row, phase);
     }
   };
   auto stamp_tile = [&](int u, int phase) {

@@ -47,6 +47,7 @@
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/mma_util.cuh"
+#include "cuda/phase_stamp.cuh"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
 #include "cuda/wgmma_tile.cuh"
@@ -168,18 +169,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Stamps = AttentionForwardStamps;
   // Warpgroup `warp / 4` (0 producer, 1 and 2 the consumers) stamps phase p of row `row` of
   // its local item `local` (only item Stamps::item is kept).
-  // The CTA and thread ids are re-read at each stamp (volatile): kept live across the loops
-  // they take registers the consumers do not have (ptxas spilled and serialised wgmmas).
   auto stamp_at = [&](int local, int row, int phase) {
     if constexpr (kStamps) {
-      if (local == Stamps::item) {
-        unsigned cta, thread;
-        asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
-        if ((thread & 127u) == 0u && cta < static_cast<unsigned>(Stamps::ctas))
-          stamps[((cta * 3u + thread / 128u) * (Stamps::pairs + 1) + row) * Stamps::phases + phase] =
-              static_cast<unsigned>(clock()) | 1u;
-      }
+      if (local == Stamps::item)
+        write_phase_stamp<Stamps::ctas, 3, Stamps::pairs + 1, Stamps::phases>(stamps, row, phase);
     }
   };
   auto stamp = [&](int local, int pair, int phase) {  // key-tile pair `pair`
