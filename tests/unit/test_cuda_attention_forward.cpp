@@ -43,6 +43,10 @@ struct AttnCase {
   int all_up_to;
   int tail;
   bool interleave_invalid;  // CSA: shuffle -1 slots between the valid ids on every 3rd row
+  // Compressed row j of a segment with E entries scaled by 1 + key_growth * j / E: logits
+  // that grow along the key order, so a later tile's max exceeds the running one by more
+  // than 2^8 again and again (the lazy schedule's settle path; window rows stay unscaled).
+  float key_growth = 0.0f;
 };
 void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
 
@@ -107,6 +111,15 @@ Problem make_problem(const AttnCase& c, std::uint64_t seed) {
   fill_random(p.q, static_cast<std::size_t>(T) * H * D, seed + 1, 2.0f);
   fill_random(p.kv, static_cast<std::size_t>(p.cu[B]) * D, seed + 2, 1.0f);
   fill_random(p.comp, static_cast<std::size_t>(std::max(p.comp_rows, 1)) * D, seed + 3, 1.0f);
+  if (c.key_growth > 0.0f)
+    for (int b = 0; b < B; ++b) {
+      const int E = p.comp_start[b + 1] - p.comp_start[b];
+      for (int j = 0; j < E; ++j) {
+        const float f = 1.0f + c.key_growth * static_cast<float>(j) / static_cast<float>(E);
+        float* row = &p.comp[static_cast<std::size_t>(p.comp_start[b] + j) * D];
+        for (int i = 0; i < D; ++i) row[i] = round_bf16(row[i] * f);
+      }
+    }
   fill_random(p.sink, H, seed + 4, 1.0f);
   std::mt19937_64 rng(seed + 5);
   if (c.ratio == 4) {
@@ -188,7 +201,7 @@ void reference(const Problem& p, std::vector<double>& out, std::vector<double>& 
   }
 }
 
-enum class Kernel { wgmma, wgmma_stamped, mma, baseline, dispatch };
+enum class Kernel { wgmma, wgmma_stamped, wgmma_lazy, mma, baseline, dispatch };
 
 struct Result {
   std::vector<float> out, lse;
@@ -245,6 +258,11 @@ class DeviceProblem {
       case Kernel::wgmma:
         cuda::launch_sparse_attention_wgmma(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
                                             lse_.get(), nullptr);
+        break;
+      case Kernel::wgmma_lazy:
+        cuda::launch_sparse_attention_wgmma(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
+                                            lse_.get(), nullptr, nullptr,
+                                            cuda::WgmmaForwardSchedule::lazy_rescale);
         break;
       case Kernel::wgmma_stamped:
         stamps_.fill_bytes(0);
@@ -348,6 +366,11 @@ TEST_P(CudaAttentionForward, WgmmaMatchesReferenceMmaAndBaseline) {
   expect_close("wgmma vs mma", w, m.out, m.lse, T, H, 2e-2, 5e-3, 1e-4);
   const Result b = dev.run(Kernel::baseline);
   expect_close("baseline vs fp64", b, ref_out, ref_lse, T, H, 2e-2, 6e-3, 1e-4);
+  // The lazy-rescale schedule (a candidate, CSATTN_ATTENTION=wgmma_lazy): P rounded at
+  // another reference max, the same bounds.
+  const Result lz = dev.run(Kernel::wgmma_lazy);
+  expect_close("wgmma lazy vs fp64", lz, ref_out, ref_lse, T, H, 2e-2, 6e-3, 1e-4);
+  expect_close("wgmma lazy vs mma", lz, m.out, m.lse, T, H, 2e-2, 5e-3, 1e-4);
 }
 
 TEST_P(CudaAttentionForward, WgmmaRunsAreBitwiseEqual) {
@@ -360,6 +383,9 @@ TEST_P(CudaAttentionForward, WgmmaRunsAreBitwiseEqual) {
   for (float v : a.out) ASSERT_TRUE(std::isfinite(v)) << "unwritten or NaN output";
   EXPECT_EQ(0, std::memcmp(a.out_bits.data(), b.out_bits.data(), a.out_bits.size() * 2));
   EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4));
+  const Result la = dev.run(Kernel::wgmma_lazy), lb = dev.run(Kernel::wgmma_lazy);
+  EXPECT_EQ(0, std::memcmp(la.out_bits.data(), lb.out_bits.data(), la.out_bits.size() * 2)) << "lazy";
+  EXPECT_EQ(0, std::memcmp(la.lse.data(), lb.lse.data(), la.lse.size() * 4)) << "lazy";
   // Unless CSATTN_ATTENTION overrides it, launch_sparse_attention dispatches to this kernel.
   if (std::getenv("CSATTN_ATTENTION") == nullptr) {
     const Result dsp = dev.run(Kernel::dispatch);
@@ -424,7 +450,11 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{"HCA_H24", 24, 128, 128, 0, {1, 1000}, 80, 6, false},
         // SWA: rows with 1..128 keys (fewer than a 64-key tile, one tile, two tiles).
         AttnCase{"SWA_H64", 64, 1, 128, 0, {5, 1, 77, 203, 130}, 210, 0, false},
-        AttnCase{"SWA_H8", 8, 1, 128, 0, {200}, 210, 0, false}),
+        AttnCase{"SWA_H8", 8, 1, 128, 0, {200}, 210, 0, false},
+        // Logits growing along the compressed keys (x1 -> x5): row maxima jump by more than
+        // 2^8 from pair to pair, and the two consumers' tiles differ.
+        AttnCase{"CSA_H64_growing", 64, 4, 128, 512, {2600}, 300, 10, false, 4.0f},
+        AttnCase{"HCA_H128_growing", 128, 128, 128, 0, {30000}, 80, 6, false, 4.0f}),
     attn_case_name);
 
 }  // namespace
