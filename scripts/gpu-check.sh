@@ -27,7 +27,9 @@ tests_rc=skipped
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
   echo "== tests"
   if [ -n "${GPU_CHECK_FILTER:-}" ]; then  # a gtest filter: just those cases, one process
-    build-gpu/tests/csattn_tests --gtest_filter="$GPU_CHECK_FILTER" > "$OUT/ctest.log" 2>&1
+    # Killed after GPU_CHECK_TEST_TIMEOUT s (a hung kernel; status 137): the rest still runs.
+    timeout -s KILL "${GPU_CHECK_TEST_TIMEOUT:-400}" build-gpu/tests/csattn_tests --gtest_filter="$GPU_CHECK_FILTER" \
+      > "$OUT/ctest.log" 2>&1
     tests_rc=$?
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:" "$OUT/ctest.log" | head -60
   else

@@ -8,6 +8,9 @@
 # the ctest entries matching COMPARE_CTEST (if set), then `csattn bench --device cuda` once per
 # value with COMPARE_VAR set to it (the sections of CSATTN_BENCH_SECTIONS), each run's table in
 # $OUT/summary.txt and its JSON in $OUT/bench_<value>.json.
+# The test run and each benchmark run are killed after COMPARE_TEST_TIMEOUT /
+# COMPARE_BENCH_TIMEOUT seconds (default 240 / 300; status 137 in the log), so a kernel that
+# hangs costs one step, not the whole device call.
 # Here, first: scripts/prepare-device-deps.sh; call the device tool with carry: [".device"].
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -21,7 +24,8 @@ source scripts/device-build.sh
 rc=0
 if [ -n "${COMPARE_FILTER:-}" ]; then
   echo "== tests: $COMPARE_FILTER"
-  build-gpu/tests/csattn_tests --gtest_filter="$COMPARE_FILTER" > "$OUT/tests.log" 2>&1 || rc=1
+  timeout -s KILL "${COMPARE_TEST_TIMEOUT:-240}" build-gpu/tests/csattn_tests --gtest_filter="$COMPARE_FILTER" \
+    > "$OUT/tests.log" 2>&1 || { st=$?; rc=1; echo "tests: status $st (137: killed by the timeout)"; }
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:" "$OUT/tests.log" | head -40
 fi
 if [ -n "${COMPARE_CTEST:-}" ]; then
@@ -34,11 +38,11 @@ var=${COMPARE_VAR:-}
 for value in ${COMPARE_VALUES:-default}; do
   echo "== bench: ${var:-(no variable)}=$value" | tee -a "$SUMMARY"
   if [ -n "$var" ] && [ "$value" != default ]; then
-    env "$var=$value" build-gpu/csattn bench --device cuda --out "$OUT/bench_$value.json" \
-      2>> "$OUT/bench.err" | tee -a "$SUMMARY"
+    env "$var=$value" timeout -s KILL "${COMPARE_BENCH_TIMEOUT:-300}" build-gpu/csattn bench --device cuda \
+      --out "$OUT/bench_$value.json" 2>> "$OUT/bench.err" | tee -a "$SUMMARY"
   else
-    build-gpu/csattn bench --device cuda --out "$OUT/bench_$value.json" 2>> "$OUT/bench.err" |
-      tee -a "$SUMMARY"
+    timeout -s KILL "${COMPARE_BENCH_TIMEOUT:-300}" build-gpu/csattn bench --device cuda \
+      --out "$OUT/bench_$value.json" 2>> "$OUT/bench.err" | tee -a "$SUMMARY"
   fi
   [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; tail -5 "$OUT/bench.err"; }
 done

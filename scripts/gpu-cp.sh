@@ -19,7 +19,9 @@ rc=0
 filter=${CP_FILTER:-'*Cuda*:*GpuComm*'}
 if [ "$filter" != none ]; then
   echo "== tests: $filter"
-  build-gpu/tests/csattn_tests --gtest_filter="$filter" > "$OUT/tests.log" 2>&1 || rc=1
+  # Killed after CP_TEST_TIMEOUT s (a hung kernel or collective; status 137).
+  timeout -s KILL "${CP_TEST_TIMEOUT:-400}" build-gpu/tests/csattn_tests --gtest_filter="$filter" \
+    > "$OUT/tests.log" 2>&1 || rc=1
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:|Expected|Which is|actual" "$OUT/tests.log" | head -60
 fi
 if [ "${CP_CLI:-1}" = 1 ]; then
