@@ -453,8 +453,8 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{"SWA_H8", 8, 1, 128, 0, {200}, 210, 0, false},
         // Logits growing along the compressed keys (x1 -> x5): row maxima jump by more than
         // 2^8 from pair to pair, and the two consumers' tiles differ; the HCA case's 82 rows
-        // x 2 head blocks are more items than SMs, so a CTA carries a settled max into its
-        // next item.
+        // x 2 head blocks are more items than SMs, so CTAs run several items that settle maxima
+        // (the P tiles and barriers reused across them).
         AttnCase{"CSA_H64_growing", 64, 4, 128, 512, {2600}, 300, 10, false, 4.0f},
         AttnCase{"HCA_H128_growing", 128, 128, 128, 0, {30000}, 80, 70, false, 4.0f}),
     attn_case_name);
