@@ -276,8 +276,8 @@ json indexer_phases() {
 
 json attention_forward_phases() {
   json out = json::array();
-  std::printf("\nwgmma attention forward phases (cycles per key-tile pair, mean over the CTAs' "
-              "stamped item)\n");
+  std::printf("\nwgmma attention forward phases, default schedule whatever CSATTN_ATTENTION says "
+              "(cycles per key-tile pair, mean over the CTAs' stamped item)\n");
   for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}}) {
     std::fprintf(stderr, "cuda_bench: attention forward phases H %d top-k %d\n", heads, topk);
     json j = attention_forward_phases_case(heads, topk, 32768, 4096);
