@@ -1,6 +1,6 @@
-// The indexer KL loss on tensor cores (head_dim 512, index_head_dim 128, up to 64 heads and
-// 64 index heads: the DeepSeek-V4 Flash shape). Same contract as the baseline in
-// indexer_loss.cu (its header states the math).
+// The indexer KL loss on tensor cores (head_dim 512, index_head_dim 128, up to 64 index
+// heads; up to 64 heads, the DeepSeek-V4 Flash shape, or for the sparse loss up to 128, the
+// Pro shape). Same contract as the baseline in indexer_loss.cu (its header states the math).
 //
 // One CTA per query row, eight warps, candidates in tiles of 32 gathered with cp.async into
 // swizzled double-buffered shared memory (main compressed rows [32 x 512], indexer keys
@@ -19,6 +19,11 @@
 // final pass reads them back: with predictor operands (a.pred_qi / a.pred_keys, the MXFP8
 // indexer's) that first pass scores those, and qI is reloaded from a.qi before the final
 // pass, whose S (ReLU masks, products) comes from a.qi / a.keys.
+// More than 64 heads (sparse loss only; written 2026-12-04 without a GPU, tested against the
+// baseline, not yet run): the teacher's heads go in groups of 64, one group's Q in the
+// registers at a time. The teacher enters the loss only through each candidate's head-summed
+// mass, which adds over groups, so the sparse loss's stored masses are accumulated group by
+// group (the statistics, where needed, per group first) and the final pass reads them.
 // Passes over the candidates (no per-row cap on their number; only the sparse loss keeps
 // per-candidate values, top-k of them):
 //  - sparse loss with the forward's LSE (sink + window + top-k = exactly this loss's
@@ -44,7 +49,8 @@ namespace csattn::cuda {
 
 namespace {
 
-constexpr int kHeads = 64;    // teacher head rows per CTA (rows past H are zero, masked)
+constexpr int kHeads = 64;    // teacher head rows per group (rows past H are zero, masked)
+constexpr int kGroups = 2;    // head groups at most (the sparse loss; the dense loss takes 1)
 constexpr int kDim = 512;
 constexpr int kIdxHeads = 64; // index head rows (rows past H_I are zero, weight 0)
 constexpr int kIdxDim = 128;
@@ -71,9 +77,9 @@ struct SmemLayout {
   static constexpr int part_i = part_t + 4 * kKeys * 4;           // [4, 32] f32
   static constexpr int gk = part_i + 4 * kKeys * 4;               // [32] f32
   static constexpr int w = gk + kKeys * 4;                        // [64] f32
-  static constexpr int lse2 = w + kIdxHeads * 4;                  // [64] f32 (log2 domain)
-  static constexpr int ratio = lse2 + kHeads * 4;                 // [64] f32
-  static constexpr int stats = ratio + kHeads * 4;                // [2 halves, 64, 2] f32
+  static constexpr int lse2 = w + kIdxHeads * 4;                  // [2 groups, 64] f32 (log2)
+  static constexpr int ratio = lse2 + kGroups * kHeads * 4;       // [2 groups, 64] f32
+  static constexpr int stats = ratio + kGroups * kHeads * 4;      // [2 halves, 64, 2] f32
   static constexpr int src_stats = stats + 2 * kHeads * 2 * 4;    // [2 sources, 64, 2] f32
   static constexpr int dwp = src_stats + 2 * kHeads * 2 * 4;      // [2, 64] f32
   static constexpr int fixed = dwp + 2 * kIdxHeads * 4;
@@ -145,6 +151,9 @@ __device__ __forceinline__ void head_sum_to(const float (&v)[2][4], int lane, fl
 
 enum class Teach { none, stats, mass };
 
+// kMaxGroups: 1 (up to 64 heads) or kGroups (the sparse loss past 64 heads); the one-group
+// instance keeps the registers of a kernel without groups (the group loops fold away).
+template <int kMaxGroups>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_loss_mma_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a,
                             float* loss_rows, bool grads, float grad_scale, bf16* dqi_out,
@@ -205,6 +214,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   const bool use_lse = a.sparse && a.lse != nullptr && !drop_shared;
+  const int groups = kMaxGroups == 1 ? 1 : (H + kHeads - 1) / kHeads;  // > 1: sparse (launch checks)
+  // The final pass reads the candidates' masses stored by earlier passes (else it recomputes
+  // the teacher): with the forward's LSE, or whenever the heads take several groups.
+  const bool store_mass = use_lse || groups > 1;
   const bool pred_ops = a.sparse && (a.pred_qi != nullptr || a.pred_keys != nullptr);
   const bf16* pred_qi = pred_ops && a.pred_qi ? a.pred_qi : a.qi;
   const bf16* keys_src = pred_ops && a.pred_keys ? a.pred_keys : a.keys;  // predictor tiles
@@ -224,11 +237,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   load_qi(pred_qi);
   for (int h = tid; h < kIdxHeads; h += kThreads) w_s[h] = h < HI ? a.w_eff[static_cast<long>(t) * HI + h] : 0.0f;
   if (use_lse)
-    for (int h = tid; h < kHeads; h += kThreads)
+    for (int h = tid; h < groups * kHeads; h += kThreads)
       lse2_s[h] = h < H ? a.lse[static_cast<long>(t) * H + h] * kLog2e : INFINITY;
+  // The teacher's Q of head group `grp` as A fragments in registers (rows past H zero).
+  int grp = 0;  // the head group the teacher passes work on (heads 64 grp ..)
   std::uint32_t qf[16][4];
-  {
-    const int r0 = 16 * wr + g, r1 = r0 + 8;
+  auto load_qf = [&]() {
+    const int r0 = kHeads * grp + 16 * wr + g, r1 = r0 + 8;
     const bf16* q0 = a.q + (static_cast<long>(t) * H + r0) * kDim + hh * 256 + 2 * qd;
     const bf16* q1 = q0 + 8L * kDim;
 #pragma unroll
@@ -238,7 +253,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       qf[ks][2] = r0 < H ? *reinterpret_cast<const std::uint32_t*>(q0 + ks * 16 + 8) : 0u;
       qf[ks][3] = r1 < H ? *reinterpret_cast<const std::uint32_t*>(q1 + ks * 16 + 8) : 0u;
     }
-  }
+  };
+  load_qf();
 
   const int c0 = meta.comp_start[b];
   const QueryWindow win = query_window(d, meta, b, pos);
@@ -322,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int key = kbase + 8 * j + 2 * qd + (i & 1);
             const int row = i < 2 ? row0 : row1;
             const float v = ((hh ? s[2 + j][i] : s[j][i]) + theirs[(j * 4 + i) * 32 + lane]) * scale2;
-            z[j][i] = key < count && row < H ? v : -INFINITY;
+            z[j][i] = key < count && kHeads * grp + row < H ? v : -INFINITY;
           }
         if (teach == Teach::stats) {
 #pragma unroll
@@ -337,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
         } else {
-          const float l0 = lse2_s[row0], l1 = lse2_s[row1];
+          const float l0 = lse2_s[kHeads * grp + row0], l1 = lse2_s[kHeads * grp + row1];
 #pragma unroll
           for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -363,20 +379,22 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (j < count) {
             const float mass = teach == Teach::mass
                                    ? ((part_t[lane] + part_t[kKeys + lane]) + part_t[2 * kKeys + lane]) + part_t[3 * kKeys + lane]
-                                   : (use_lse ? mass_arr[j] : 0.0f);
+                                   : (store_mass ? mass_arr[j] : 0.0f);
             // The sparse loss's final pass reads the logits of its first candidate pass.
             const float I = pred && !(a.sparse && final_pass)
                                 ? ((part_i[lane] + part_i[kKeys + lane]) + part_i[2 * kKeys + lane]) + part_i[3 * kKeys + lane]
                                 : logit_arr[j];
             if (!final_pass) {
-              if (a.sparse) logit_arr[j] = I;
-              if (use_lse) {
-                mass_arr[j] = mass;
+              if (pred) {  // the predictor's pass (a later head group's mass pass has none)
+                if (a.sparse) logit_arr[j] = I;
+                const float mn = fmaxf(im, I);
+                il = il * expf(im - mn) + expf(I - mn);
+                im = mn;
+              }
+              if (store_mass && teach == Teach::mass) {  // head groups in order
+                mass_arr[j] = grp == 0 ? mass : mass_arr[j] + mass;
                 tacc += mass;
               }
-              const float mn = fmaxf(im, I);
-              il = il * expf(im - mn) + expf(I - mn);
-              im = mn;
             } else {
               const float tj = mass / scal[0];
               const float lp = I - scal[1];
@@ -481,29 +499,41 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   if (use_lse) {
-    pass(false, n, Teach::mass, true, false);
-  } else {
-    pass(true, n_win, Teach::stats, false, false);
-    pass(false, n, Teach::stats, true, false);
-    // Full per-head LSE (sink + window + candidates) and each head's candidate share.
-    if (tid < kHeads) {
-      float lse2 = INFINITY, share = 0.0f;
-      if (tid < H) {
-        float m = a.sink[tid] * kLog2e, l = 1.0f;
-        merge_stats(m, l, src_stats[tid * 2], src_stats[tid * 2 + 1]);
-        const float mc = src_stats[(kHeads + tid) * 2], lc = src_stats[(kHeads + tid) * 2 + 1];
-        merge_stats(m, l, mc, lc);
-        lse2 = m + log2f(l);
-        share = lc > 0.0f ? lc * exp2f(mc - lse2) : 0.0f;
-      }
-      lse2_s[tid] = lse2;
-      ratio_s[tid] = share;
+    for (grp = 0; grp < groups; ++grp) {  // the predictor with the first group
+      if (grp > 0) load_qf();
+      pass(false, n, Teach::mass, grp == 0, false);
     }
-    __syncthreads();
+  } else {
+    for (grp = 0; grp < groups; ++grp) {
+      if (grp > 0) load_qf();
+      pass(true, n_win, Teach::stats, false, false);
+      pass(false, n, Teach::stats, grp == 0, false);
+      // Full per-head LSE (sink + window + candidates) and each head's candidate share.
+      if (tid < kHeads) {
+        const int h = kHeads * grp + tid;
+        float lse2 = INFINITY, share = 0.0f;
+        if (h < H) {
+          float m = a.sink[h] * kLog2e, l = 1.0f;
+          merge_stats(m, l, src_stats[tid * 2], src_stats[tid * 2 + 1]);
+          const float mc = src_stats[(kHeads + tid) * 2], lc = src_stats[(kHeads + tid) * 2 + 1];
+          merge_stats(m, l, mc, lc);
+          lse2 = m + log2f(l);
+          share = lc > 0.0f ? lc * exp2f(mc - lse2) : 0.0f;
+        }
+        lse2_s[h] = lse2;
+        ratio_s[h] = share;
+      }
+      __syncthreads();
+    }
+    if (groups > 1)  // the masses, group by group, for the final pass to read
+      for (grp = 0; grp < groups; ++grp) {
+        load_qf();
+        pass(false, n, Teach::mass, false, false);
+      }
   }
   if (warp == 0) {  // the teacher's L1 denominator and the predictor's LSE (fixed order)
     float tsum = 0.0f;
-    if (use_lse) {
+    if (store_mass) {
       tsum = warp_sum(tacc);
     } else {
       for (int h = 0; h < kHeads; ++h) tsum += ratio_s[h];
@@ -529,8 +559,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_wait<0>();
     __syncthreads();
   }
-  // The final pass's S: the dense loss's values and gradients, the sparse loss's gradients.
-  pass(false, n, use_lse ? Teach::none : Teach::mass, a.sparse ? want_grads : true, true);
+  // The final pass's S: the dense loss's values and gradients, the sparse loss's gradients
+  // (its teacher, where it recomputes one, is the single group's: group 0).
+  grp = 0;
+  pass(false, n, store_mass ? Teach::none : Teach::mass, a.sparse ? want_grads : true, true);
 
   if (warp == 0) {
     kl = warp_sum(kl);
@@ -562,8 +594,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool indexer_loss_mma_supported(const LayerDims& d) {
-  return d.head_dim == kDim && d.heads <= kHeads && d.index_dim == kIdxDim &&
+bool indexer_loss_mma_supported(const LayerDims& d, bool sparse) {
+  return d.head_dim == kDim && d.heads <= (sparse ? kGroups : 1) * kHeads && d.index_dim == kIdxDim &&
          d.index_heads <= kIdxHeads && mma_smem_bytes(d, true) <= 227 * 1024;
 }
 
@@ -571,15 +603,16 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_scale, bf16* dqi, float* dweff, float* dkeys_acc,
                                   cudaStream_t stream) {
-  require(indexer_loss_mma_supported(d), ErrorKind::Unsupported,
-          "the tensor-core indexer loss needs head_dim 512, index_head_dim 128, at most 64 heads "
-          "and 64 index heads");
+  require(indexer_loss_mma_supported(d, a.sparse), ErrorKind::Unsupported,
+          "the tensor-core indexer loss needs head_dim 512, index_head_dim 128, at most 64 index "
+          "heads and 64 heads (128 for the sparse loss)");
   const std::size_t smem = mma_smem_bytes(d, a.sparse);
-  allow_dynamic_smem(indexer_loss_mma_kernel, smem, "the tensor-core indexer loss");
+  auto kernel = d.heads > kHeads ? indexer_loss_mma_kernel<kGroups> : indexer_loss_mma_kernel<1>;
+  allow_dynamic_smem(kernel, smem, "the tensor-core indexer loss");
   const int rows = a.chunk.launch_rows(d.rows);
   if (rows <= 0) return;
-  indexer_loss_mma_kernel<<<rows, kThreads, smem, stream>>>(d, meta, a, loss_rows, grads,
-                                                              grad_scale, dqi, dweff, dkeys_acc);
+  kernel<<<rows, kThreads, smem, stream>>>(d, meta, a, loss_rows, grads, grad_scale, dqi, dweff,
+                                           dkeys_acc);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

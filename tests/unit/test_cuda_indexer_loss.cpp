@@ -341,6 +341,39 @@ TEST(CudaIndexerLoss, PartialHeadBlocksMatchBaseline) {
   }
 }
 
+// More than 64 heads (the Pro shape's 128, and 96 with a partial second group): the sparse
+// loss takes the tensor-core kernel with the teacher's heads in two groups whose candidate
+// masses add up, in every flow - with the forward's LSE, without it (statistics per group),
+// with not-yet-visible ids (the kernel recomputes the denominator), with -1 holes. The dense
+// loss at these head counts is not the tensor-core kernel's (it refuses it).
+TEST(CudaIndexerLoss, SparseMoreThan64HeadsMatchesBaseline) {
+  SKIP_WITHOUT_GPU();
+  for (int heads : {128, 96}) {
+    for (int flow = 0; flow < 3; ++flow) {
+      LossCase c = ragged("sparse H " + std::to_string(heads) +
+                              (flow == 0 ? ", lse, holes" : flow == 1 ? ", no lse" : ", future ids"),
+                          true);
+      c.heads = heads;
+      c.holes = flow == 0;
+      c.with_lse = flow != 1;
+      c.future_ids = flow == 2;
+      compare_kernels(c);
+    }
+  }
+  LossCase pro;  // the Pro indexer: 64 index heads, top-512 of a 4096-row sequence, window 128
+  pro.name = "pro sparse";
+  pro.real = {4096};
+  pro.padded = {4096};
+  pro.heads = 128;
+  pro.topk = 512;
+  pro.window = 128;
+  compare_kernels(pro);
+  LossCase dense = ragged("dense H 128", false);
+  dense.heads = 128;
+  const Inputs in(dense);
+  EXPECT_THROW(run(in, IndexerLossKernel::tensor_core, true, 0.5f), Error);
+}
+
 TEST(CudaIndexerLoss, FlashShapeMatchesBaseline) {
   SKIP_WITHOUT_GPU();
   for (bool sparse : {true, false}) {
