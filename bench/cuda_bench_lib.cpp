@@ -195,13 +195,15 @@ json reduction_case(ReductionPath path, int tiles, int rows) {
               {"tbps", bytes / (ms * 1e-3) / 1e12}, {"checked", true}};
 }
 
-// The indexer KL loss alone (value + gradients) at the Flash shape: one sequence of `tokens`,
-// window 128, top-k 512 like the indexer's (every visible entry when they fit, else random
-// ones), the forward attention's LSE as input. FLOPs per (row, candidate) pair, counted once:
-// teacher 2*64*512 + predictor 2*64*128 + dqI and dK 2 * 2*64*128 = 114,688 (recomputation,
-// the dense loss's window pass and second teacher pass not counted).
-json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double gemm_tflops) {
-  AttentionConfig cfg = ModelConfig::preset("flash").base;
+// The indexer KL loss alone (value + gradients) at the Flash or Pro shape: one sequence of
+// `tokens`, window 128, the preset's top-k like the indexer's (every visible entry when they
+// fit, else random ones), the forward attention's LSE as input. FLOPs per (row, candidate)
+// pair, counted once: teacher 2*H*512 + predictor 2*64*128 + dqI and dK 2 * 2*64*128
+// (114,688 at H = 64; recomputation, the dense loss's window pass and second teacher pass not
+// counted).
+json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double gemm_tflops,
+                       const std::string& preset) {
+  AttentionConfig cfg = ModelConfig::preset(preset).base;
   cfg.compress_ratio = 4;
   const int H = cfg.n_heads, D = cfg.head_dim, HI = cfg.index_n_heads, DI = cfg.index_head_dim;
   const int K = cfg.index_topk, T = tokens, Nc = tokens / 4;
@@ -269,7 +271,7 @@ json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double
     launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f / T, dqi, dweff, dkeys, nullptr, kernel);
   }, 1, 3);
   const double flops = pairs * (2.0 * H * D + 3 * 2.0 * HI * DI);
-  json j{{"tokens", T}, {"loss", sparse ? "sparse" : "dense"},
+  json j{{"preset", preset}, {"heads", H}, {"tokens", T}, {"loss", sparse ? "sparse" : "dense"},
          {"kernel", kernel == IndexerLossKernel::baseline ? "baseline" : "tensor_core"},
          {"pairs", pairs}, {"ms", ms}, {"tflops", flops / (ms * 1e-3) / 1e12}};
   j["fraction_of_gemm"] = j["tflops"].get<double>() / gemm_tflops;
@@ -538,14 +540,19 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       report["elementwise"] = elementwise_benchmarks(report["ceilings"]["copy_tbps"].get<double>());
     }
     if (want("indexer_loss")) {
-      std::printf("\nindexer loss + gradients (flash CSA, one sequence; FLOPs = 114,688 per pair)\n");
-      std::printf("%7s %7s %12s %12s %10s %9s\n", "tokens", "loss", "kernel", "pairs", "ms", "TFLOPS");
-      for (auto [tokens, sparse, kernel] :
-           {std::tuple{4096, true, IndexerLossKernel::baseline}, std::tuple{4096, true, IndexerLossKernel::tensor_core},
-            std::tuple{16384, true, IndexerLossKernel::tensor_core}, std::tuple{4096, false, IndexerLossKernel::tensor_core}}) {
-        std::fprintf(stderr, "cuda_bench: indexer loss at %d tokens\n", tokens);
-        json j = indexer_loss_case(tokens, sparse, kernel, gemm);
-        std::printf("%7d %7s %12s %12.0f %10.3f %9.1f\n", tokens, j["loss"].get<std::string>().c_str(),
+      std::printf("\nindexer loss + gradients (CSA, one sequence; FLOPs = 2*H*512 + 3*2*64*128 per pair: "
+                  "114,688 at H 64, 180,224 at H 128)\n");
+      std::printf("%6s %7s %7s %12s %12s %10s %9s\n", "preset", "tokens", "loss", "kernel", "pairs", "ms", "TFLOPS");
+      for (auto [preset, tokens, sparse, kernel] :
+           {std::tuple{"flash", 4096, true, IndexerLossKernel::baseline},
+            std::tuple{"flash", 4096, true, IndexerLossKernel::tensor_core},
+            std::tuple{"flash", 16384, true, IndexerLossKernel::tensor_core},
+            std::tuple{"flash", 4096, false, IndexerLossKernel::tensor_core},
+            std::tuple{"pro", 4096, true, IndexerLossKernel::baseline},
+            std::tuple{"pro", 4096, true, IndexerLossKernel::tensor_core}}) {
+        std::fprintf(stderr, "cuda_bench: indexer loss %s at %d tokens\n", preset, tokens);
+        json j = indexer_loss_case(tokens, sparse, kernel, gemm, preset);
+        std::printf("%6s %7d %7s %12s %12.0f %10.3f %9.1f\n", preset, tokens, j["loss"].get<std::string>().c_str(),
                     j["kernel"].get<std::string>().c_str(), j["pairs"].get<double>(), j["ms"].get<double>(),
                     j["tflops"].get<double>());
         report["indexer_loss"].push_back(j);
