@@ -261,10 +261,14 @@ TEST(CudaIndexerLoss, SparseRaggedMatchesBaseline) {
 // LSE (the kernel's one-pass and multi-pass teachers).
 TEST(CudaIndexerLoss, SparsePredictorOperands) {
   SKIP_WITHOUT_GPU();
+  for (int heads : {64, 128})  // 128: the predictor in the first head group's pass only
   for (bool with_lse : {true, false}) {
-    LossCase c = ragged(with_lse ? "sparse, predictor operands" : "sparse, predictor operands, no lse", true);
+    LossCase c = ragged(std::string(with_lse ? "sparse, predictor operands" : "sparse, predictor operands, no lse") +
+                            ", H " + std::to_string(heads),
+                        true);
     c.holes = true;
     c.with_lse = with_lse;
+    c.heads = heads;
     Inputs in(c);
     const int T = in.d.rows, HI = in.d.index_heads, Nc = in.d.comp_capacity;
     DeviceArray<std::uint16_t> pqi(random_bf16(static_cast<std::size_t>(T) * HI * 128, 24, 1.0f)),
@@ -360,12 +364,12 @@ TEST(CudaIndexerLoss, SparseMoreThan64HeadsMatchesBaseline) {
       compare_kernels(c);
     }
   }
-  LossCase pro;  // the Pro indexer: 64 index heads, top-512 of a 4096-row sequence, window 128
+  LossCase pro;  // the Pro shape: 128 heads, 64 index heads, top-1024, window 128
   pro.name = "pro sparse";
   pro.real = {4096};
   pro.padded = {4096};
   pro.heads = 128;
-  pro.topk = 512;
+  pro.topk = 1024;
   pro.window = 128;
   compare_kernels(pro);
   LossCase dense = ragged("dense H 128", false);
@@ -390,9 +394,12 @@ TEST(CudaIndexerLoss, FlashShapeMatchesBaseline) {
 
 TEST(CudaIndexerLoss, RowReductionsAreBitwiseRepeatable) {
   SKIP_WITHOUT_GPU();
+  for (int heads : {64, 128})
   for (bool sparse : {true, false}) {
+    if (heads > 64 && !sparse) continue;  // the dense loss past 64 heads: the CUDA-core kernel
     LossCase c;
     c.name = "repeat";
+    c.heads = heads;
     c.real = {1500, 700};
     c.padded = {1504, 704};
     c.topk = 512;
@@ -409,8 +416,12 @@ TEST(CudaIndexerLoss, RowReductionsAreBitwiseRepeatable) {
 
 TEST(CudaIndexerLoss, ZeroGradScaleGivesExactZeros) {
   SKIP_WITHOUT_GPU();
+  for (int heads : {64, 128})
   for (bool sparse : {true, false}) {
-    const Inputs in(ragged("lambda 0", sparse));
+    if (heads > 64 && !sparse) continue;  // the dense loss past 64 heads: the CUDA-core kernel
+    LossCase c = ragged("lambda 0", sparse);
+    c.heads = heads;
+    const Inputs in(c);
     const Outputs ref = run(in, IndexerLossKernel::tensor_core, false, 0.0f);
     const Outputs o = run(in, IndexerLossKernel::tensor_core, true, 0.0f);
     EXPECT_EQ(o.loss_rows, ref.loss_rows);
