@@ -29,6 +29,7 @@ struct DetCase {
   std::string preset;
   int ratio;
   bool sparse;
+  int heads = 0;  // > 0: the preset with this many heads (128: two head blocks, the Pro count)
 };
 void PrintTo(const DetCase& c, std::ostream* os) { *os << c.preset << " ratio " << c.ratio; }
 
@@ -42,6 +43,8 @@ TEST_P(CudaDeterministic, BackwardIsBitwiseRepeatableAndMatchesTheFastMode) {
   AttentionConfig cfg = ModelConfig::preset(c.preset).base;
   cfg.compress_ratio = c.ratio;
   cfg.sparse_loss = c.sparse;
+  if (c.heads > 0) cfg.n_heads = c.heads;
+  cfg.validate();
   cfg.loss_coeff = 0.5;
   const SeqLayout layout = c.preset == "flash" ? SeqLayout::from_lengths({200, 3, 497}, {200, 8, 500})
                                                : SeqLayout::from_lengths({70, 300, 521}, {72, 300, 530});
@@ -86,11 +89,15 @@ TEST_P(CudaDeterministic, BackwardIsBitwiseRepeatableAndMatchesTheFastMode) {
 INSTANTIATE_TEST_SUITE_P(Layers, CudaDeterministic,
                          ::testing::Values(DetCase{"flash", 0, true}, DetCase{"flash", 4, true},
                                            DetCase{"flash", 4, false}, DetCase{"flash", 128, true},
+                                           // 128 heads: the sparse loss's two head groups in
+                                           // the tensor-core kernel, chunked (deterministic)
+                                           DetCase{"flash", 4, true, 128},
                                            DetCase{"small", 0, true}, DetCase{"small", 128, true}),
                          [](const auto& param_info) {
                            const DetCase& c = param_info.param;
                            return c.preset + "_" + layer_kind_name(layer_kind(c.ratio)) +
-                                  (c.sparse ? "_sparse" : "_dense");
+                                  (c.sparse ? "_sparse" : "_dense") +
+                                  (c.heads > 0 ? "_H" + std::to_string(c.heads) : std::string());
                          });
 
 TEST(CudaDeterministic, IndexerLossWithoutItsDeterministicKernelIsRefused) {
