@@ -459,6 +459,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if constexpr (kLazy) {
         // Lazy rescale: P_0 at consumer 0's own reference max, no max exchanged before it.
+        // (The lazy loops repeat the default ones' tile handling on purpose, leaving the
+        // default schedule's code untouched for the A/B; the losing schedule gets deleted.)
         for (int pair = 0; pair < pairs; ++pair, ++ring) {
           if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
           float mx[2];
