@@ -53,11 +53,11 @@ IndexerLossArgs loss_args(const ForwardParams& f, const BackwardParams& b) {
 void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, bool deterministic,
                               float grad_indexer_loss) {
   require(!(deterministic && c.has_indexer() && c.loss_coeff > 0.0 && grad_indexer_loss != 0.0f) ||
-              indexer_loss_mma_supported(f.dims, c.sparse_loss),
+              indexer_loss_mma_supported(f.dims),
           ErrorKind::Unsupported,
           "deterministic backward: the indexer loss gradient needs the tensor-core loss kernel "
-          "(head_dim 512, index_head_dim 128, at most 64 index heads and 64 heads, 128 for the "
-          "sparse loss); use the fast (atomic) backward for this shape");
+          "(head_dim 512, index_head_dim 128, at most 64 index heads and 128 heads); use the "
+          "fast (atomic) backward for this shape");
 }
 
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream) {

@@ -123,8 +123,8 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                          float* dweff, float* dkeys_acc, cudaStream_t stream,
                          IndexerLossKernel kernel = IndexerLossKernel::automatic);
 // The tensor-core rows kernel (indexer_loss_mma.cu): head_dim 512, index_head_dim 128, at
-// most 64 index heads and 64 heads (128 for the sparse loss).
-bool indexer_loss_mma_supported(const LayerDims& d, bool sparse);
+// most 64 index heads and 128 heads.
+bool indexer_loss_mma_supported(const LayerDims& d);
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_scale, bf16* dqi, float* dweff, float* dkeys_acc,

@@ -324,15 +324,15 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
   }();
   const bool mma = kernel == IndexerLossKernel::tensor_core ||
                    (kernel == IndexerLossKernel::automatic && !force_baseline &&
-                    indexer_loss_mma_supported(d, a.sparse));
+                    indexer_loss_mma_supported(d));
   if (mma) {
     launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_scale, dqi, dweff, dkeys_acc,
                                  stream);
   } else {
     require(a.chunk.scratch == nullptr && a.chunk.r0 == 0 && a.chunk.rows < 0, ErrorKind::Unsupported,
             "deterministic backward: the indexer loss needs its tensor-core kernel (head_dim 512, "
-            "index_head_dim 128, at most 64 index heads and 64 heads, 128 for the sparse loss); "
-            "the CUDA-core kernel sums key gradients with atomics");
+            "index_head_dim 128, at most 64 index heads and 128 heads); the CUDA-core kernel "
+            "sums key gradients with atomics");
     require(d.heads <= 32 * kMaxHeadsPerLane && d.index_heads <= 32 * kMaxHeadsPerLane &&
                 d.head_dim <= 32 * kMaxDimPerLane && d.index_dim <= 32 * kMaxIdxDimPerLane,
             ErrorKind::Unsupported,

@@ -1,6 +1,6 @@
 // The indexer KL loss on tensor cores (head_dim 512, index_head_dim 128, up to 64 index
-// heads; up to 64 heads, the DeepSeek-V4 Flash shape, or for the sparse loss up to 128, the
-// Pro shape). Same contract as the baseline in indexer_loss.cu (its header states the math).
+// heads and 128 heads: the DeepSeek-V4 Flash and Pro shapes). Same contract as the baseline
+// in indexer_loss.cu (its header states the math).
 //
 // One CTA per query row, eight warps, candidates in tiles of 32 gathered with cp.async into
 // swizzled double-buffered shared memory (main compressed rows [32 x 512], indexer keys
@@ -19,11 +19,13 @@
 // final pass reads them back: with predictor operands (a.pred_qi / a.pred_keys, the MXFP8
 // indexer's) that first pass scores those, and qI is reloaded from a.qi before the final
 // pass, whose S (ReLU masks, products) comes from a.qi / a.keys.
-// More than 64 heads (sparse loss only; written 2026-12-04 without a GPU, tested against the
-// baseline, not yet run): the teacher's heads go in groups of 64, one group's Q in the
-// registers at a time. The teacher enters the loss only through each candidate's head-summed
-// mass, which adds over groups, so the sparse loss's stored masses are accumulated group by
-// group (the statistics, where needed, per group first) and the final pass reads them.
+// More than 64 heads (written 2026-12-04 without a GPU, tested against the baseline, not yet
+// run): the teacher's heads go in groups of 64, one group's Q in the registers at a time.
+// The teacher enters the loss only through each candidate's head-summed mass, which adds
+// over groups: the sparse loss accumulates its stored masses group by group (the statistics,
+// where needed, per group first) and the final pass reads them; the dense loss, which stores
+// nothing per candidate, takes its statistics per group, and its final pass computes each
+// tile's teacher for both groups, reloading the group's Q (L1 / L2) between them.
 // Passes over the candidates (no per-row cap on their number; only the sparse loss keeps
 // per-candidate values, top-k of them):
 //  - sparse loss with the forward's LSE (sink + window + top-k = exactly this loss's
@@ -50,7 +52,7 @@ namespace csattn::cuda {
 namespace {
 
 constexpr int kHeads = 64;    // teacher head rows per group (rows past H are zero, masked)
-constexpr int kGroups = 2;    // head groups at most (the sparse loss; the dense loss takes 1)
+constexpr int kGroups = 2;    // head groups at most
 constexpr int kDim = 512;
 constexpr int kIdxHeads = 64; // index head rows (rows past H_I are zero, weight 0)
 constexpr int kIdxDim = 128;
@@ -73,8 +75,8 @@ struct SmemLayout {
   static constexpr int qi = ikeys + 2 * kKeys * kIdxRow;          // [64, 128] bf16
   static constexpr int gt = qi + kIdxHeads * kIdxRow;             // [32, 64] bf16 (G^T)
   static constexpr int xs = gt + kKeys * kGRow;                   // [8 warps, 8, 32] f32
-  static constexpr int part_t = xs + 8 * 8 * 32 * 4;              // [4, 32] f32
-  static constexpr int part_i = part_t + 4 * kKeys * 4;           // [4, 32] f32
+  static constexpr int part_t = xs + 8 * 8 * 32 * 4;              // [2 groups, 4, 32] f32
+  static constexpr int part_i = part_t + kGroups * 4 * kKeys * 4; // [4, 32] f32
   static constexpr int gk = part_i + 4 * kKeys * 4;               // [32] f32
   static constexpr int w = gk + kKeys * 4;                        // [64] f32
   static constexpr int lse2 = w + kIdxHeads * 4;                  // [2 groups, 64] f32 (log2)
@@ -151,8 +153,8 @@ __device__ __forceinline__ void head_sum_to(const float (&v)[2][4], int lane, fl
 
 enum class Teach { none, stats, mass };
 
-// kMaxGroups: 1 (up to 64 heads) or kGroups (the sparse loss past 64 heads); the one-group
-// instance keeps the registers of a kernel without groups (the group loops fold away).
+// kMaxGroups: 1 (up to 64 heads) or kGroups (past 64 heads); the one-group instance keeps the
+// registers of a kernel without groups (the group loops fold away).
 template <int kMaxGroups>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_loss_mma_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a,
@@ -214,10 +216,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   const bool use_lse = a.sparse && a.lse != nullptr && !drop_shared;
-  const int groups = kMaxGroups == 1 ? 1 : (H + kHeads - 1) / kHeads;  // > 1: sparse (launch checks)
+  const int groups = kMaxGroups == 1 ? 1 : (H + kHeads - 1) / kHeads;
   // The final pass reads the candidates' masses stored by earlier passes (else it recomputes
-  // the teacher): with the forward's LSE, or whenever the heads take several groups.
-  const bool store_mass = use_lse || groups > 1;
+  // the teacher): with the forward's LSE, or the sparse loss whenever the heads take several
+  // groups (the dense loss has no per-candidate storage).
+  const bool store_mass = use_lse || (groups > 1 && a.sparse);
   const bool pred_ops = a.sparse && (a.pred_qi != nullptr || a.pred_keys != nullptr);
   const bf16* pred_qi = pred_ops && a.pred_qi ? a.pred_qi : a.qi;
   const bf16* keys_src = pred_ops && a.pred_keys ? a.pred_keys : a.keys;  // predictor tiles
@@ -318,7 +321,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       const unsigned char* kt = ik_s + (tile & 1) * kKeys * kIdxRow;
       const int kbase = tile * kKeys + 16 * hh;  // first of this warp's 16 keys
 
-      if (teach != Teach::none) {
+      // The dense loss's final pass past 64 heads: every group's teacher on this tile.
+      const int tile_groups = final_pass && teach == Teach::mass ? groups : 1;
+      if (teach != Teach::none)
+      for (int gi = 0; gi < tile_groups; ++gi) {
+        if (tile_groups > 1) {
+          grp = gi;
+          load_qf();
+          if (gi > 0) __syncthreads();  // the partners have read the previous group's xs
+        }
         float s[4][4];
         teacher_tile(qf, wt, hh, lane, s);
         // Exchange the dim halves: keep keys 16hh.., send the other 16 to the partner.
@@ -358,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < 2; ++j)
 #pragma unroll
             for (int i = 0; i < 4; ++i) z[j][i] = exp2f(z[j][i] - (i < 2 ? l0 : l1));
-          head_sum_to(z, lane, part_t + wr * kKeys + 16 * hh);
+          head_sum_to(z, lane, part_t + (4 * gi + wr) * kKeys + 16 * hh);
         }
       }
       float si[2][4];
@@ -377,9 +388,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (warp == 0) {  // one lane per key of the tile
           const int j = tile * kKeys + lane;
           if (j < count) {
-            const float mass = teach == Teach::mass
-                                   ? ((part_t[lane] + part_t[kKeys + lane]) + part_t[2 * kKeys + lane]) + part_t[3 * kKeys + lane]
-                                   : (store_mass ? mass_arr[j] : 0.0f);
+            float mass = store_mass ? mass_arr[j] : 0.0f;
+            if (teach == Teach::mass) {  // the 4 warp rows' sums, groups in order
+              const float* pt = part_t + lane;
+              mass = ((pt[0] + pt[kKeys]) + pt[2 * kKeys]) + pt[3 * kKeys];
+              for (int gi = 1; gi < tile_groups; ++gi) {
+                pt += 4 * kKeys;
+                mass += ((pt[0] + pt[kKeys]) + pt[2 * kKeys]) + pt[3 * kKeys];
+              }
+            }
             // The sparse loss's final pass reads the logits of its first candidate pass.
             const float I = pred && !(a.sparse && final_pass)
                                 ? ((part_i[lane] + part_i[kKeys + lane]) + part_i[2 * kKeys + lane]) + part_i[3 * kKeys + lane]
@@ -525,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       __syncthreads();
     }
-    if (groups > 1)  // the masses, group by group, for the final pass to read
+    if (store_mass)  // the sparse loss past 64 heads: the masses, group by group, stored
       for (grp = 0; grp < groups; ++grp) {
         load_qf();
         pass(false, n, Teach::mass, false, false);
@@ -536,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (store_mass) {
       tsum = warp_sum(tacc);
     } else {
-      for (int h = 0; h < kHeads; ++h) tsum += ratio_s[h];
+      for (int h = 0; h < groups * kHeads; ++h) tsum += ratio_s[h];
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -594,8 +611,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool indexer_loss_mma_supported(const LayerDims& d, bool sparse) {
-  return d.head_dim == kDim && d.heads <= (sparse ? kGroups : 1) * kHeads && d.index_dim == kIdxDim &&
+bool indexer_loss_mma_supported(const LayerDims& d) {
+  return d.head_dim == kDim && d.heads <= kGroups * kHeads && d.index_dim == kIdxDim &&
          d.index_heads <= kIdxHeads && mma_smem_bytes(d, true) <= 227 * 1024;
 }
 
@@ -603,9 +620,9 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_scale, bf16* dqi, float* dweff, float* dkeys_acc,
                                   cudaStream_t stream) {
-  require(indexer_loss_mma_supported(d, a.sparse), ErrorKind::Unsupported,
+  require(indexer_loss_mma_supported(d), ErrorKind::Unsupported,
           "the tensor-core indexer loss needs head_dim 512, index_head_dim 128, at most 64 index "
-          "heads and 64 heads (128 for the sparse loss)");
+          "heads and 128 heads");
   const std::size_t smem = mma_smem_bytes(d, a.sparse);
   auto kernel = d.heads > kHeads ? indexer_loss_mma_kernel<kGroups> : indexer_loss_mma_kernel<1>;
   allow_dynamic_smem(kernel, smem, "the tensor-core indexer loss");

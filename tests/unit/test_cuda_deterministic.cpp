@@ -89,9 +89,9 @@ TEST_P(CudaDeterministic, BackwardIsBitwiseRepeatableAndMatchesTheFastMode) {
 INSTANTIATE_TEST_SUITE_P(Layers, CudaDeterministic,
                          ::testing::Values(DetCase{"flash", 0, true}, DetCase{"flash", 4, true},
                                            DetCase{"flash", 4, false}, DetCase{"flash", 128, true},
-                                           // 128 heads: the sparse loss's two head groups in
-                                           // the tensor-core kernel, chunked (deterministic)
-                                           DetCase{"flash", 4, true, 128},
+                                           // 128 heads: the loss's two head groups in the
+                                           // tensor-core kernel, chunked (deterministic)
+                                           DetCase{"flash", 4, true, 128}, DetCase{"flash", 4, false, 128},
                                            DetCase{"small", 0, true}, DetCase{"small", 128, true}),
                          [](const auto& param_info) {
                            const DetCase& c = param_info.param;

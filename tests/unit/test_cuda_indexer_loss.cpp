@@ -345,12 +345,12 @@ TEST(CudaIndexerLoss, PartialHeadBlocksMatchBaseline) {
   }
 }
 
-// More than 64 heads (the Pro shape's 128, and 96 with a partial second group): the sparse
-// loss takes the tensor-core kernel with the teacher's heads in two groups whose candidate
-// masses add up, in every flow - with the forward's LSE, without it (statistics per group),
-// with not-yet-visible ids (the kernel recomputes the denominator), with -1 holes. The dense
-// loss at these head counts is not the tensor-core kernel's (it refuses it).
-TEST(CudaIndexerLoss, SparseMoreThan64HeadsMatchesBaseline) {
+// More than 64 heads (the Pro shape's 128, and 96 with a partial second group): the tensor-
+// core kernel with the teacher's heads in two groups whose candidate masses add up, in every
+// flow - sparse with the forward's LSE, without it (statistics per group), with
+// not-yet-visible ids (the kernel recomputes the denominator), with -1 holes; the dense loss
+// (statistics per group, both groups' teacher per tile in the final pass).
+TEST(CudaIndexerLoss, MoreThan64HeadsMatchBaseline) {
   SKIP_WITHOUT_GPU();
   for (int heads : {128, 96}) {
     for (int flow = 0; flow < 3; ++flow) {
@@ -372,10 +372,11 @@ TEST(CudaIndexerLoss, SparseMoreThan64HeadsMatchesBaseline) {
   pro.topk = 1024;
   pro.window = 128;
   compare_kernels(pro);
-  LossCase dense = ragged("dense H 128", false);
-  dense.heads = 128;
-  const Inputs in(dense);
-  EXPECT_THROW(run(in, IndexerLossKernel::tensor_core, true, 0.5f), Error);
+  for (int heads : {128, 96}) {
+    LossCase dense = ragged("dense H " + std::to_string(heads), false);
+    dense.heads = heads;
+    compare_kernels(dense);
+  }
 }
 
 TEST(CudaIndexerLoss, FlashShapeMatchesBaseline) {
@@ -396,7 +397,6 @@ TEST(CudaIndexerLoss, RowReductionsAreBitwiseRepeatable) {
   SKIP_WITHOUT_GPU();
   for (int heads : {64, 128})
   for (bool sparse : {true, false}) {
-    if (heads > 64 && !sparse) continue;  // the dense loss past 64 heads: the CUDA-core kernel
     LossCase c;
     c.name = "repeat";
     c.heads = heads;
@@ -418,7 +418,6 @@ TEST(CudaIndexerLoss, ZeroGradScaleGivesExactZeros) {
   SKIP_WITHOUT_GPU();
   for (int heads : {64, 128})
   for (bool sparse : {true, false}) {
-    if (heads > 64 && !sparse) continue;  // the dense loss past 64 heads: the CUDA-core kernel
     LossCase c = ragged("lambda 0", sparse);
     c.heads = heads;
     const Inputs in(c);
