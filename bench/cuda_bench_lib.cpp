@@ -549,7 +549,8 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
             std::tuple{"flash", 16384, true, IndexerLossKernel::tensor_core},
             std::tuple{"flash", 4096, false, IndexerLossKernel::tensor_core},
             std::tuple{"pro", 4096, true, IndexerLossKernel::baseline},
-            std::tuple{"pro", 4096, true, IndexerLossKernel::tensor_core}}) {
+            std::tuple{"pro", 4096, true, IndexerLossKernel::tensor_core},
+            std::tuple{"pro", 4096, false, IndexerLossKernel::tensor_core}}) {
         std::fprintf(stderr, "cuda_bench: indexer loss %s at %d tokens\n", preset, tokens);
         json j = indexer_loss_case(tokens, sparse, kernel, gemm, preset);
         std::printf("%6s %7d %7s %12s %12.0f %10.3f %9.1f\n", preset, tokens, j["loss"].get<std::string>().c_str(),

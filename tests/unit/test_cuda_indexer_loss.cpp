@@ -364,14 +364,17 @@ TEST(CudaIndexerLoss, MoreThan64HeadsMatchBaseline) {
       compare_kernels(c);
     }
   }
-  LossCase pro;  // the Pro shape: 128 heads, 64 index heads, top-1024, window 128
-  pro.name = "pro sparse";
-  pro.real = {4096};
-  pro.padded = {4096};
-  pro.heads = 128;
-  pro.topk = 1024;
-  pro.window = 128;
-  compare_kernels(pro);
+  for (bool sparse : {true, false}) {  // the Pro shape: 128 heads, 64 index heads, top-1024
+    LossCase pro;
+    pro.name = sparse ? "pro sparse" : "pro dense";
+    pro.real = {4096};
+    pro.padded = {4096};
+    pro.heads = 128;
+    pro.topk = 1024;
+    pro.window = 128;
+    pro.sparse = sparse;
+    compare_kernels(pro);  // dense: up to 1024 candidates, 32 tiles through both stages
+  }
   for (int heads : {128, 96}) {
     LossCase dense = ragged("dense H " + std::to_string(heads), false);
     dense.heads = heads;
