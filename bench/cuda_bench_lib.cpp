@@ -27,6 +27,7 @@
 
 #include "bench_random.hpp"
 #include "cuda_bench.hpp"
+#include "one_sequence_metadata.hpp"
 #include "sparse_attention_inputs.hpp"
 
 #include "csattn/layer.hpp"
@@ -225,7 +226,7 @@ json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double
   auto* rows = static_cast<float*>(dev(sizeof(float) * T));
   auto* sink = static_cast<float*>(dev(sizeof(float) * H));
   auto* sel = static_cast<std::int32_t*>(dev(sizeof(std::int32_t) * T * K));
-  auto* meta_buf = static_cast<std::int32_t*>(dev(sizeof(std::int32_t) * (4 + 2 * T) + T));
+  void* meta_buf = dev(csattn::bench::one_sequence_metadata_bytes(T));
   // q: 4096 random rows, repeated (host generation of 0.5 G normals would dominate).
   const int q_rows = std::min(T, 4096);
   fill_random_bf16(q, static_cast<std::size_t>(q_rows) * H * D, 11, 1.0f);
@@ -253,15 +254,7 @@ json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double
     pairs += sparse ? n : vis;
   }
   CSATTN_CUDA_CHECK(cudaMemcpy(sel, selh.data(), selh.size() * 4, cudaMemcpyHostToDevice));
-  std::vector<std::int32_t> mh(4 + 2 * T);
-  mh[0] = 0; mh[1] = T; mh[2] = 0; mh[3] = Nc;
-  for (int t = 0; t < T; ++t) { mh[4 + t] = 0; mh[4 + T + t] = t; }
-  CSATTN_CUDA_CHECK(cudaMemcpy(meta_buf, mh.data(), mh.size() * 4, cudaMemcpyHostToDevice));
-  CSATTN_CUDA_CHECK(cudaMemset(meta_buf + 4 + 2 * T, 0, T));
-  DeviceMetadata m;
-  m.cu_real = meta_buf; m.cu_padded = meta_buf; m.comp_start = meta_buf + 2;
-  m.row_segment = meta_buf + 4; m.row_position = meta_buf + 4 + T;
-  m.row_is_padding = reinterpret_cast<std::uint8_t*>(meta_buf + 4 + 2 * T);
+  const DeviceMetadata m = csattn::bench::upload_one_sequence_metadata(meta_buf, T, T, Nc, 0);
   launch_sparse_attention(d, m, q, kv, comp, sink, sel, attn, lse, nullptr);
   IndexerLossArgs a;
   a.qi = qi; a.w_eff = w_eff; a.keys = keys; a.q = q; a.kv = kv; a.comp = comp; a.sink = sink;

@@ -18,6 +18,7 @@
 #include "cuda/kernels.hpp"
 #include "cuda/workspace.hpp"
 #include "cuda_bench.hpp"
+#include "one_sequence_metadata.hpp"
 #include "sparse_attention_inputs.hpp"
 
 namespace csattn::bench {
@@ -32,15 +33,59 @@ using cuda::IndexerStamps;
 // Copies the stamps of one launch to the host (zeroed before it: 0 = not reached).
 template <class Launch>
 std::vector<unsigned> stamps_of(long count, Launch&& launch) {
-  unsigned* dev = nullptr;
-  CSATTN_CUDA_CHECK(cudaMalloc(&dev, sizeof(unsigned) * count));
+  cuda::DeviceArena buf;  // freed on every path, a failed launch included
+  auto* dev = reinterpret_cast<unsigned*>(buf.reserve(sizeof(unsigned) * count));
   CSATTN_CUDA_CHECK(cudaMemset(dev, 0, sizeof(unsigned) * count));
   launch(dev);
   CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<unsigned> h(static_cast<std::size_t>(count));
   CSATTN_CUDA_CHECK(cudaMemcpy(h.data(), dev, sizeof(unsigned) * h.size(), cudaMemcpyDeviceToHost));
-  CSATTN_CUDA_CHECK(cudaFree(dev));
   return h;
+}
+
+// Stamp row `r` of warpgroup `wg` of CTA `cta` in the layouts the three kernels share:
+// stamps[((cta * groups + wg) * (rows + 1) + r) * phases + p], row `rows` the extra row (item,
+// block or CTA).
+const unsigned* stamp_row(const std::vector<unsigned>& h, int groups, int rows, int phases, int cta, int wg,
+                          int r) {
+  return h.data() + ((static_cast<long>(cta) * groups + wg) * (rows + 1) + r) * phases;
+}
+
+// One warpgroup's stamps averaged over the CTAs whose extra row is complete (its `extra`
+// stamps all written): per row (key tile or pair) the time from stamp p - 1 to p for
+// p = 1 .. last, over the rows up to the first whose stamp `last` is 0; per CTA the extra
+// row's steps.
+struct PhaseMeans {
+  std::vector<double> step;   // [last], cycles per row
+  double row_span = 0.0;      // cycles per row, stamp last - stamp 0
+  std::vector<double> extra;  // [extra - 1], cycles per CTA
+  long rows = 0, ctas = 0;
+};
+
+PhaseMeans phase_means(const std::vector<unsigned>& h, int ctas, int groups, int wg, int rows, int phases,
+                       int last, int extra) {
+  PhaseMeans m;
+  m.step.assign(static_cast<std::size_t>(last), 0.0);
+  m.extra.assign(static_cast<std::size_t>(extra - 1), 0.0);
+  for (int cta = 0; cta < ctas; ++cta) {
+    const unsigned* x = stamp_row(h, groups, rows, phases, cta, wg, rows);
+    bool complete = true;
+    for (int p = 0; p < extra; ++p) complete = complete && x[p] != 0u;
+    if (!complete) continue;  // no stamped item / block here
+    ++m.ctas;
+    for (int p = 1; p < extra; ++p) m.extra[p - 1] += static_cast<double>(x[p] - x[p - 1]);  // modulo 2^32
+    for (int r = 0; r < rows; ++r) {
+      const unsigned* s = stamp_row(h, groups, rows, phases, cta, wg, r);
+      if (s[last] == 0u) break;  // fewer rows
+      for (int p = 1; p <= last; ++p) m.step[p - 1] += static_cast<double>(s[p] - s[p - 1]);
+      m.row_span += static_cast<double>(s[last] - s[0]);
+      ++m.rows;
+    }
+  }
+  for (double& v : m.step) v = m.rows > 0 ? v / m.rows : 0.0;
+  m.row_span = m.rows > 0 ? m.row_span / m.rows : 0.0;
+  for (double& v : m.extra) v = m.ctas > 0 ? v / m.ctas : 0.0;
+  return m;
 }
 
 // The forward's phase names per warpgroup (producer, consumer 0, consumer 1): phase p is the
@@ -63,43 +108,32 @@ json attention_forward_phases_case(int heads, int topk, int keys, int queries) {
     cuda::launch_sparse_attention_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev,
                                         in.out, in.lse, nullptr, dev);
   });
-  auto row = [&](int cta, int wg, int r) {
-    return h.data() + ((static_cast<long>(cta) * 3 + wg) * (Stamps::pairs + 1) + r) * Stamps::phases;
-  };
   json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries},
          {"item", Stamps::item}, {"tensor_floor_cycles_per_pair", 2.0 * 2 * 2 * 64 * 64 * 512 / 4096.0}};
-  double p0_wait = 0.0;
-  long p0_pairs = 0;
+  static const char* const item_names[3] = {"to first pair", "pairs", "tail"};
   for (int wg = 0; wg < 3; ++wg) {
-    double sum[7] = {}, pair_sum = 0.0, item_sum[3] = {};
-    long pairs = 0, items = 0;
-    for (int cta = 0; cta < Stamps::ctas; ++cta) {
-      const unsigned* item = row(cta, wg, Stamps::pairs);
-      if (item[0] == 0 || item[3] == 0) continue;  // no stamped item here
-      ++items;
-      for (int p = 1; p < 4; ++p) item_sum[p - 1] += static_cast<double>(item[p] - item[p - 1]);
-      for (int pair = 0; pair < Stamps::pairs; ++pair) {
-        const unsigned* r = row(cta, wg, pair);
-        if (r[kForwardLastStamp[wg]] == 0) break;  // the item had fewer pairs
-        for (int p = 1; p <= kForwardLastStamp[wg]; ++p) sum[p - 1] += static_cast<double>(r[p] - r[p - 1]);
-        pair_sum += static_cast<double>(r[kForwardLastStamp[wg]] - r[0]);
-        ++pairs;
-        if (wg == 2 && row(cta, 1, pair)[4] != 0) {
-          const int d = static_cast<int>(row(cta, 1, pair)[4] - r[5]);  // signed: may be early
-          p0_wait += d > 0 ? d : 0;
-          ++p0_pairs;
-        }
-      }
-    }
+    const PhaseMeans pm = phase_means(h, Stamps::ctas, 3, wg, Stamps::pairs, Stamps::phases, kForwardLastStamp[wg], 4);
     json w;
-    for (int p = 0; p < kForwardLastStamp[wg]; ++p) w["cycles_per_pair"][kForwardPhases[wg][p]] = pairs > 0 ? sum[p] / pairs : 0.0;
-    w["pair_cycles"] = pairs > 0 ? pair_sum / pairs : 0.0;
-    w["pairs"] = pairs;
-    w["items"] = items;
-    static const char* const item_names[3] = {"to first pair", "pairs", "tail"};
-    for (int p = 0; p < 3; ++p) w["item_cycles"][item_names[p]] = items > 0 ? item_sum[p] / items : 0.0;
+    for (int p = 0; p < kForwardLastStamp[wg]; ++p) w["cycles_per_pair"][kForwardPhases[wg][p]] = pm.step[p];
+    w["pair_cycles"] = pm.row_span;
+    w["pairs"] = pm.rows;
+    w["items"] = pm.ctas;
+    for (int p = 0; p < 3; ++p) w["item_cycles"][item_names[p]] = pm.extra[p];
     j[wg == 0 ? "producer" : wg == 1 ? "consumer0" : "consumer1"] = w;
   }
+  // Consumer 1's wait for P_0 alone: consumer 0's stamp 4 (P_0 published) past consumer 1's
+  // stamp 5 (P_1 published), same pair, same multiprocessor's clock.
+  double p0_wait = 0.0;
+  long p0_pairs = 0;
+  for (int cta = 0; cta < Stamps::ctas; ++cta)
+    for (int pair = 0; pair < Stamps::pairs; ++pair) {
+      const unsigned* c0 = stamp_row(h, 3, Stamps::pairs, Stamps::phases, cta, 1, pair);
+      const unsigned* c1 = stamp_row(h, 3, Stamps::pairs, Stamps::phases, cta, 2, pair);
+      if (c0[4] == 0u || c1[7] == 0u) break;
+      const int d = static_cast<int>(c0[4] - c1[5]);  // signed: consumer 0 may be early
+      p0_wait += d > 0 ? d : 0;
+      ++p0_pairs;
+    }
   j["consumer1"]["p0_wait_cycles_per_pair"] = p0_pairs > 0 ? p0_wait / p0_pairs : 0.0;
   return j;
 }
@@ -146,33 +180,14 @@ json attention_backward_phases_case(int heads, int topk, int keys, int queries) 
                                       "dK chunk 0", "flush 0", "dK chunk 1 + flush 1"};
   json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries}};
   for (int wg = 0; wg < 2; ++wg) {
-    double sum[7] = {}, prologue = 0.0, epilogue = 0.0;
-    long tiles = 0, ctas = 0;
-    for (int cta = 0; cta < Stamps::ctas; ++cta) {
-      const unsigned* base = h.data() + static_cast<long>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
-      const unsigned* head = base + static_cast<long>(Stamps::tiles) * Stamps::phases;
-      if (head[0] == 0 || head[3] == 0) continue;  // a CTA past the grid
-      prologue += static_cast<double>(head[1] - head[0]);  // unsigned: modulo 2^32
-      epilogue += static_cast<double>(head[3] - head[2]);
-      ++ctas;
-      for (int tile = 0; tile < Stamps::tiles; ++tile) {
-        const unsigned* r = base + static_cast<long>(tile) * Stamps::phases;
-        if (r[7] == 0) break;  // the CTA had fewer tiles
-        for (int p = 1; p < Stamps::phases; ++p) sum[p - 1] += static_cast<double>(r[p] - r[p - 1]);
-        ++tiles;
-      }
-    }
+    const PhaseMeans pm = phase_means(h, Stamps::ctas, 2, wg, Stamps::tiles, Stamps::phases, 7, 4);
     json w;
-    double total = 0.0;
-    for (int p = 0; p < 7; ++p) {
-      w["cycles_per_tile"][names[p]] = tiles > 0 ? sum[p] / tiles : 0.0;
-      total += tiles > 0 ? sum[p] / tiles : 0.0;
-    }
-    w["tile_cycles"] = total;
-    w["prologue_cycles"] = ctas > 0 ? prologue / ctas : 0.0;
-    w["epilogue_cycles"] = ctas > 0 ? epilogue / ctas : 0.0;
-    w["ctas"] = ctas;
-    w["tiles"] = tiles;
+    for (int p = 0; p < 7; ++p) w["cycles_per_tile"][names[p]] = pm.step[p];
+    w["tile_cycles"] = pm.row_span;
+    w["prologue_cycles"] = pm.extra[0];  // CTA row: 0 entry, 1 loop entry, 2 loop exit, 3 exit
+    w["epilogue_cycles"] = pm.extra[2];
+    w["ctas"] = pm.ctas;
+    w["tiles"] = pm.rows;
     j[wg == 0 ? "wg0" : "wg1"] = w;
   }
   return j;
@@ -195,24 +210,13 @@ json indexer_phases_case(int tokens) {
   keys.reserve(sizeof(bf16) * Nc * DI);
   topk.reserve(sizeof(std::int32_t) * T * d.topk);
   scratch.reserve(cuda::indexer_topk_scratch_bytes(d));
-  meta_buf.reserve(sizeof(std::int32_t) * (4 + 2 * static_cast<std::size_t>(T)) + T);
+  meta_buf.reserve(one_sequence_metadata_bytes(T));
   fill_random_bf16(static_cast<bf16*>(qi.base), static_cast<std::size_t>(T) * HI * DI, 21);
   fill_random_bf16(static_cast<bf16*>(keys.base), static_cast<std::size_t>(Nc) * DI, 22);
   std::vector<float> wh(static_cast<std::size_t>(T) * HI);
   for (std::size_t i = 0; i < wh.size(); ++i) wh[i] = (i % 7 == 3 ? -0.5f : 1.0f) / 64.0f;
   CSATTN_CUDA_CHECK(cudaMemcpy(w_eff.base, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
-  // One segment: cu = [0, T], comp_start = [0, Nc], row t at position t, no padding.
-  std::vector<std::int32_t> mh(4 + 2 * static_cast<std::size_t>(T));
-  mh[1] = T;
-  mh[3] = Nc;
-  for (int t = 0; t < T; ++t) mh[4 + T + t] = t;
-  CSATTN_CUDA_CHECK(cudaMemcpy(meta_buf.base, mh.data(), mh.size() * 4, cudaMemcpyHostToDevice));
-  auto* mb = static_cast<std::int32_t*>(meta_buf.base);
-  CSATTN_CUDA_CHECK(cudaMemset(mb + 4 + 2 * T, 0, T));
-  cuda::DeviceMetadata m;
-  m.cu_real = mb; m.cu_padded = mb; m.comp_start = mb + 2;
-  m.row_segment = mb + 4; m.row_position = mb + 4 + T;
-  m.row_is_padding = reinterpret_cast<std::uint8_t*>(mb + 4 + 2 * T);
+  const cuda::DeviceMetadata m = upload_one_sequence_metadata(meta_buf.base, T, T, Nc, 0);
   auto launch = [&](unsigned* stamps) {
     cuda::launch_indexer_topk_wgmma(d, m, static_cast<const bf16*>(qi.base), static_cast<const float*>(w_eff.base),
                                     static_cast<const bf16*>(keys.base), static_cast<std::int32_t*>(topk.base),
@@ -223,30 +227,15 @@ json indexer_phases_case(int tokens) {
   static const char* const names[5] = {"keys ready", "next load", "MMA", "head sums", "store+count"};
   json j{{"tokens", T}, {"block", Stamps::block},
          {"tensor_floor_cycles_per_tile", 2.0 * 64 * 256 * DI / 4096.0}};
+  static const char* const block_names[3] = {"to queries ready", "scoring", "selection"};
   for (int wg = 0; wg < 2; ++wg) {
-    double sum[5] = {}, tile_sum = 0.0, block[3] = {};
-    long tiles = 0, blocks = 0;
-    for (int cta = 0; cta < Stamps::ctas; ++cta) {
-      const unsigned* base = h.data() + static_cast<long>(cta * 2 + wg) * (Stamps::tiles + 1) * Stamps::phases;
-      const unsigned* b = base + static_cast<long>(Stamps::tiles) * Stamps::phases;
-      if (b[0] == 0 || b[1] == 0 || b[2] == 0 || b[3] == 0) continue;  // no stamped block here
-      ++blocks;
-      for (int p = 1; p < 4; ++p) block[p - 1] += static_cast<double>(b[p] - b[p - 1]);
-      for (int u = 0; u < Stamps::tiles; ++u) {
-        const unsigned* r = base + static_cast<long>(u) * Stamps::phases;
-        if (r[5] == 0) break;  // the run had fewer tiles
-        for (int p = 1; p < 6; ++p) sum[p - 1] += static_cast<double>(r[p] - r[p - 1]);
-        tile_sum += static_cast<double>(r[5] - r[0]);
-        ++tiles;
-      }
-    }
+    const PhaseMeans pm = phase_means(h, Stamps::ctas, 2, wg, Stamps::tiles, Stamps::phases, 5, 4);
     json w;
-    for (int p = 0; p < 5; ++p) w["cycles_per_tile"][names[p]] = tiles > 0 ? sum[p] / tiles : 0.0;
-    w["tile_cycles"] = tiles > 0 ? tile_sum / tiles : 0.0;
-    w["tiles"] = tiles;
-    w["blocks"] = blocks;
-    static const char* const block_names[3] = {"to queries ready", "scoring", "selection"};
-    for (int p = 0; p < 3; ++p) w["block_cycles"][block_names[p]] = blocks > 0 ? block[p] / blocks : 0.0;
+    for (int p = 0; p < 5; ++p) w["cycles_per_tile"][names[p]] = pm.step[p];
+    w["tile_cycles"] = pm.row_span;
+    w["tiles"] = pm.rows;
+    w["blocks"] = pm.ctas;
+    for (int p = 0; p < 3; ++p) w["block_cycles"][block_names[p]] = pm.extra[p];
     j[wg == 0 ? "wg0" : "wg1"] = w;
   }
   return j;

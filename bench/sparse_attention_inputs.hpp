@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_random.hpp"
+#include "one_sequence_metadata.hpp"
 #include "csattn/layer.hpp"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
@@ -50,7 +51,7 @@ struct SparseAttentionInputs {
     CSATTN_CUDA_CHECK(cudaMalloc(&lse, sizeof(float) * queries * heads));
     CSATTN_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * heads));
     CSATTN_CUDA_CHECK(cudaMalloc(&topk_dev, sizeof(std::int32_t) * queries * topk));
-    CSATTN_CUDA_CHECK(cudaMalloc(&meta_buf, sizeof(std::int32_t) * (4 + 2 * queries) + queries));
+    CSATTN_CUDA_CHECK(cudaMalloc(&meta_buf, one_sequence_metadata_bytes(queries)));
     fill_random_bf16(q, qn, 3, 0.05f);
     fill_random_bf16(kv, static_cast<std::size_t>(S) * D, 4);
     fill_random_bf16(comp, static_cast<std::size_t>(keys) * D, 5);
@@ -68,16 +69,8 @@ struct SparseAttentionInputs {
       std::copy(row.begin(), row.end(), sel.begin() + static_cast<long>(t) * topk);
     }
     CSATTN_CUDA_CHECK(cudaMemcpy(topk_dev, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
-    // Metadata: one segment starting at raw row 0; query t sits at position W + t.
-    std::vector<std::int32_t> h(4 + 2 * queries);
-    h[0] = 0; h[1] = S;            // cu_padded (also cu_real)
-    h[2] = 0; h[3] = keys;         // comp_start
-    for (int t = 0; t < queries; ++t) { h[4 + t] = 0; h[4 + queries + t] = W + t; }
-    CSATTN_CUDA_CHECK(cudaMemcpy(meta_buf, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    CSATTN_CUDA_CHECK(cudaMemset(meta_buf + 4 + 2 * queries, 0, queries));
-    m.cu_real = meta_buf; m.cu_padded = meta_buf; m.comp_start = meta_buf + 2;
-    m.row_segment = meta_buf + 4; m.row_position = meta_buf + 4 + queries;
-    m.row_is_padding = reinterpret_cast<std::uint8_t*>(meta_buf + 4 + 2 * queries);
+    // Metadata: one segment of S raw rows; query t sits at position W + t.
+    m = upload_one_sequence_metadata(meta_buf, queries, S, keys, W);
     d.rows = queries;
     if (backward) {
       CSATTN_CUDA_CHECK(cudaMalloc(&dout, sizeof(bf16) * qn));

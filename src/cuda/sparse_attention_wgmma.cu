@@ -152,6 +152,19 @@ __device__ __forceinline__ void rescale(float (&o)[128], float (&l)[2], const fl
   l[1] *= f[1];
 }
 
+// Publishes a consumer's P tile (bf16 fragments) and its rows' maxima `m` for the other
+// consumer: the st.shared made visible to the other's wgmma (the caller then arrives at the
+// hand-over barrier).
+__device__ __forceinline__ void publish_p(unsigned char* tile, const std::uint32_t (&p)[16], float* maxima,
+                                          const float (&m)[2], int row0, int qd) {
+  store_fragment(tile, p, row0, qd);
+  if (qd == 0) {
+    maxima[row0] = m[0];
+    maxima[row0 + 8] = m[1];
+  }
+  fence_proxy_async_smem();  // st.shared -> the other consumer's wgmma
+}
+
 // kLazy: the reference max of a consumer's tile (per row): the tile's max where it exceeds
 // the running one by more than kLazyBound, else the running one; O and l rescaled to it.
 __device__ __forceinline__ void lazy_max(const float (&mx)[2], float (&m_run)[2], float (&o)[128],
@@ -468,12 +481,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           lazy_max(mx, m_run, o, l_part);
           exponentiate(s, m_run, l_part, p);
           named_barrier_sync(kBarP0Free, kConsumerThreads);  // consumer 1 is done with the last P_0
-          store_fragment(p0_s, p, row0, qd);
-          if (qd == 0) {
-            row_max[row0] = m_run[0];
-            row_max[row1] = m_run[1];
-          }
-          fence_proxy_async_smem();  // P_0's st.shared -> consumer 1's wgmma
+          publish_p(p0_s, p, row_max, m_run, row0, qd);
           named_barrier_arrive(kBarP0, kConsumerThreads);
 
           // O += P_0 V_0[:, 0:256], then buffer 0's first half is free.
@@ -596,12 +604,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         lazy_max(mx, m_run, o, l_part);
         exponentiate(s, m_run, l_part, p);
         named_barrier_sync(kBarP1Free, kConsumerThreads);  // consumer 0 is done with the last P_1
-        store_fragment(p1_s, p, row0, qd);
-        if (qd == 0) {
-          row_max[kRows + row0] = m_run[0];
-          row_max[kRows + row1] = m_run[1];
-        }
-        fence_proxy_async_smem();  // P_1's st.shared -> consumer 0's wgmma
+        publish_p(p1_s, p, row_max + kRows, m_run, row0, qd);
         named_barrier_arrive(kBarP1, kConsumerThreads);
 
         // O += P_1 V_1[:, 256:512] (P_1 from registers), then O += P_0 V_0[:, 256:512] once
@@ -661,12 +664,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         rescale(o, l_part, f);
         exponentiate(s, m1, l_part, p);
-        store_fragment(p1_s, p, row0, qd);
-        if (qd == 0) {
-          row_max[row0] = m1[0];
-          row_max[row1] = m1[1];
-        }
-        fence_proxy_async_smem();  // P_1's st.shared -> consumer 0's wgmma
+        publish_p(p1_s, p, row_max, m1, row0, qd);
         named_barrier_arrive(kBarM1P1, kConsumerThreads);
         stamp(local, pair, 5);
 

@@ -246,6 +246,20 @@ LossCase ragged(const std::string& name, bool sparse) {
   return c;
 }
 
+// One 4096-token sequence with the model's window 128 (DeepSeek-V4 shapes: Flash 64 heads,
+// top-512; Pro 128 heads, top-1024; 64 index heads x 128 both).
+LossCase one_sequence(const std::string& name, bool sparse, int heads, int topk) {
+  LossCase c;
+  c.name = name;
+  c.real = {4096};
+  c.padded = {4096};
+  c.heads = heads;
+  c.topk = topk;
+  c.window = 128;
+  c.sparse = sparse;
+  return c;
+}
+
 TEST(CudaIndexerLoss, SparseRaggedMatchesBaseline) {
   SKIP_WITHOUT_GPU();
   LossCase c = ragged("sparse", true);
@@ -364,17 +378,8 @@ TEST(CudaIndexerLoss, MoreThan64HeadsMatchBaseline) {
       compare_kernels(c);
     }
   }
-  for (bool sparse : {true, false}) {  // the Pro shape: 128 heads, 64 index heads, top-1024
-    LossCase pro;
-    pro.name = sparse ? "pro sparse" : "pro dense";
-    pro.real = {4096};
-    pro.padded = {4096};
-    pro.heads = 128;
-    pro.topk = 1024;
-    pro.window = 128;
-    pro.sparse = sparse;
-    compare_kernels(pro);  // dense: up to 1024 candidates, 32 tiles through both stages
-  }
+  // The Pro shape (dense: up to 1024 candidates, 32 tiles through both buffer stages).
+  for (bool sparse : {true, false}) compare_kernels(one_sequence(sparse ? "pro sparse" : "pro dense", sparse, 128, 1024));
   for (int heads : {128, 96}) {
     LossCase dense = ragged("dense H " + std::to_string(heads), false);
     dense.heads = heads;
@@ -384,16 +389,7 @@ TEST(CudaIndexerLoss, MoreThan64HeadsMatchBaseline) {
 
 TEST(CudaIndexerLoss, FlashShapeMatchesBaseline) {
   SKIP_WITHOUT_GPU();
-  for (bool sparse : {true, false}) {
-    LossCase c;
-    c.name = sparse ? "flash sparse" : "flash dense";
-    c.real = {4096};
-    c.padded = {4096};
-    c.topk = 512;
-    c.window = 128;
-    c.sparse = sparse;
-    compare_kernels(c);
-  }
+  for (bool sparse : {true, false}) compare_kernels(one_sequence(sparse ? "flash sparse" : "flash dense", sparse, 64, 512));
 }
 
 TEST(CudaIndexerLoss, RowReductionsAreBitwiseRepeatable) {
