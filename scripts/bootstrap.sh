@@ -12,6 +12,13 @@ if command -v python3 > /dev/null 2>&1 &&
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "${py_pkgs[@]}"
 fi
 
+# Where nvcc is (the CUDA backend gets built), cuobjdump and nvdisasm for the kernel SASS
+# checks (ctest kernel_checks): the toolkit ships no disassembler. Pinned PyPI wheels into
+# .sass-tools/ (no network when present).
+if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  "$(dirname "$0")/sass-tools.sh"
+fi
+
 # Debian package -> a file whose presence proves it is installed (checked before apt runs,
 # so a second call costs nothing and needs no network). Each path is one the package itself
 # ships (dpkg -S), not an update-alternatives link such as /usr/bin/mpirun.
