@@ -17,6 +17,7 @@
 //      gradients with vector fp32 reductions (flush_dk, the one place that writes them).
 // Shared memory: Q and dO (64 KB each, swizzled), two key stages (cp.async, double-buffered,
 // 64 KB), P and dS (4 KB each), per-row LSE / Drow and the key list.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -311,12 +312,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-// The opt-in shared-memory maximum of a Hopper block (227 KB) less a margin for the kernel's
-// static shared memory; longer key lists (HCA segments of ~850K tokens) take the baseline.
-constexpr std::size_t kMaxDynamicSmem = 227 * 1024 - 1024;
-
+// Longer key lists than the shared memory holds (HCA segments of ~850K tokens) take the
+// baseline; both instances must fit.
 bool attention_backward_mma_supported(const LayerDims& d) {
-  return d.head_dim == kDim && mma_smem_bytes(max_keys_per_query(d)) <= kMaxDynamicSmem;
+  return d.head_dim == kDim &&
+         mma_smem_bytes(max_keys_per_query(d)) <=
+             std::min(dynamic_smem_limit(attention_backward_mma_kernel<false>),
+                      dynamic_smem_limit(attention_backward_mma_kernel<true>));
 }
 
 void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
@@ -334,10 +336,10 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
               std::to_string(d.head_dim));
   const int max_keys = max_keys_per_query(d);
   const std::size_t smem = mma_smem_bytes(max_keys);
-  require(smem <= kMaxDynamicSmem, ErrorKind::Unsupported,
+  auto kernel = chunk.scratch ? attention_backward_mma_kernel<true> : attention_backward_mma_kernel<false>;
+  require(smem <= dynamic_smem_limit(kernel), ErrorKind::Unsupported,
           "the tensor-core attention backward needs " + std::to_string(smem) +
               " bytes of shared memory for " + std::to_string(max_keys) + " keys per query");
-  auto kernel = chunk.scratch ? attention_backward_mma_kernel<true> : attention_backward_mma_kernel<false>;
   allow_dynamic_smem(kernel, smem, "the tensor-core attention backward");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long blocks = static_cast<long>(rows) * head_blocks;

@@ -368,14 +368,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   stamp_at(Stamps::tiles, 3);
 }
 
-// The opt-in shared-memory maximum of a Hopper block (227 KB).
-constexpr std::size_t kMaxDynamicSmem = 227 * 1024;
-
 }  // namespace
 
 bool attention_backward_wgmma_supported(const LayerDims& d) {
+  // Every instance has the same static shared memory (none): the default one speaks for all.
   return d.head_dim == kDim &&
-         wgmma_backward_smem_bytes(d) <= kMaxDynamicSmem;
+         wgmma_backward_smem_bytes(d) <=
+             dynamic_smem_limit(attention_backward_wgmma_kernel<KeyGrads::atomic, false>);
 }
 
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
@@ -390,9 +389,6 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention backward needs head_dim 512, got " + std::to_string(d.head_dim));
   const std::size_t smem = wgmma_backward_smem_bytes(d);
-  require(smem <= kMaxDynamicSmem, ErrorKind::Unsupported,
-          "the wgmma attention backward needs " + std::to_string(smem) +
-              " bytes of shared memory for top-k " + std::to_string(d.topk));
   const bool measuring = writes != KeyGradWrites::all;
   require(!measuring || (chunk.scratch == nullptr && dkv_acc != nullptr && dcomp_acc != nullptr &&
                          dkv_acc != dcomp_acc),
@@ -408,6 +404,9 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
       : writes == KeyGradWrites::even_head_blocks ? attention_backward_wgmma_kernel<KeyGrads::even_head_blocks, false>
       : chunk.scratch                             ? attention_backward_wgmma_kernel<KeyGrads::scratch, false>
                                                   : attention_backward_wgmma_kernel<KeyGrads::atomic, false>;
+  require(smem <= dynamic_smem_limit(kernel), ErrorKind::Unsupported,
+          "the wgmma attention backward needs " + std::to_string(smem) +
+              " bytes of shared memory for top-k " + std::to_string(d.topk));
   allow_dynamic_smem(kernel, smem, "the wgmma attention backward");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long blocks = static_cast<long>(rows) * head_blocks;

@@ -25,6 +25,15 @@ void allow_dynamic_smem(Kernel* kernel, std::size_t bytes, const char* what) {
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes, what);
 }
 
+// The most dynamic shared memory `kernel` can take per block on the current device: the
+// opt-in maximum less the kernel's static shared memory. The kernels' "supported" checks
+// compare with it, so a shape they accept also passes allow_dynamic_smem.
+std::size_t dynamic_smem_limit(const void* kernel);
+template <class Kernel>
+std::size_t dynamic_smem_limit(Kernel* kernel) {
+  return dynamic_smem_limit(reinterpret_cast<const void*>(kernel));
+}
+
 // Multiprocessors of the current device (persistent kernels size their grids by it; asked
 // per call, so threads driving different GPUs each get their own).
 int multiprocessor_count();

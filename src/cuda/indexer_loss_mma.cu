@@ -613,7 +613,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool indexer_loss_mma_supported(const LayerDims& d) {
   return d.head_dim == kDim && d.heads <= kGroups * kHeads && d.index_dim == kIdxDim &&
-         d.index_heads <= kIdxHeads && mma_smem_bytes(d, true) <= 227 * 1024;
+         d.index_heads <= kIdxHeads &&
+         mma_smem_bytes(d, true) <= dynamic_smem_limit(d.heads > kHeads ? indexer_loss_mma_kernel<kGroups>
+                                                                        : indexer_loss_mma_kernel<1>);
 }
 
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,

@@ -214,7 +214,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool sparse_attention_mma_supported(const LayerDims& d) { return d.head_dim == kDim; }
+bool sparse_attention_mma_supported(const LayerDims& d) {
+  return d.head_dim == kDim &&
+         mma_smem_bytes(max_keys_per_query(d)) <= dynamic_smem_limit(sparse_attention_mma_kernel);
+}
 
 void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                  const bf16* kv, const bf16* comp, const float* sink,
@@ -223,7 +226,7 @@ void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta,
   if (d.rows <= 0) return;
   const int max_keys = max_keys_per_query(d);
   const std::size_t smem = mma_smem_bytes(max_keys);
-  require(smem <= 227 * 1024, ErrorKind::Unsupported,
+  require(smem <= dynamic_smem_limit(sparse_attention_mma_kernel), ErrorKind::Unsupported,
           "the tensor-core attention kernel needs " + std::to_string(smem) +
               " bytes of shared memory for " + std::to_string(max_keys) + " keys per query");
   allow_dynamic_smem(sparse_attention_mma_kernel, smem, "the tensor-core attention kernel");

@@ -734,7 +734,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool sparse_attention_wgmma_supported(const LayerDims& d) {
-  return d.head_dim == kDim && wgmma_smem_bytes(d) <= 227 * 1024;
+  // Every instance has the same static shared memory (none): the default one speaks for all.
+  return d.head_dim == kDim &&
+         wgmma_smem_bytes(d) <= dynamic_smem_limit(sparse_attention_wgmma_kernel<false, false>);
 }
 
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
@@ -746,15 +748,15 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention kernel needs head_dim 512, got " + std::to_string(d.head_dim));
   const std::size_t smem = wgmma_smem_bytes(d);
-  require(smem <= 227 * 1024, ErrorKind::Unsupported,
-          "the wgmma attention kernel needs " + std::to_string(smem) +
-              " bytes of shared memory for top-k " + std::to_string(d.topk));
   const bool lazy = schedule == WgmmaForwardSchedule::lazy_rescale;
   require(!lazy || phase_stamps == nullptr, ErrorKind::InvalidArgument,
           "the wgmma attention forward's phase stamps are taken with the default schedule only");
   auto kernel = phase_stamps != nullptr ? sparse_attention_wgmma_kernel<true, false>
                 : lazy                  ? sparse_attention_wgmma_kernel<false, true>
                                         : sparse_attention_wgmma_kernel<false, false>;
+  require(smem <= dynamic_smem_limit(kernel), ErrorKind::Unsupported,
+          "the wgmma attention kernel needs " + std::to_string(smem) +
+              " bytes of shared memory for top-k " + std::to_string(d.topk));
   allow_dynamic_smem(kernel, smem, "the wgmma attention kernel");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long items = static_cast<long>(d.rows) * head_blocks;
