@@ -8,6 +8,16 @@
 
 namespace csattn::cuda {
 
+// One committed group of 8 wgmmas accumulating into acc (operands anywhere: never launched).
+__device__ __forceinline__ void issue_group(float (&acc)[32], std::uint32_t base) {
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    wgmma_m64n64k16_ss<0>(acc, wgmma_desc_sw128(base + 32 * k, 16, 1024),
+                          wgmma_desc_sw128(base + 8192 + 32 * k, 16, 1024), 1);
+  wgmma_commit();
+}
+
 // One group of 8 wgmmas, waited for before the accumulator is read: one group per 8 HGMMAs.
 __global__ void probe_pipelined(float* out, int tiles) {
   extern __shared__ unsigned char smem[];
@@ -16,12 +26,7 @@ __global__ void probe_pipelined(float* out, int tiles) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
   for (int t = 0; t < tiles; ++t) {
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-      wgmma_m64n64k16_ss<0>(acc, wgmma_desc_sw128(base + 32 * k, 16, 1024),
-                            wgmma_desc_sw128(base + 8192 + 32 * k, 16, 1024), 1);
-    wgmma_commit();
+    issue_group(acc, base);
     wgmma_wait<0>();
     wgmma_pin(acc);
 #pragma unroll
@@ -40,12 +45,7 @@ __global__ void probe_serialized(float* out, int tiles) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
   for (int t = 0; t < tiles; ++t) {
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-      wgmma_m64n64k16_ss<0>(acc, wgmma_desc_sw128(base + 32 * k, 16, 1024),
-                            wgmma_desc_sw128(base + 8192 + 32 * k, 16, 1024), 1);
-    wgmma_commit();
+    issue_group(acc, base);
     wgmma_wait<1>();
 #pragma unroll
     for (int i = 0; i < 32; ++i) out[i] += acc[i];
