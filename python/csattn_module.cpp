@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "csattn/build_info.hpp"
 #include "csattn/config.hpp"
 #include "csattn/error.hpp"
 #include "csattn/host_memory.hpp"
@@ -276,6 +277,10 @@ NB_MODULE(_csattn, m) {
         "1 GiB from the heap and stops trimming it): the CPU layer's activations then stop coming back "
         "as fresh zero-filled pages on every call, 25-43% of a CPU training step at the Flash "
         "shape, for a resident set that stays at its peak. True when the allocator took it (glibc).");
+  m.attr("__version__") = version();
+  m.def("build_info_json", []() { return to_json(build_info()); },
+        "The version, this build's backends and communicators and the visible GPUs, as JSON "
+        "(csattn.build_info() parses it).");
   m.def("cuda_available", []() {
     std::string why;
     const bool ok = cuda_available(&why);

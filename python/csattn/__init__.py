@@ -21,6 +21,8 @@ P)`` (``pad_for_context_parallel`` pads a layout to what a mode accepts), and
 On GPUs, one per rank: ``nccl = csattn.nccl_communicator(comm, csattn.launcher_local_rank())``
 and ``csattn.ContextParallelLayer(cfg, weights, device="cuda").forward(nccl, part, ...)``.
 """
+import json as _json
+
 import numpy as np
 
 from ._csattn import (AttentionConfig, Communicator, ContextParallelLayer, CpForward,
@@ -37,7 +39,16 @@ __all__ = ["AttentionConfig", "Communicator", "ContextParallelLayer", "CpForward
            "cuda_available", "dequantize_mxfp8", "hf_config_layers", "launcher_local_rank",
            "mpi_available", "mpi_world", "nccl_available", "nccl_communicator",
            "oracle_forward", "pack_mxfp8_scales", "pad_for_context_parallel", "preset_layers",
-           "preset_names", "quantize_mxfp8", "retain_freed_host_memory"]
+           "preset_names", "quantize_mxfp8", "retain_freed_host_memory", "build_info"]
+
+
+def build_info():
+    """The version, this build's backends and communicators and the GPUs it sees, as a dict
+    (the keys of ``csattn info --json``): what a bug report should carry."""
+    return _json.loads(_csattn.build_info_json())
+
+
+__version__ = _csattn.__version__
 
 
 def bshd_cu_seqlens(batch, seqlen):

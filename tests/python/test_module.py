@@ -42,6 +42,23 @@ def cosine(a, b):
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+def test_version_and_build_info():
+    """__version__ is CMakeLists.txt's project version (pyproject.toml reads it from there);
+    build_info() has the keys of `csattn info --json` and agrees with cuda_available()."""
+    import pathlib
+    import re
+    cmake = (pathlib.Path(__file__).parents[2] / "CMakeLists.txt").read_text()
+    assert csattn.__version__ == re.search(r"project\(csattn VERSION ([0-9.]+)", cmake).group(1)
+    info = csattn.build_info()
+    assert info["version"] == csattn.__version__
+    assert set(info) == {"version", "cuda_backend", "cuda_target", "cuda_runtime_version",
+                         "cuda_driver_version", "nccl", "mpi", "cblas", "cpu_threads", "gpus",
+                         "gpu_note"}
+    assert info["mpi"] == csattn.mpi_available() and info["nccl"] == csattn.nccl_available()
+    assert bool(info["gpus"]) == csattn.cuda_available()[0]
+    assert bool(info["gpus"]) != bool(info["gpu_note"])
+
+
 def test_presets_and_config():
     assert csattn.preset_names() == ["tiny", "small", "flash", "pro"]
     assert [c.kind for c in csattn.preset_layers("tiny")] == ["SWA", "CSA", "HCA"]

@@ -220,13 +220,48 @@ TEST(Cli, CommCheckVerifiesEveryOperation) {
 }
 
 TEST(Cli, HelpExitsZero) {
-  for (const char* args : {"--help", "run --help", "bench --help", "config --help", "comm-check --help"}) {
+  for (const char* args : {"--help", "run --help", "bench --help", "config --help", "comm-check --help",
+                           "info --help"}) {
     const CliResult r = run_cli(args);
     EXPECT_EQ(r.status, 0) << args << "\n" << r.err;
     EXPECT_FALSE(r.out.empty()) << args;
   }
   // --help of run documents the --save naming.
   EXPECT_NE(run_cli("run --help").out.find("layers.<i>."), std::string::npos);
+}
+
+TEST(Cli, VersionAndInfo) {
+  const std::string version = CSATTN_PROJECT_VERSION;  // CMake's project version
+  const CliResult v = run_cli("--version");
+  ASSERT_EQ(v.status, 0) << v.err;
+  EXPECT_EQ(v.out, "csattn " + version + "\n");
+
+  const CliResult text = run_cli("info");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_EQ(text.out.rfind("csattn " + version + "\n", 0), 0u) << text.out;
+  EXPECT_NE(text.out.find("communicators:"), std::string::npos) << text.out;
+
+  const CliResult r = run_cli("info --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = parse_json(r);
+  EXPECT_EQ(j["version"], version);
+#ifdef CSATTN_HAVE_CUDA
+  EXPECT_TRUE(j["cuda_backend"].get<bool>());
+  EXPECT_EQ(j["cuda_target"], "sm_90a");
+  EXPECT_GE(j["cuda_runtime_version"].get<int>(), 12000);
+#else
+  EXPECT_FALSE(j["cuda_backend"].get<bool>());
+  EXPECT_EQ(j["cuda_target"], "");
+#endif
+  EXPECT_GE(j["cpu_threads"].get<int>(), 1);
+  // Either GPUs or the reason there are none, and the same answer as the layer's check.
+  EXPECT_EQ(j["gpus"].empty(), !j["gpu_note"].get<std::string>().empty()) << r.out;
+  EXPECT_EQ(!j["gpus"].empty(), cuda_available()) << r.out;
+  for (const auto& g : j["gpus"]) {
+    EXPECT_EQ(g["runs_kernels"].get<bool>(), g["compute_capability"] == "9.0") << g.dump();
+    EXPECT_GT(g["multiprocessors"].get<int>(), 0) << g.dump();
+    EXPECT_GT(g["memory_bytes"].get<std::size_t>(), 0u) << g.dump();
+  }
 }
 
 TEST(Cli, ConfigPrintsThePresetAsJson) {

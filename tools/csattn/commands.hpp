@@ -16,5 +16,6 @@ Command add_config_command(CLI::App& app);  // config_cmd.cpp
 Command add_bench_command(CLI::App& app);   // bench.cpp
 Command add_bench_indexer_command(CLI::App& app);  // bench_indexer.cpp
 Command add_comm_check_command(CLI::App& app);     // comm_check.cpp
+Command add_info_command(CLI::App& app);           // info_cmd.cpp
 
 }  // namespace csattn::cli

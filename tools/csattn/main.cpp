@@ -1,5 +1,5 @@
 // csattn: the command-line program. Subcommands: run (the main job), config, bench,
-// bench-indexer, comm-check.
+// bench-indexer, comm-check, info.
 // Errors: one line "csattn: error: <message>" on stderr; exit status 2 for bad options,
 // inconsistent configs and bad files (any csattn::Error), 1 for anything unexpected.
 #include <cstdio>
@@ -12,6 +12,7 @@
 
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "csattn/build_info.hpp"
 #include "csattn/error.hpp"
 #include "csattn/host_memory.hpp"
 
@@ -30,8 +31,9 @@ int main(int argc, char** argv) {
   // call (csattn/host_memory.hpp: 25-43% of a Flash-shape CPU training step).
   csattn::retain_freed_host_memory();
   CLI::App app{"csattn: DeepSeek-V4 hybrid attention (SWA / CSA / HCA layers), forward and "
-               "backward on the CPU, checked against an fp64 oracle"};
+               "backward on the CPU or a Hopper GPU, checked against an fp64 oracle"};
   app.name("csattn");
+  app.set_version_flag("--version", "csattn " + csattn::version());
   app.require_subcommand(1);
   app.footer("Run `csattn <command> --help` for the options of a command.");
 
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
   add(&csattn::cli::add_bench_command);
   add(&csattn::cli::add_bench_indexer_command);
   add(&csattn::cli::add_comm_check_command);
+  add(&csattn::cli::add_info_command);
 
   try {
     app.parse(argc, argv);
