@@ -6,6 +6,7 @@
 #include <string>
 
 #include "csattn/comm.hpp"
+#include "csattn/layer.hpp"
 #ifdef CSATTN_HAVE_CUDA
 #include "cuda/device_info.hpp"
 #endif
@@ -27,12 +28,15 @@ BuildInfo build_info() {
   b.cblas = true;
 #endif
   b.cpu_threads = omp_get_max_threads();
+  // The layer's own check says why there is no GPU (no backend, no device, a driver too old).
+  std::string why;
+  [[maybe_unused]] const bool gpu = cuda_available(&why);
 #ifdef CSATTN_HAVE_CUDA
   b.cuda_backend = true;
-  cuda::describe_devices(b);
-#else
-  b.gpu_note = "this build has no CUDA backend (nvcc was not found at configure time)";
+  if (gpu) cuda::describe_devices(b);
+  else cuda::describe_backend(b);
 #endif
+  if (b.gpus.empty()) b.gpu_note = why.empty() ? "no CUDA device could be queried" : why;
   return b;
 }
 

@@ -486,8 +486,8 @@ void CudaCpLayerImpl::prepare_backward(const Communicator& comm, float grad_inde
   require(s.has_last, ErrorKind::InvalidArgument, "backward needs a forward first");
   require(comm.rank() == s.owner.load(), ErrorKind::InvalidArgument,
           "backward on another rank than its forward's (construct one layer per rank)");
+  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));  // first: the check asks this device's limits
   check_backward_supported(s.cfg, s.fwd, s.deterministic, grad_indexer_loss);
-  CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   s.grad_plan = plan_backward(s.cfg, s.fwd.dims, s.deterministic);
   unsigned char* gws = s.grad_workspace.reserve(s.grad_plan.bytes);
   BackwardParams& bp = s.bwd;

@@ -5,6 +5,9 @@
 
 namespace csattn::cuda {
 
+// The target, runtime and driver versions.
+void describe_backend(BuildInfo& b);
+// Those and the visible devices (call where cuda_available() said there are some).
 void describe_devices(BuildInfo& b);
 
 }  // namespace csattn::cuda

@@ -609,13 +609,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid < HI) dweff[static_cast<long>(t) * HI + tid] = dwp[tid] + dwp[kIdxHeads + tid];
 }
 
+// The instance for d's heads: one head group up to 64 heads, two past.
+auto loss_kernel(const LayerDims& d) {
+  return d.heads > kHeads ? indexer_loss_mma_kernel<kGroups> : indexer_loss_mma_kernel<1>;
+}
+
 }  // namespace
 
 bool indexer_loss_mma_supported(const LayerDims& d) {
   return d.head_dim == kDim && d.heads <= kGroups * kHeads && d.index_dim == kIdxDim &&
-         d.index_heads <= kIdxHeads &&
-         mma_smem_bytes(d, true) <= dynamic_smem_limit(d.heads > kHeads ? indexer_loss_mma_kernel<kGroups>
-                                                                        : indexer_loss_mma_kernel<1>);
+         d.index_heads <= kIdxHeads && mma_smem_bytes(d, true) <= dynamic_smem_limit(loss_kernel(d));
 }
 
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
@@ -626,7 +629,7 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
           "the tensor-core indexer loss needs head_dim 512, index_head_dim 128, at most 64 index "
           "heads and 128 heads");
   const std::size_t smem = mma_smem_bytes(d, a.sparse);
-  auto kernel = d.heads > kHeads ? indexer_loss_mma_kernel<kGroups> : indexer_loss_mma_kernel<1>;
+  auto kernel = loss_kernel(d);
   allow_dynamic_smem(kernel, smem, "the tensor-core indexer loss");
   const int rows = a.chunk.launch_rows(d.rows);
   if (rows <= 0) return;

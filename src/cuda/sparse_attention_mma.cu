@@ -224,12 +224,9 @@ void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta,
                                  const std::int32_t* topk, bf16* out, float* lse,
                                  cudaStream_t stream) {
   if (d.rows <= 0) return;
-  const int max_keys = max_keys_per_query(d);
-  const std::size_t smem = mma_smem_bytes(max_keys);
-  require(smem <= dynamic_smem_limit(sparse_attention_mma_kernel), ErrorKind::Unsupported,
-          "the tensor-core attention kernel needs " + std::to_string(smem) +
-              " bytes of shared memory for " + std::to_string(max_keys) + " keys per query");
-  allow_dynamic_smem(sparse_attention_mma_kernel, smem, "the tensor-core attention kernel");
+  const std::size_t smem = mma_smem_bytes(max_keys_per_query(d));
+  allow_dynamic_smem(sparse_attention_mma_kernel, smem,
+                     "the tensor-core attention kernel (its shared memory grows with the keys per query)");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long blocks = static_cast<long>(d.rows) * head_blocks;
   sparse_attention_mma_kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(

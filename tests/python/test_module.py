@@ -47,8 +47,13 @@ def test_version_and_build_info():
     build_info() has the keys of `csattn info --json` and agrees with cuda_available()."""
     import pathlib
     import re
-    cmake = (pathlib.Path(__file__).parents[2] / "CMakeLists.txt").read_text()
-    assert csattn.__version__ == re.search(r"project\(csattn VERSION ([0-9.]+)", cmake).group(1)
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = pathlib.Path(__file__).parents[2]
+    # pyproject.toml's own version rule (scikit-build-core's regex provider) on CMakeLists.txt
+    rule = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["scikit-build"]["metadata"]["version"]
+    assert rule["input"] == "CMakeLists.txt"
+    found = re.search(rule["regex"], (root / rule["input"]).read_text())
+    assert found and csattn.__version__ == found.group("value")
     info = csattn.build_info()
     assert info["version"] == csattn.__version__
     assert set(info) == {"version", "cuda_backend", "cuda_target", "cuda_runtime_version",

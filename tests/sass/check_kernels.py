@@ -45,32 +45,40 @@ def run(cmd):
 
 def demangle(names):
     cxxfilt = shutil.which("c++filt")
-    if not cxxfilt or not names:
-        return {n: n for n in names}
+    if not cxxfilt:  # mangled names would match no allowlist entry: a confusing failure
+        sys.exit("check_kernels: c++filt (binutils) is needed to read the kernel names")
+    if not names:
+        return {}
     out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True).stdout
     return dict(zip(names, out.splitlines()))
 
 
 def kernels(cuobjdump, path):
-    """{mangled name: dict(reg, stack, shared, local, hgmma, groups)} of one file."""
+    """{(archive member, mangled name): dict(reg, stack, shared, local, hgmma, groups)} of one
+    file (an object, or an archive whose members cuobjdump announces as `member ...:`)."""
     found = {}
-    name = None
+    member, name = path, None
     for line in run([cuobjdump, "--dump-resource-usage", path]).splitlines():
         line = line.strip()
-        if line.startswith("Function "):
+        if line.startswith("member "):
+            member = line[len("member "):].rstrip(":")
+        elif line.startswith("Function "):
             name = line[len("Function "):].rstrip(":")
         elif name and (m := RESOURCE.search(line)):
             reg, stack, shared, local = map(int, m.groups())
-            found[name] = dict(reg=reg, stack=stack, shared=shared, local=local, hgmma=0, groups=0)
+            found[(member, name)] = dict(reg=reg, stack=stack, shared=shared, local=local, hgmma=0,
+                                         groups=0)
             name = None
-    name = None
+    member, key = path, None
     for line in run([cuobjdump, "-sass", path]).splitlines():
-        if "Function :" in line:
-            name = line.split("Function :", 1)[1].strip()
-        elif name in found and "HGMMA" in line:
-            found[name]["hgmma"] += 1
+        if line.startswith("member "):
+            member = line[len("member "):].strip().rstrip(":")
+        elif "Function :" in line:
+            key = (member, line.split("Function :", 1)[1].strip())
+        elif key in found and "HGMMA" in line:
+            found[key]["hgmma"] += 1
             if "gsb0" in line:
-                found[name]["groups"] += 1
+                found[key]["groups"] += 1
     return found
 
 
@@ -99,13 +107,13 @@ def main():
         table.update(kernels(args.cuobjdump, path))
     if not table:
         sys.exit("check_kernels: no kernels found (no sm_90a code in " + " ".join(args.files) + ")")
-    names = demangle(sorted(table))
+    names = demangle(sorted({name for _, name in table}))
 
     violations = []  # (demangled name, kind, detail)
     used = set()
     print(f"{'reg':>4} {'stack':>5} {'shared':>6} {'hgmma':>5} {'groups':>6}  kernel")
-    for mangled in sorted(table, key=lambda n: short(names[n])):
-        k, name = table[mangled], names[mangled]
+    for key in sorted(table, key=lambda k: (short(names[k[1]]), k[0])):
+        k, name = table[key], names[key[1]]
         print(f"{k['reg']:>4} {k['stack']:>5} {k['shared']:>6} {k['hgmma']:>5} {k['groups']:>6}  "
               f"{short(name)}")
         if k["stack"] or k["local"]:
