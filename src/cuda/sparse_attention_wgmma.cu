@@ -69,9 +69,14 @@ constexpr int kProducerThreads = 128;
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = kProducerThreads + kConsumerThreads;
 constexpr int kProducerRegs = 56;
-constexpr int kConsumerRegs = 224;  // 128 x 56 + 256 x 224 <= 64K registers
-static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536,
-              "register file");
+constexpr int kConsumerRegs = 224;
+// setmaxnreg only moves registers inside the CTA's launch allocation: __launch_bounds__(kThreads,
+// 1) caps a thread at 65536 / kThreads rounded down to a multiple of 8 (168; ptxas uses all of
+// them, `kernel_checks` prints REG), so the consumers' increase must be covered by the
+// producer's decrease: 128 x 56 + 256 x 224 = 384 x 168 exactly.
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegs,
+              "setmaxnreg budget exceeds the launch allocation");
 constexpr int kBlockBytes = kSwizzleBlockBytes;       // one [64 rows x 64 dims] column block
 constexpr int kTileBytes = (kDim / 64) * kBlockBytes;  // [64 x 512] bf16 = 64 KB
 constexpr int kQOff = 0;
