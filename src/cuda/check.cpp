@@ -1,5 +1,6 @@
 #include "cuda/check.hpp"
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -21,50 +22,59 @@ void throw_cublas_error(cublasStatus_t st, const char* what, const char* file, i
 namespace {
 
 struct SmemLimits {
-  std::size_t optin = 0;         // static + dynamic per block (227 KB on Hopper)
+  std::size_t dynamic_max = 0;   // the opt-in maximum per block less the static bytes
   std::size_t static_bytes = 0;  // the kernel's own __shared__ variables
 };
 
+// Per (device, kernel), asked of the runtime once: the support checks and the launches ask on
+// every layer call.
 SmemLimits smem_limits(const void* kernel, int device) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, SmemLimits> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find({device, kernel});
+  if (it != known.end()) return it->second;
   int optin = 0;
   CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attr{};
   CSATTN_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  return {static_cast<std::size_t>(optin), attr.sharedSizeBytes};
+  const SmemLimits l{static_cast<std::size_t>(optin) - attr.sharedSizeBytes, attr.sharedSizeBytes};
+  known.emplace(std::make_pair(device, kernel), l);
+  return l;
+}
+
+int current_device() {
+  int device = 0;
+  CSATTN_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
 }
 
 }  // namespace
 
 std::size_t dynamic_smem_limit(const void* kernel) {
-  int device = 0;
-  CSATTN_CUDA_CHECK(cudaGetDevice(&device));
-  const SmemLimits l = smem_limits(kernel, device);
-  return l.optin - l.static_bytes;
+  return smem_limits(kernel, current_device()).dynamic_max;
 }
 
 void allow_dynamic_smem(const void* kernel, std::size_t bytes, const char* what) {
   static std::mutex mutex;
   static std::set<std::pair<int, const void*>> raised;  // (device, kernel)
-  int device = 0;
-  CSATTN_CUDA_CHECK(cudaGetDevice(&device));
+  const int device = current_device();
   // Static and dynamic shared memory together may not exceed the opt-in maximum.
   const SmemLimits l = smem_limits(kernel, device);
-  const std::size_t dynamic_max = l.optin - l.static_bytes;
-  require(bytes <= dynamic_max, ErrorKind::Unsupported,
+  require(bytes <= l.dynamic_max, ErrorKind::Unsupported,
           std::string(what) + " needs " + std::to_string(bytes) +
               " bytes of dynamic shared memory per block; this device allows " +
-              std::to_string(dynamic_max));
+              std::to_string(l.dynamic_max));
   if (bytes + l.static_bytes <= 48 * 1024) return;  // the default limit suffices
   std::lock_guard<std::mutex> lock(mutex);
   if (raised.insert({device, kernel}).second)
     CSATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(dynamic_max)));
+                                           static_cast<int>(l.dynamic_max)));
 }
 
 int multiprocessor_count() {
-  int device = 0, count = 0;
-  CSATTN_CUDA_CHECK(cudaGetDevice(&device));
-  CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  int count = 0;
+  CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, current_device()));
   return count;
 }
 
