@@ -30,9 +30,9 @@ struct SparseAttentionInputs {
   int heads, topk, keys, queries;
   cuda::LayerDims d;
   cuda::DeviceMetadata m;
-  bf16 *q = nullptr, *kv = nullptr, *comp = nullptr, *out = nullptr, *dout = nullptr;
-  float *lse = nullptr, *sink = nullptr, *dq = nullptr, *dkv = nullptr, *dcomp = nullptr,
-        *dsink = nullptr;
+  bf16 *q = nullptr, *kv = nullptr, *comp = nullptr, *out = nullptr, *dout = nullptr,
+       *dq = nullptr;
+  float *lse = nullptr, *sink = nullptr, *dkv = nullptr, *dcomp = nullptr, *dsink = nullptr;
   std::int32_t *meta_buf = nullptr, *topk_dev = nullptr;
 
   SparseAttentionInputs(int heads_, int topk_, int keys_, int queries_, bool backward)
@@ -74,7 +74,7 @@ struct SparseAttentionInputs {
     d.rows = queries;
     if (backward) {
       CSATTN_CUDA_CHECK(cudaMalloc(&dout, sizeof(bf16) * qn));
-      CSATTN_CUDA_CHECK(cudaMalloc(&dq, sizeof(float) * qn));
+      CSATTN_CUDA_CHECK(cudaMalloc(&dq, sizeof(bf16) * qn));
       CSATTN_CUDA_CHECK(cudaMalloc(&dkv, sizeof(float) * S * D));
       CSATTN_CUDA_CHECK(cudaMalloc(&dcomp, sizeof(float) * static_cast<std::size_t>(keys) * D));
       CSATTN_CUDA_CHECK(cudaMalloc(&dsink, sizeof(float) * queries * heads));

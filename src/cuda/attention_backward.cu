@@ -1,10 +1,13 @@
 // Sparse attention backward, baseline (CUDA cores), and the dispatch to the tensor-core kernels
-// for head_dim 512 (attention_backward_wgmma.cu, attention_backward_mma.cu). The baseline: one block per query row; for each tile
-// of 32 keys, loop over the heads, recompute P from the saved LSE, and accumulate
-//   dz = P (dO.v - D_row),   dq_h += tau dz K,   dK_k += sum_h (P dO_h + tau dz q_h)
-// (K = V, so the key and value terms land on the same row). The head sum of dK happens in
-// registers, so each (row, key, dim) costs one atomic add into the fp32 key gradients (or,
-// deterministic mode, one store into the chunk's scratch; see grad_chunk.hpp).
+// for head_dim 512 (attention_backward_wgmma.cu, attention_backward_mma.cu). The baseline: one block per query row, two
+// passes over its keys, each recomputing P from the saved LSE and dz = P (dO.v - D_row):
+//   1. key gradients: per tile of 32 keys, the heads in turn, dK_k += sum_h (P dO_h + tau dz q_h)
+//      (K = V, so the key and value terms land on the same row). The head sum happens in
+//      registers, so each (row, key, dim) costs one atomic add into the fp32 key gradients
+//      (or, deterministic mode, one store into the chunk's scratch; see grad_chunk.hpp);
+//   2. dQ: per head, the tiles in turn, dq_h = tau sum_k dz K_k in registers, stored once in
+//      bf16 - so dQ needs no fp32 buffer in global memory (the tensor-core kernels hold a
+//      head block's whole sum too), at the price of computing P and dz twice.
 // d_sink = -P_sink * D_row per (row, head), summed later in a fixed order.
 #include <cmath>
 #include <cstdlib>
@@ -27,12 +30,11 @@ constexpr int kMaxDimPerThread = 4;  // head_dim <= 1024
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kernel(LayerDims d, DeviceMetadata meta, const bf16* q, const bf16* kv,
                               const bf16* comp, const float* sink, const std::int32_t* topk,
-                              const bf16* out, const float* lse, const bf16* dout, float* dq_acc,
+                              const bf16* out, const float* lse, const bf16* dout, bf16* dq,
                               float* dkv_acc, float* dcomp_acc, float* dsink_part,
                               GradChunk chunk) {
   extern __shared__ float sm[];
   const int D = d.head_dim, H = d.heads;
-  const int max_keys = max_keys_per_query(d);
   float* ktile = sm;                      // [kTile, D]
   float* qh = ktile + kTile * D;          // [D]
   float* gh = qh + D;                     // [D] dO of the head
@@ -44,7 +46,6 @@ __global__ void __launch_bounds__(kThreads)
   const int t = chunk.r0 + static_cast<int>(blockIdx.x);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = build_key_list(d, meta, topk, t, ids, &count);
-  (void)max_keys;
 
   // D_row = dO . o per head, and the sink gradient.
   for (int h = warp; h < H; h += kWarps) {
@@ -59,15 +60,46 @@ __global__ void __launch_bounds__(kThreads)
       dsink_part[static_cast<long>(t) * H + h] = -expf(sink[h] - l) * acc;
     }
   }
-  for (int i = threadIdx.x; i < H * D; i += kThreads) dq_acc[static_cast<long>(t) * H * D + i] = 0.0f;
   __syncthreads();
 
-  for (int tile0 = 0; tile0 < n; tile0 += kTile) {
-    const int nk = min(kTile, n - tile0);
+  // Both passes: the keys tile0 .. tile0 + nk - 1 into ktile (zero past nk), and head h's
+  // q and dO rows into qh / gh; then p[k] and dz[k] of head h over the tile (0 past nk).
+  // Each starts after a barrier that ends the previous readers of what it overwrites.
+  auto load_tile = [&](int tile0, int nk) {
     for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
       const int k = i / D, c = i % D;
       ktile[i] = k < nk ? __bfloat162float(key_row_ptr(ids[tile0 + k], kv, comp, D)[c]) : 0.0f;
     }
+  };
+  auto load_head = [&](int h) {
+    const long base = (static_cast<long>(t) * H + h) * D;
+    for (int i = threadIdx.x; i < D; i += kThreads) {
+      qh[i] = __bfloat162float(q[base + i]);
+      gh[i] = __bfloat162float(dout[base + i]);
+    }
+  };
+  auto probabilities = [&](int h, int nk) {
+    const float l = lse[static_cast<long>(t) * H + h];
+    for (int k = warp; k < kTile; k += kWarps) {
+      float s = 0.0f, dp = 0.0f;
+      for (int i = lane; i < D; i += 32) {
+        s += qh[i] * ktile[k * D + i];
+        dp += gh[i] * ktile[k * D + i];
+      }
+      s = warp_sum(s);
+      dp = warp_sum(dp);
+      if (lane == 0) {
+        const float pk = k < nk ? expf(s * d.scale - l) : 0.0f;
+        p[k] = pk;
+        dz[k] = pk * (dp - drow[h]);
+      }
+    }
+  };
+
+  // Pass 1: the key gradients, summed over the heads in registers per tile.
+  for (int tile0 = 0; tile0 < n; tile0 += kTile) {
+    const int nk = min(kTile, n - tile0);
+    load_tile(tile0, nk);
     float acc[kTile][kMaxDimPerThread];
 #pragma unroll
     for (int k = 0; k < kTile; ++k)
@@ -76,40 +108,17 @@ __global__ void __launch_bounds__(kThreads)
 
     for (int h = 0; h < H; ++h) {
       __syncthreads();  // ktile ready / previous head's qh, gh, p, dz consumed
-      const long base = (static_cast<long>(t) * H + h) * D;
-      for (int i = threadIdx.x; i < D; i += kThreads) {
-        qh[i] = __bfloat162float(q[base + i]);
-        gh[i] = __bfloat162float(dout[base + i]);
-      }
+      load_head(h);
       __syncthreads();
-      const float l = lse[static_cast<long>(t) * H + h];
-      for (int k = warp; k < kTile; k += kWarps) {
-        float s = 0.0f, dp = 0.0f;
-        for (int i = lane; i < D; i += 32) {
-          s += qh[i] * ktile[k * D + i];
-          dp += gh[i] * ktile[k * D + i];
-        }
-        s = warp_sum(s);
-        dp = warp_sum(dp);
-        if (lane == 0) {
-          const float pk = k < nk ? expf(s * d.scale - l) : 0.0f;
-          p[k] = pk;
-          dz[k] = pk * (dp - drow[h]);
-        }
-      }
+      probabilities(h, nk);
       __syncthreads();
 #pragma unroll
       for (int r = 0; r < kMaxDimPerThread; ++r) {
         const int i = threadIdx.x + r * kThreads;
         if (i >= D) continue;
         const float gi = gh[i], qi = qh[i] * d.scale;
-        float dqi = 0.0f;
 #pragma unroll
-        for (int k = 0; k < kTile; ++k) {
-          acc[k][r] += p[k] * gi + dz[k] * qi;
-          dqi += dz[k] * ktile[k * D + i];
-        }
-        dq_acc[base + i] += d.scale * dqi;
+        for (int k = 0; k < kTile; ++k) acc[k][r] += p[k] * gi + dz[k] * qi;
       }
     }
     // One atomic per (key, dim): the head sum is done.
@@ -130,6 +139,35 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();  // ktile is rewritten next
+  }
+
+  // Pass 2: dQ, one head at a time, its sum over the tiles in registers.
+  for (int h = 0; h < H; ++h) {
+    float dqr[kMaxDimPerThread];
+#pragma unroll
+    for (int r = 0; r < kMaxDimPerThread; ++r) dqr[r] = 0.0f;
+    load_head(h);  // the previous readers of qh / gh ended at the last barrier
+    for (int tile0 = 0; tile0 < n; tile0 += kTile) {
+      const int nk = min(kTile, n - tile0);
+      load_tile(tile0, nk);
+      __syncthreads();
+      probabilities(h, nk);
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < kMaxDimPerThread; ++r) {
+        const int i = threadIdx.x + r * kThreads;
+        if (i >= D) continue;
+#pragma unroll
+        for (int k = 0; k < kTile; ++k) dqr[r] += dz[k] * ktile[k * D + i];
+      }
+      __syncthreads();  // ktile, p, dz are rewritten next
+    }
+    const long base = (static_cast<long>(t) * H + h) * D;
+#pragma unroll
+    for (int r = 0; r < kMaxDimPerThread; ++r) {
+      const int i = threadIdx.x + r * kThreads;
+      if (i < D) dq[base + i] = __float2bfloat16_rn(d.scale * dqr[r]);
+    }
   }
 }
 
@@ -153,22 +191,22 @@ BackwardKernel backward_kernel(const LayerDims& d) {
 void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                const bf16* kv, const bf16* comp, const float* sink,
                                const std::int32_t* topk, const bf16* out, const float* lse,
-                               const bf16* dout, float* dq_acc, float* dkv_acc,
+                               const bf16* dout, bf16* dq, float* dkv_acc,
                                float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                const GradChunk& chunk) {
   // head_dim 512 (every DeepSeek-V4 preset) takes a tensor-core kernel; key lists too long
   // for their shared memory fall back to the baseline.
   switch (backward_kernel(d)) {
     case BackwardKernel::wgmma:
-      launch_attention_backward_wgmma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
+      launch_attention_backward_wgmma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq,
                                       dkv_acc, dcomp_acc, dsink_part, stream, chunk);
       return;
     case BackwardKernel::mma:
-      launch_attention_backward_mma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
+      launch_attention_backward_mma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq,
                                     dkv_acc, dcomp_acc, dsink_part, stream, chunk);
       return;
     case BackwardKernel::baseline:
-      launch_attention_backward_baseline(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
+      launch_attention_backward_baseline(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq,
                                          dkv_acc, dcomp_acc, dsink_part, stream, chunk);
       return;
   }
@@ -191,7 +229,7 @@ void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata
                                         const bf16* q, const bf16* kv, const bf16* comp,
                                         const float* sink, const std::int32_t* topk,
                                         const bf16* out, const float* lse, const bf16* dout,
-                                        float* dq_acc, float* dkv_acc, float* dcomp_acc,
+                                        bf16* dq, float* dkv_acc, float* dcomp_acc,
                                         float* dsink_part, cudaStream_t stream,
                                         const GradChunk& chunk) {
   const int rows = chunk.launch_rows(d.rows);
@@ -206,7 +244,7 @@ void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata
           "the CUDA attention backward needs " + std::to_string(smem) + " bytes of shared memory");
   allow_dynamic_smem(attention_backward_kernel, smem, "the CUDA attention backward");
   attention_backward_kernel<<<rows, kThreads, smem, stream>>>(
-      d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part,
+      d, meta, q, kv, comp, sink, topk, out, lse, dout, dq, dkv_acc, dcomp_acc, dsink_part,
       chunk);
   CSATTN_CUDA_LAUNCH_CHECK();
 }

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_mma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
                                   const std::int32_t* topk, const bf16* out, const float* lse,
-                                  const bf16* dout, float* dq_acc, float* dkv_acc,
+                                  const bf16* dout, bf16* dq_out, float* dkv_acc,
                                   float* dcomp_acc, float* dsink_part, int head_blocks,
                                   GradChunk chunk) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -296,17 +296,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   cp_async_wait<0>();
 
-  // dQ rows past H are never written.
+  // dQ in bf16 (this CTA holds the whole sum); rows past H are never written.
   const int row0 = 16 * wr + g, row1 = row0 + 8;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     const int dim = dh * 256 + j * 8 + 2 * qd;
     if (h0 + row0 < H)
-      *reinterpret_cast<float2*>(dq_acc + (static_cast<long>(t) * H + h0 + row0) * kDim + dim) =
-          make_float2(dq[j][0], dq[j][1]);
+      *reinterpret_cast<__nv_bfloat162*>(dq_out + (static_cast<long>(t) * H + h0 + row0) * kDim + dim) =
+          __floats2bfloat162_rn(dq[j][0], dq[j][1]);
     if (h0 + row1 < H)
-      *reinterpret_cast<float2*>(dq_acc + (static_cast<long>(t) * H + h0 + row1) * kDim + dim) =
-          make_float2(dq[j][2], dq[j][3]);
+      *reinterpret_cast<__nv_bfloat162*>(dq_out + (static_cast<long>(t) * H + h0 + row1) * kDim + dim) =
+          __floats2bfloat162_rn(dq[j][2], dq[j][3]);
   }
 }
 
@@ -324,7 +324,7 @@ bool attention_backward_mma_supported(const LayerDims& d) {
 void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                    const bf16* kv, const bf16* comp, const float* sink,
                                    const std::int32_t* topk, const bf16* out, const float* lse,
-                                   const bf16* dout, float* dq_acc, float* dkv_acc,
+                                   const bf16* dout, bf16* dq_out, float* dkv_acc,
                                    float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                    const GradChunk& chunk) {
   const int rows = chunk.launch_rows(d.rows);
@@ -341,7 +341,7 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long blocks = static_cast<long>(rows) * head_blocks;
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
-      d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part,
+      d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_out, dkv_acc, dcomp_acc, dsink_part,
       head_blocks, chunk);
   CSATTN_CUDA_LAUNCH_CHECK();
 }

@@ -15,7 +15,8 @@
 //                                                        8 x m64n128k16, A = the P / dS tiles
 //                                                        read transposed (MN-major), B = dO / Q
 //                                                        read MN-major
-// dQ (64 x 512 fp32) stays in registers over the tiles (128 a thread); each dK chunk
+// dQ (64 x 512 fp32) stays in registers over the tiles (128 a thread) and is stored once, in
+// bf16; each dK chunk
 // (64 keys x 128 dims, 64 registers) is flushed as soon as it is complete: vector fp32
 // reductions into the key-gradient rows (fast mode), or stores into this CTA's rows of the
 // chunk scratch (deterministic mode, grad_chunk.hpp). Every wgmma group is waited for within
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                     const bf16* kv, const bf16* comp, const float* sink,
                                     const std::int32_t* topk, const bf16* out, const float* lse,
-                                    const bf16* dout, float* dq_acc, float* dkv_acc,
+                                    const bf16* dout, bf16* dq_out, float* dkv_acc,
                                     float* dcomp_acc, float* dsink_part, int head_blocks,
                                     GradChunk chunk, unsigned* stamps) {
   extern __shared__ unsigned char smem_raw[];
@@ -354,16 +355,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   stamp_at(Stamps::tiles, 2);
-  // dQ: warpgroup c's dims [256c, 256c + 256); rows past H are never written.
+  // dQ: warpgroup c's dims [256c, 256c + 256), rounded to bf16 (this CTA holds the whole sum);
+  // rows past H are never written.
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const int dim = 256 * c + 8 * i + 2 * qd;
     if (h0 + row0 < H)
-      *reinterpret_cast<float2*>(dq_acc + (static_cast<long>(t) * H + h0 + row0) * kDim + dim) =
-          make_float2(dq[4 * i], dq[4 * i + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(dq_out + (static_cast<long>(t) * H + h0 + row0) * kDim + dim) =
+          __floats2bfloat162_rn(dq[4 * i], dq[4 * i + 1]);
     if (h0 + row1 < H)
-      *reinterpret_cast<float2*>(dq_acc + (static_cast<long>(t) * H + h0 + row1) * kDim + dim) =
-          make_float2(dq[4 * i + 2], dq[4 * i + 3]);
+      *reinterpret_cast<__nv_bfloat162*>(dq_out + (static_cast<long>(t) * H + h0 + row1) * kDim + dim) =
+          __floats2bfloat162_rn(dq[4 * i + 2], dq[4 * i + 3]);
   }
   stamp_at(Stamps::tiles, 3);
 }
@@ -380,7 +382,7 @@ bool attention_backward_wgmma_supported(const LayerDims& d) {
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                      const bf16* kv, const bf16* comp, const float* sink,
                                      const std::int32_t* topk, const bf16* out, const float* lse,
-                                     const bf16* dout, float* dq_acc, float* dkv_acc,
+                                     const bf16* dout, bf16* dq_out, float* dkv_acc,
                                      float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                      const GradChunk& chunk, KeyGradWrites writes,
                                      unsigned* phase_stamps) {
@@ -410,7 +412,7 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   const long blocks = static_cast<long>(rows) * head_blocks;
   require(blocks < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
-      d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc, dkv_acc, dcomp_acc, dsink_part,
+      d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_out, dkv_acc, dcomp_acc, dsink_part,
       head_blocks, chunk, phase_stamps);
   CSATTN_CUDA_LAUNCH_CHECK();
 }

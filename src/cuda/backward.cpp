@@ -109,12 +109,12 @@ void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStr
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
       const GradChunk c{r0, std::min(chunk_rows, T - r0), b.det_scratch, slots, copies};
       launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse,
-                                b.dattn, b.dq_acc, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream, c);
+                                b.dattn, b.dq, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream, c);
       launch_ordered_scatter(d, f.meta, a.topk, os, c.r0, c.rows, b.det_scratch, stream);
     }
   } else {
     launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, b.dattn,
-                              b.dq_acc, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
+                              b.dq, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
   }
   launch_column_sum(b.dsink_part, T, d.heads, p.grad.sink, stream);
 }
@@ -127,8 +127,7 @@ void backward_query_path(const ForwardParams& f, const BackwardParams& p, cublas
   const BackwardBuffers& b = p.buf;
   const DeviceGradients& g = p.grad;
   const int T = d.rows, H = d.heads, D = d.head_dim, HD = H * D, dm = d.d_model;
-  launch_f32_to_bf16(b.dq_acc, b.dq, static_cast<long>(T) * HD, stream);
-  rope_rows(f, b.dq, T * H, D, H, -1, stream);
+  rope_rows(f, b.dq, T * H, D, H, -1, stream);  // dq: bf16 from the attention backward
   launch_rmsnorm_backward(a.qb_proj, nullptr, b.dq, T * H, D, d.eps, b.dqb, nullptr, b.rstd,
                           nullptr, 0, stream);
   linear_grad_input(blas, b.dqb, T, HD, w.wq_b, d.q_lora_rank, b.dcq);

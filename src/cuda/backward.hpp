@@ -38,9 +38,10 @@ void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, 
 // Output projections and the inverse RoPE's transpose: dy -> dattn (+ wo_a, wo_b grads).
 void backward_output(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
                      cudaStream_t stream);
-// Attention: dq_acc, dkv_acc (zeroed here), dcomp_acc (zeroed here) and the sink gradient.
+// Attention: dq (bf16), dkv_acc (zeroed here), dcomp_acc (zeroed here) and the sink gradient.
 void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStream_t stream);
-// The query path back to x: dx = (its gradient) - overwrites dx.
+// The query path back to x: dx = (its gradient) - overwrites dx. Runs after
+// backward_attention: its dqb lives in dattn's bytes (plan_backward).
 void backward_query_path(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
                          cudaStream_t stream);
 // The K=V path back to x: dx += .

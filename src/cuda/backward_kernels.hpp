@@ -16,14 +16,15 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
                              float eps, bf16* dx, float* dweight, float* rstd,
                              const std::int32_t* comp_start, int segments, cudaStream_t stream);
 
-// Sparse attention backward: dq_acc (overwritten), dkv_acc / dcomp_acc (atomic
-// accumulation), dsink_part[t, h] = -P_sink * D_row. Dispatches to the wgmma kernel for
+// Sparse attention backward: dq (bf16, overwritten: each (row, head) summed in fp32 by one
+// CTA, then rounded to nearest), dkv_acc / dcomp_acc (atomic accumulation),
+// dsink_part[t, h] = -P_sink * D_row. Dispatches to the wgmma kernel for
 // head_dim 512, else the mma.sync kernel, else the baseline; CSATTN_ATTENTION_BACKWARD=mma or
 // =baseline forces an older one (attention_backward.cu).
 void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                const bf16* kv, const bf16* comp, const float* sink,
                                const std::int32_t* topk, const bf16* out, const float* lse,
-                               const bf16* dout, float* dq_acc, float* dkv_acc,
+                               const bf16* dout, bf16* dq, float* dkv_acc,
                                float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                const GradChunk& chunk = {});
 // How many contributions per (row, slot) the kernel launch_attention_backward picks writes in
@@ -36,7 +37,7 @@ void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata
                                         const bf16* q, const bf16* kv, const bf16* comp,
                                         const float* sink, const std::int32_t* topk,
                                         const bf16* out, const float* lse, const bf16* dout,
-                                        float* dq_acc, float* dkv_acc, float* dcomp_acc,
+                                        bf16* dq, float* dkv_acc, float* dcomp_acc,
                                         float* dsink_part, cudaStream_t stream,
                                         const GradChunk& chunk = {});
 // The wgmma kernel (attention_backward_wgmma.cu, Hopper): head_dim 512 and a CSA top-k row
@@ -51,7 +52,7 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
                                      const bf16* q, const bf16* kv, const bf16* comp,
                                      const float* sink, const std::int32_t* topk,
                                      const bf16* out, const float* lse, const bf16* dout,
-                                     float* dq_acc, float* dkv_acc, float* dcomp_acc,
+                                     bf16* dq, float* dkv_acc, float* dcomp_acc,
                                      float* dsink_part, cudaStream_t stream,
                                      const GradChunk& chunk = {},
                                      KeyGradWrites writes = KeyGradWrites::all,
@@ -74,7 +75,7 @@ bool attention_backward_mma_supported(const LayerDims& d);
 void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                    const bf16* kv, const bf16* comp, const float* sink,
                                    const std::int32_t* topk, const bf16* out, const float* lse,
-                                   const bf16* dout, float* dq_acc, float* dkv_acc,
+                                   const bf16* dout, bf16* dq, float* dkv_acc,
                                    float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                    const GradChunk& chunk = {});
 

@@ -17,14 +17,13 @@ struct BackwardBuffers {
   bf16* dy = nullptr;          // [T, d_model] upstream gradient
   bf16* du = nullptr;          // [T, G*r_o]
   bf16* dattn = nullptr;       // [T, H*D]
-  float* dq_acc = nullptr;     // [T, H*D]
   bf16* dq = nullptr;          // [T, H*D]
   float* dkv_acc = nullptr;    // [T, D]
   float* dcomp_acc = nullptr;  // [Nc, D]
   float* dsink_part = nullptr; // [T, H]
   bf16* dkv = nullptr;         // [T, D]
   bf16* dnormed = nullptr;     // [T, max(D, r_q)] scratch: gradient after a norm's backward
-  bf16* dqb = nullptr;         // [T, H*D]
+  bf16* dqb = nullptr;         // [T, H*D], in dattn's bytes (plan_backward)
   bf16* dcq = nullptr;         // [T, r_q]
   float* rstd = nullptr;       // [T*max(H, H_I)] scratch of the norm backward
   float* dx = nullptr;         // [T, d_model]

@@ -116,14 +116,15 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
   p.dy = take(T * d.d_model * bf);
   p.du = take(T * d.o_groups * d.o_lora_rank * bf);
   p.dattn = take(T * HD * bf);
-  p.dq_acc = take(T * HD * f32);
   p.dq = take(T * HD * bf);
   p.dkv_acc = take(T * d.head_dim * f32);
   p.dcomp_acc = take(Nc * d.head_dim * f32);
   p.dsink_part = take(T * d.heads * f32);
   p.dkv = take(T * d.head_dim * bf);
   p.dnormed = take(T * std::max(d.head_dim, d.q_lora_rank) * bf);
-  p.dqb = take(T * HD * bf);
+  // dqb shares dattn's bytes: dattn's last reader is the attention backward, dqb's first
+  // writer the query path after it (backward.hpp's stage order, the CP layer's too).
+  p.dqb = p.dattn;
   p.dcq = take(T * d.q_lora_rank * bf);
   p.rstd = take(T * std::max<std::size_t>(std::max(d.heads, d.index_heads), 1) * f32);
   p.dx = take(T * d.d_model * f32);
@@ -242,7 +243,6 @@ BackwardBuffers BackwardPlan::buffers(void* base) const {
   b.dy = at<bf16>(base, dy);
   b.du = at<bf16>(base, du);
   b.dattn = at<bf16>(base, dattn);
-  b.dq_acc = at<float>(base, dq_acc);
   b.dq = at<bf16>(base, dq);
   b.dkv_acc = at<float>(base, dkv_acc);
   b.dcomp_acc = at<float>(base, dcomp_acc);

@@ -41,7 +41,7 @@ struct BackwardPlan {
   BackwardBuffers buffers(void* base) const;
   DeviceGradients gradients(void* base) const;
   // Offsets (bytes) of the buffers.
-  std::size_t dy = 0, du = 0, dattn = 0, dq_acc = 0, dq = 0, dkv_acc = 0, dcomp_acc = 0,
+  std::size_t dy = 0, du = 0, dattn = 0, dq = 0, dkv_acc = 0, dcomp_acc = 0,
               dsink_part = 0, dkv = 0, dnormed = 0, dqb = 0, dcq = 0, rstd = 0, dx = 0,
               dcomp = 0, dpooled = 0, da = 0, dg = 0, dqi = 0, dweff = 0, dwraw = 0,
               dkeys_acc = 0, det_scratch = 0, det_scratch_bytes = 0;

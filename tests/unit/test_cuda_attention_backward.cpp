@@ -2,7 +2,7 @@
 // attention_backward_mma.cu) against the CUDA-core baseline (attention_backward.cu) at kernel
 // level: random Q, kv, compressed rows, dO and top-k (with -1 slots), the forward run for out /
 // LSE, then every backward on the same inputs with every output NaN-poisoned first. All
-// accumulate in fp32; the tensor-core kernels round P and dS to bf16 before their MMAs, so
+// accumulate in fp32 (dQ is stored in bf16); the tensor-core kernels round P and dS to bf16 before their MMAs, so
 // the gate is a tight relative L2 error, not bitwise. Skips (with the reason) where no GPU is
 // present.
 #ifdef CSATTN_HAVE_CUDA
@@ -54,6 +54,13 @@ void PrintTo(const BwdCase& c, std::ostream* os) {
       << c.long_segment;
 }
 
+// A bf16 device array's values as floats (dQ is bf16).
+std::vector<float> download_bf16(const DeviceArray<std::uint16_t>& a) {
+  std::vector<float> out;
+  for (std::uint16_t b : a.download()) out.push_back(bf16_bits_to_float(b));
+  return out;
+}
+
 struct Grads {
   std::vector<float> dq, dkv, dcomp, dsink;
 };
@@ -95,10 +102,10 @@ OrderedScatter attention_scatter(float* dkv, float* dcomp, int slots, int copies
 // launch_attention_backward_wgmma with the others' signature (key gradients written).
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q, const bf16* kv,
                   const bf16* comp, const float* sink, const std::int32_t* topk, const bf16* out,
-                  const float* lse, const bf16* dout, float* dq_acc, float* dkv_acc,
+                  const float* lse, const bf16* dout, bf16* dq, float* dkv_acc,
                   float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                   const GradChunk& chunk) {
-  launch_attention_backward_wgmma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_acc,
+  launch_attention_backward_wgmma(d, meta, q, kv, comp, sink, topk, out, lse, dout, dq,
                                   dkv_acc, dcomp_acc, dsink_part, stream, chunk);
 }
 
@@ -171,7 +178,8 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   launch_sparse_attention(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
                           sink.get(), topk.get(), dev_cast<bf16>(out), lse.get(), nullptr);
 
-  DeviceArray<float> dq(rowsHD), dkv(static_cast<std::size_t>(T) * D),
+  DeviceArray<std::uint16_t> dq(rowsHD);  // bf16
+  DeviceArray<float> dkv(static_cast<std::size_t>(T) * D),
       dcomp(static_cast<std::size_t>(Nc) * D), dsink(static_cast<std::size_t>(T) * H);
   enum class Kernel { wgmma, mma, baseline };
   auto launcher = [](Kernel k) {
@@ -189,10 +197,10 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
     dkv.fill_bytes(0);
     dcomp.fill_bytes(0);
     launcher(k)(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
-                topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(),
+                topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dev_cast<bf16>(dq),
                 dkv.get(), dcomp.get(), dsink.get(), nullptr, GradChunk{});
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
-    return Grads{dq.download(), dkv.download(), dcomp.download(), dsink.download()};
+    return Grads{download_bf16(dq), dkv.download(), dcomp.download(), dsink.download()};
   };
   const Grads ref = run(Kernel::baseline), got = run(Kernel::wgmma), got_mma = run(Kernel::mma);
 
@@ -206,11 +214,11 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
     dq.fill_bytes(0xFF);
     launch_attention_backward_wgmma(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv),
                                     dev_cast<bf16>(comp), sink.get(), topk.get(),
-                                    dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(),
+                                    dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dev_cast<bf16>(dq),
                                     dkv.get(), dcomp.get(), dsink.get(), nullptr, GradChunk{},
                                     KeyGradWrites::all, stamps.get());
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(dq.download(), got.dq) << "the stamped kernel's dQ";
+    EXPECT_EQ(download_bf16(dq), got.dq) << "the stamped kernel's dQ";
     const std::vector<unsigned> h = stamps.download();
     const int ctas = std::min<int>(Stamps::ctas, T * ((H + 63) / 64));
     for (int cta = 0; cta < ctas; ++cta)
@@ -243,11 +251,11 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
       const GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.get(), slots, copies};
       launcher(k)(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
                   sink.get(), topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout),
-                  dq.get(), dkv.get(), dcomp.get(), dsink.get(), nullptr, chunk);
+                  dev_cast<bf16>(dq), dkv.get(), dcomp.get(), dsink.get(), nullptr, chunk);
       launch_ordered_scatter(d, meta, topk.get(), os, chunk.r0, chunk.rows, scratch.get(), nullptr);
     }
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
-    return Grads{dq.download(), dkv.download(), dcomp.download(), dsink.download()};
+    return Grads{download_bf16(dq), dkv.download(), dcomp.download(), dsink.download()};
   };
   for (Kernel k : {Kernel::wgmma, Kernel::mma, Kernel::baseline}) {
     SCOPED_TRACE(std::string("deterministic ") + name(k));
@@ -332,7 +340,8 @@ TEST(CudaAttentionBackwardLong, HcaSegmentOf600KTokens) {
   launch_sparse_attention(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
                           sink.get(), topk.get(), dev_cast<bf16>(out), lse.get(), nullptr);
 
-  DeviceArray<float> dq(rowsHD), dkv(static_cast<std::size_t>(L) * D),
+  DeviceArray<std::uint16_t> dq(rowsHD);  // bf16
+  DeviceArray<float> dkv(static_cast<std::size_t>(L) * D),
       dcomp(static_cast<std::size_t>(Nc) * D), dsink(static_cast<std::size_t>(Q) * H);
   struct Result {
     Grads g;
@@ -345,11 +354,11 @@ TEST(CudaAttentionBackwardLong, HcaSegmentOf600KTokens) {
     dcomp.fill_bytes(0);
     auto launch = wgmma ? launch_wgmma : launch_attention_backward_baseline;
     launch(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
-           topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(), dkv.get(),
+           topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dev_cast<bf16>(dq), dkv.get(),
            dcomp.get(), dsink.get(), nullptr, GradChunk{});
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
     Result r;
-    r.g.dq = dq.download();
+    r.g.dq = download_bf16(dq);
     r.g.dcomp = dcomp.download();
     r.g.dsink = dsink.download();
     r.g.dkv.resize(static_cast<std::size_t>(L - first) * D);
@@ -381,7 +390,7 @@ TEST(CudaAttentionBackwardLong, HcaSegmentOf600KTokens) {
   for (int r0 = 0; r0 < Q; r0 += chunk_rows) {
     const GradChunk chunk{r0, std::min(chunk_rows, Q - r0), scratch.get(), slots, 1};
     launch_wgmma(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
-                 topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dq.get(),
+                 topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dev_cast<bf16>(dq),
                  dkv.get(), dcomp.get(), dsink.get(), nullptr, chunk);
     launch_ordered_scatter(d, meta, topk.get(), os, chunk.r0, chunk.rows, scratch.get(), nullptr);
   }
