@@ -1,8 +1,9 @@
-// csattn::DeviceLayer in a build without the CUDA backend: constructing one says why.
+// csattn::DeviceLayer and plan_device_memory in a build without the CUDA backend: they say why.
 #ifndef CSATTN_HAVE_CUDA
 #include <string>
 
 #include "csattn/device_layer.hpp"
+#include "csattn/device_memory.hpp"
 #include "csattn/error.hpp"
 #include "csattn/layer.hpp"
 
@@ -27,6 +28,12 @@ void DeviceLayer::backward(const DeviceBatch&, void*, void*, std::size_t, const 
   no_cuda();
 }
 std::map<std::string, std::size_t> DeviceLayer::weight_gradient_offsets(int, int, int) const { no_cuda(); }
+
+DeviceMemoryPlan plan_device_memory(const AttentionConfig&, int, int, int, bool) {
+  throw Error(ErrorKind::Unsupported,
+              "plan_device_memory: this build has no CUDA backend (its buffers are the CUDA "
+              "layer's); rebuild where nvcc is found");
+}
 
 }  // namespace csattn
 #endif

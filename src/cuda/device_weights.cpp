@@ -10,22 +10,29 @@
 
 namespace csattn::cuda {
 
+WeightStoreLayout weight_store_layout(const std::vector<ParamInfo>& params, std::size_t omega_floats) {
+  // Every parameter in bf16, or fp32 for ape / sink (their file dtype), then the frequencies.
+  WeightStoreLayout l;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t off = l.bytes;
+    l.bytes += (bytes + 255) / 256 * 256;
+    return off;
+  };
+  for (const ParamInfo& p : params)
+    l.param_offsets.push_back(take(static_cast<std::size_t>(shape_numel(p.shape)) *
+                                   (p.file_dtype == DType::f32 ? 4 : 2)));
+  l.omega_offset = take(omega_floats * sizeof(float));
+  return l;
+}
+
 DeviceWeightStore::DeviceWeightStore(const AttentionConfig& cfg, const LayerWeights& weights) {
-  // One allocation for every parameter (bf16, or fp32 for ape / sink) plus the RoPE table.
   const std::vector<ParamInfo>& params = weights.params();
-  std::vector<std::size_t> offsets;
-  std::size_t total = 0;
-  for (const ParamInfo& p : params) {
-    offsets.push_back(total);
-    const std::size_t bytes = static_cast<std::size_t>(shape_numel(p.shape)) *
-                              (p.file_dtype == DType::f32 ? 4 : 2);
-    total += (bytes + 255) / 256 * 256;
-  }
   const std::vector<float> omega = rope_frequencies(cfg);
-  const std::size_t omega_off = total;
-  total += (omega.size() * sizeof(float) + 255) / 256 * 256;
-  CSATTN_CUDA_CHECK(cudaMalloc(&mem_, total));
-  bytes_ = total;
+  const WeightStoreLayout layout = weight_store_layout(params, omega.size());
+  const std::vector<std::size_t>& offsets = layout.param_offsets;
+  const std::size_t omega_off = layout.omega_offset;
+  CSATTN_CUDA_CHECK(cudaMalloc(&mem_, layout.bytes));
+  bytes_ = layout.bytes;
   auto* base = static_cast<unsigned char*>(mem_);
   std::map<std::string, const void*> ptr;
   for (std::size_t i = 0; i < params.size(); ++i) {

@@ -3,12 +3,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "csattn/config.hpp"
+#include "csattn/device_memory.hpp"
 #include "csattn/safetensors.hpp"
 #include "csattn/tensor.hpp"
 #include "csattn/weights.hpp"
@@ -262,6 +265,53 @@ TEST(Cli, VersionAndInfo) {
     EXPECT_GT(g["multiprocessors"].get<int>(), 0) << g.dump();
     EXPECT_GT(g["memory_bytes"].get<std::size_t>(), 0u) << g.dump();
   }
+}
+
+TEST(Cli, MemoryPlansTheGpuLayerWithoutAGpu) {
+#ifdef CSATTN_HAVE_CUDA
+  const CliResult r = run_cli("memory --preset tiny,flash --seqlens 100,4096 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = parse_json(r);
+  ASSERT_EQ(j.size(), 4u) << r.out;  // 2 models x 2 lengths
+  for (const auto& e : j) {
+    const std::string model = e["model"];
+    const int L = e["seqlen"];
+    const csattn::ModelConfig mc = csattn::ModelConfig::preset(model);
+    std::size_t weights = 0, activations = 0, backward = 0;
+    for (int ratio : mc.compress_ratios) {  // every attention layer of the model
+      csattn::AttentionConfig c = mc.base;
+      c.compress_ratio = ratio;
+      const csattn::DeviceMemoryPlan m = csattn::plan_device_memory(c, L, 1, L);
+      weights += m.weights;
+      activations += m.forward_workspace;
+      backward = std::max(backward, m.backward_workspace);
+    }
+    EXPECT_EQ(e["all_layers"]["training_step_bytes"].get<std::size_t>(), weights + activations + backward)
+        << model << " " << L;
+    for (auto [name, ratio] : {std::pair{"SWA", 0}, std::pair{"CSA", 4}, std::pair{"HCA", 128}}) {
+      csattn::AttentionConfig c = mc.base;
+      c.compress_ratio = ratio;
+      const csattn::DeviceMemoryPlan m = csattn::plan_device_memory(c, L, 1, L);
+      const auto& got = e["layers"][name];
+      ASSERT_FALSE(got.is_null()) << model << " has no " << name << " row";
+      EXPECT_EQ(got["weights_bytes"].get<std::size_t>(), m.weights) << model << " " << name;
+      EXPECT_EQ(got["forward_workspace_bytes"].get<std::size_t>(), m.forward_workspace);
+      EXPECT_EQ(got["backward_workspace_bytes"].get<std::size_t>(), m.backward_workspace);
+      EXPECT_EQ(got["training_step_bytes"].get<std::size_t>(), m.training_step());
+      EXPECT_GT(m.forward_workspace, 0u);
+    }
+  }
+  const CliResult text = run_cli("memory --preset pro --seqlens 65536 --ratios 4 --deterministic");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("pro, one sequence of 65536 tokens, deterministic backward"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("CSA"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("SWA"), std::string::npos) << "--ratios 4 lists CSA only:\n" << text.out;
+  expect_usage_error("memory --seqlens 0", {"--seqlens", "0"});
+  expect_usage_error("memory --ratios 3", {"--ratios", "3"});
+  expect_usage_error("memory --preset huge", {"--preset", "huge"});
+#else
+  expect_usage_error("memory", {"CUDA backend"});
+#endif
 }
 
 TEST(Cli, ConfigPrintsThePresetAsJson) {

@@ -1,6 +1,6 @@
 // The GPU workspace plans, checked on the host (no GPU needed): every buffer is 256-byte
 // aligned, inside the allocation, holds what its kernels write, and no two buffers
-// overlap, for every preset, layer type and a range of batch shapes (including ones no
+// overlap but the planned alias (dqb in dattn's bytes), for every preset, layer type and a range of batch shapes (including ones no
 // device test has run yet, e.g. Pro and 128K tokens).
 #ifdef CSATTN_HAVE_CUDA
 #include <gtest/gtest.h>
@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "csattn/config.hpp"
+#include "csattn/device_memory.hpp"
+#include "csattn/error.hpp"
 #include "csattn/weights.hpp"
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/workspace.hpp"
@@ -93,11 +95,11 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
         const std::size_t pw = std::max<std::size_t>(static_cast<std::size_t>(cfg.coff()) * cfg.head_dim, 2 * di);
         std::vector<Piece> bp = {
             {"dy", b.dy, 2 * t * cfg.d_model}, {"du", b.du, 2 * t * cfg.o_groups * cfg.o_lora_rank},
-            {"dattn", b.dattn, 2 * t * hd}, {"dq_acc", b.dq_acc, 4 * t * hd}, {"dq", b.dq, 2 * t * hd},
+            {"dattn (and dqb)", b.dattn, 2 * t * hd}, {"dq", b.dq, 2 * t * hd},
             {"dkv_acc", b.dkv_acc, 4 * t * cfg.head_dim}, {"dcomp_acc", b.dcomp_acc, 4 * nc * cfg.head_dim},
             {"dsink_part", b.dsink_part, 4 * t * cfg.n_heads}, {"dkv", b.dkv, 2 * t * cfg.head_dim},
             {"dnormed", b.dnormed, 2 * t * std::max(cfg.head_dim, cfg.q_lora_rank)},
-            {"dqb", b.dqb, 2 * t * hd}, {"dcq", b.dcq, 2 * t * cfg.q_lora_rank},
+            {"dcq", b.dcq, 2 * t * cfg.q_lora_rank},
             {"rstd", b.rstd, 4 * t * std::max<std::size_t>(cfg.n_heads, hi)},
             {"dx", b.dx, 4 * t * cfg.d_model},
             {"dcomp", b.dcomp, 2 * nc * std::max<std::size_t>(cfg.head_dim, di)},
@@ -106,11 +108,47 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
             {"dweff", b.dweff, 4 * t * hi}, {"dwraw", b.dwraw, 2 * t * hi},
             {"dkeys_acc", b.dkeys_acc, 4 * nc * di}};
         expect_disjoint_and_aligned(bp, b.grads_offset, what + " backward buffers");
+        // The one planned alias: dqb (written by the query path) in dattn's bytes (last read
+        // by the attention backward before it).
+        EXPECT_EQ(b.dqb, b.dattn) << what;
         EXPECT_LE(b.grads_offset + b.grads_bytes, b.bytes) << what;
         std::size_t params = 0;
         for (const ParamInfo& p : layer_params(cfg)) params += 4 * static_cast<std::size_t>(shape_numel(p.shape));
         EXPECT_GE(b.grads_bytes, params) << what << ": the weight gradients do not fit";
       }
+}
+
+// plan_device_memory is the sum of the layer's allocations: the weight store's layout and the
+// two workspace plans; bad shapes are refused.
+TEST(CudaPlan, DeviceMemoryPlanAddsTheLayersAllocations) {
+  for (const std::string preset : {"tiny", "flash", "pro"})
+    for (int ratio : {0, 4, 128})
+      for (bool det : {false, true}) {
+        AttentionConfig cfg = ModelConfig::preset(preset).base;
+        cfg.compress_ratio = ratio;
+        const int T = 5000, B = 3, L = 4000;
+        const DeviceMemoryPlan m = plan_device_memory(cfg, T, B, L, det);
+        const cuda::WorkspacePlan f = cuda::plan_forward(cfg, T, B, L);
+        const cuda::BackwardPlan b = cuda::plan_backward(cfg, f.dims, det);
+        std::size_t params = 0;
+        for (const ParamInfo& p : layer_params(cfg))
+          params += static_cast<std::size_t>(shape_numel(p.shape)) * (p.file_dtype == DType::f32 ? 4 : 2);
+        const std::string what = preset + " ratio " + std::to_string(ratio) + (det ? " det" : "");
+        EXPECT_GE(m.weights, params) << what;
+        EXPECT_LT(m.weights, params + 256 * (layer_params(cfg).size() + 1) + 4 * cfg.rope_dim) << what;
+        EXPECT_EQ(m.forward_workspace, f.bytes) << what;
+        EXPECT_EQ(m.backward_workspace, b.bytes) << what;
+        EXPECT_EQ(m.weight_gradients, b.grads_bytes) << what;
+        EXPECT_EQ(m.training_step(), m.weights + f.bytes + b.bytes) << what;
+        EXPECT_EQ(m.forward_only(), m.weights + f.bytes) << what;
+      }
+  const AttentionConfig cfg = ModelConfig::preset("tiny").layer(1);
+  for (auto [T, B, L] : {std::tuple{-1, 1, 10}, std::tuple{10, 0, 10}, std::tuple{10, 1, -1},
+                         std::tuple{100, 2, 10}})
+    EXPECT_THROW(plan_device_memory(cfg, T, B, L), Error) << T << " " << B << " " << L;
+  AttentionConfig bad = cfg;
+  bad.n_heads = 0;
+  EXPECT_THROW(plan_device_memory(bad, 10, 1, 10), Error);
 }
 
 }  // namespace

@@ -1,0 +1,34 @@
+// plan_device_memory (csattn/device_memory.hpp): the GPU layer's allocations from the same
+// plans that size them - weight_store_layout, plan_forward, plan_backward.
+#include "csattn/device_memory.hpp"
+
+#include <string>
+
+#include "core/rope_table.hpp"
+#include "csattn/error.hpp"
+#include "csattn/weights.hpp"
+#include "cuda/device_weights.hpp"
+#include "cuda/workspace.hpp"
+
+namespace csattn {
+
+DeviceMemoryPlan plan_device_memory(const AttentionConfig& cfg, int rows, int segments,
+                                    int max_seqlen, bool deterministic) {
+  cfg.validate();
+  require(rows >= 0 && segments >= 1 && max_seqlen >= 0 &&
+              static_cast<long long>(segments) * max_seqlen >= rows,
+          ErrorKind::InvalidArgument,
+          "plan_device_memory: rows = " + std::to_string(rows) + ", segments = " +
+              std::to_string(segments) + ", max_seqlen = " + std::to_string(max_seqlen) +
+              " (need rows >= 0, segments >= 1, rows <= segments * max_seqlen)");
+  DeviceMemoryPlan m;
+  m.weights = cuda::weight_store_layout(layer_params(cfg), rope_frequencies(cfg).size()).bytes;
+  const cuda::WorkspacePlan f = cuda::plan_forward(cfg, rows, segments, max_seqlen);
+  const cuda::BackwardPlan b = cuda::plan_backward(cfg, f.dims, deterministic);
+  m.forward_workspace = f.bytes;
+  m.backward_workspace = b.bytes;
+  m.weight_gradients = b.grads_bytes;
+  return m;
+}
+
+}  // namespace csattn

@@ -1,0 +1,156 @@
+// `csattn memory`: the device memory the GPU layer will allocate, planned on the host from
+// the shapes (csattn/device_memory.hpp) - no GPU needed. Per model, sequence length and layer
+// type: weights, the forward workspace (activations kept for the backward), the backward's,
+// a forward-only run and a training step; then the model's attention layers together.
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.hpp"
+#include "commands.hpp"
+#include "csattn/config.hpp"
+#include "csattn/device_memory.hpp"
+#include "csattn/error.hpp"
+
+namespace csattn::cli {
+
+namespace {
+
+struct MemoryArgs {
+  std::vector<std::string> presets{"flash", "pro"};
+  std::string config_file;
+  std::vector<std::string> seqlens{"65536"};
+  std::vector<std::string> ratios;
+  bool deterministic = false;
+  bool json = false;
+};
+
+const char* layer_type(int ratio) { return ratio == 0 ? "SWA" : ratio == 4 ? "CSA" : "HCA"; }
+
+double gib(std::size_t bytes) { return static_cast<double>(bytes) / (1u << 30); }
+
+struct Model {
+  std::string name;
+  ModelConfig config;
+};
+
+std::vector<Model> models_of(const MemoryArgs& a) {
+  std::vector<Model> out;
+  if (!a.config_file.empty()) {
+    try {
+      // The first preset supplies what the file leaves out.
+      const ModelConfig defaults = ModelConfig::preset(check_preset(a.presets.front(), "--preset"));
+      out.push_back({a.config_file, ModelConfig::from_hf_json_file(a.config_file, defaults)});
+    } catch (const Error& e) {
+      throw Error(e.kind(), std::string("--config: ") + e.what());
+    }
+    return out;
+  }
+  for (const std::string& p : a.presets) out.push_back({p, ModelConfig::preset(check_preset(p, "--preset"))});
+  return out;
+}
+
+nlohmann::json plan_json(const DeviceMemoryPlan& m, int tokens) {
+  return {{"weights_bytes", m.weights},
+          {"forward_workspace_bytes", m.forward_workspace},
+          {"backward_workspace_bytes", m.backward_workspace},
+          {"weight_gradient_bytes", m.weight_gradients},
+          {"forward_only_bytes", m.forward_only()},
+          {"training_step_bytes", m.training_step()},
+          {"training_step_bytes_per_token",
+           tokens > 0 ? static_cast<double>(m.training_step()) / tokens : 0.0}};
+}
+
+int run_memory(const MemoryArgs& a) {
+  const std::vector<int> seqlens = parse_int_list(a.seqlens, "--seqlens");
+  for (int L : seqlens)
+    if (L < 1) bad_option("--seqlens", std::to_string(L) + " must be >= 1");
+  const std::vector<int> only = a.ratios.empty() ? std::vector<int>{} : parse_ratio_list(a.ratios, "--ratios");
+  nlohmann::json report = nlohmann::json::array();
+  for (const Model& model : models_of(a)) {
+    model.config.validate();
+    // The layer types to show: --ratios, else those of the model's layers.
+    const std::set<int> in_model(model.config.compress_ratios.begin(), model.config.compress_ratios.end());
+    const std::vector<int> types = only.empty() ? std::vector<int>(in_model.begin(), in_model.end()) : only;
+    for (int L : seqlens) {
+      nlohmann::json entry{{"model", model.name}, {"seqlen", L}, {"deterministic", a.deterministic}};
+      if (!a.json) {
+        fmt::print("{}, one sequence of {} tokens{}\n", model.name, L,
+                   a.deterministic ? ", deterministic backward" : "");
+        fmt::print("  {:<5} {:>10} {:>13} {:>14} {:>13} {:>14} {:>12}\n", "layer", "weights",
+                   "fwd workspace", "bwd workspace", "forward only", "training step", "KiB/token");
+      }
+      AttentionConfig cfg = model.config.base;
+      for (int ratio : types) {
+        cfg.compress_ratio = ratio;
+        const DeviceMemoryPlan m = plan_device_memory(cfg, L, 1, L, a.deterministic);
+        entry["layers"][layer_type(ratio)] = plan_json(m, L);
+        if (!a.json)
+          fmt::print("  {:<5} {:>6.2f} GiB {:>9.2f} GiB {:>10.2f} GiB {:>9.2f} GiB {:>10.2f} GiB {:>12.1f}\n",
+                     layer_type(ratio), gib(m.weights), gib(m.forward_workspace),
+                     gib(m.backward_workspace), gib(m.forward_only()), gib(m.training_step()),
+                     static_cast<double>(m.training_step()) / 1024.0 / L);
+      }
+      // Every attention layer of the model on one GPU: all weights and every layer's kept
+      // activations, plus the largest backward workspace (one layer's backward at a time).
+      std::size_t weights = 0, activations = 0, backward = 0;
+      for (int ratio : model.config.compress_ratios) {
+        cfg.compress_ratio = ratio;
+        const DeviceMemoryPlan m = plan_device_memory(cfg, L, 1, L, a.deterministic);
+        weights += m.weights;
+        activations += m.forward_workspace;
+        backward = std::max(backward, m.backward_workspace);
+      }
+      const std::size_t layers = model.config.compress_ratios.size();
+      entry["all_layers"] = {{"layers", layers},
+                             {"weights_bytes", weights},
+                             {"forward_workspaces_bytes", activations},
+                             {"largest_backward_workspace_bytes", backward},
+                             {"training_step_bytes", weights + activations + backward}};
+      if (!a.json)
+        fmt::print("  all {} attention layers, every layer's activations kept: {:.2f} GiB weights + "
+                   "{:.2f} GiB activations + {:.2f} GiB for one backward = {:.2f} GiB\n\n",
+                   layers, gib(weights), gib(activations), gib(backward),
+                   gib(weights + activations + backward));
+      report.push_back(entry);
+    }
+  }
+  if (a.json) fmt::print("{}\n", report.dump(2));
+  else
+    fmt::print("Planned from the shapes (the plans the GPU layer allocates by); not counted: the "
+               "CUDA context,\ncuBLAS's own allocations, the communicators' buffers under context "
+               "parallelism, the\nframework's tensors. Measured peaks: docs/perf.md.\n");
+  return 0;
+}
+
+}  // namespace
+
+Command add_memory_command(CLI::App& app) {
+  auto a = std::make_shared<MemoryArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "memory", "The GPU layer's device memory per layer type and length, planned on the host "
+                "(no GPU needed)");
+  cmd->add_option("--preset", a->presets, "Models: tiny, small, flash, pro (with --config: the "
+                                          "defaults for what the file leaves out)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--config", a->config_file, "A DeepSeek-V4 Hugging Face config.json instead of presets");
+  cmd->add_option("--seqlens", a->seqlens, "Lengths of one-sequence batches (tokens)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--ratios", a->ratios,
+                  "Layer types to list: 0 (SWA), 4 (CSA), 128 (HCA); default: the model's")
+      ->delimiter(',');
+  cmd->add_flag("--deterministic", a->deterministic,
+                "The deterministic backward (its fixed-order scratch included)");
+  cmd->add_flag("--json", a->json, "A JSON array instead of the tables");
+  return [a]() { return run_memory(*a); };
+}
+
+}  // namespace csattn::cli
