@@ -67,9 +67,11 @@ void allow_dynamic_smem(const void* kernel, std::size_t bytes, const char* what)
               std::to_string(l.dynamic_max));
   if (bytes + l.static_bytes <= 48 * 1024) return;  // the default limit suffices
   std::lock_guard<std::mutex> lock(mutex);
-  if (raised.insert({device, kernel}).second)
-    CSATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(l.dynamic_max)));
+  if (raised.count({device, kernel})) return;
+  // Recorded only once raised: a failed call throws here and the next launch tries again.
+  CSATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(l.dynamic_max)));
+  raised.insert({device, kernel});
 }
 
 int multiprocessor_count() {
