@@ -14,6 +14,7 @@
 
 #include "bind_util.hpp"
 #include "csattn/device_layer.hpp"
+#include "csattn/device_memory.hpp"
 #include "csattn/error.hpp"
 
 namespace nb = nanobind;
@@ -119,6 +120,23 @@ void bind_device(nb::module_& m) {
           "Enqueues the backward of the forward that used forward_workspace; dx (fp32) and the weight "
           "gradients (backward_workspace at weight_gradient_offsets) are written on `stream`.")
       .def_prop_ro("config", &DeviceLayer::config);
+
+  m.def(
+      "plan_device_memory",
+      [](const AttentionConfig& c, int rows, int segments, int max_seqlen, bool deterministic) {
+        const DeviceMemoryPlan p = plan_device_memory(c, rows, segments, max_seqlen, deterministic);
+        return std::map<std::string, std::size_t>{{"weights", p.weights},
+                                                  {"forward_workspace", p.forward_workspace},
+                                                  {"backward_workspace", p.backward_workspace},
+                                                  {"weight_gradients", p.weight_gradients},
+                                                  {"forward_only", p.forward_only()},
+                                                  {"training_step", p.training_step()}};
+      },
+      "config"_a, "rows"_a, "segments"_a, "max_seqlen"_a, "deterministic"_a = false,
+      "The GPU layer's device memory in bytes, planned on the host (no GPU needed): weights, the "
+      "forward workspace (activations kept for the backward), the backward's (weight gradients "
+      "included), forward_only and training_step totals. Raises csattn.Error without the CUDA "
+      "backend.");
 }
 
 }  // namespace csattn

@@ -41,6 +41,9 @@ def test_device_layer_matches_the_host_array_gpu_layer(kind):
     dl = csattn.DeviceLayer(cfg, w)
     cud = torch.tensor(cu, dtype=torch.int32, device=dev)
     cupd = torch.tensor(cu_p, dtype=torch.int32, device=dev)
+    planned = csattn.plan_device_memory(cfg, T, B, L)  # the host plan is what the layer asks for
+    assert dl.forward_workspace_bytes(T, B, L) == planned["forward_workspace"]
+    assert dl.backward_workspace_bytes(T, B, L) == planned["backward_workspace"]
     ws = torch.full((dl.forward_workspace_bytes(T, B, L),), 255, dtype=torch.uint8, device=dev)
     y = torch.empty(T, cfg.d_model, dtype=torch.bfloat16, device=dev)
     topk = torch.empty(T, cfg.index_topk, dtype=torch.int32, device=dev) if kind == "CSA" else None

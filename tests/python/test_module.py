@@ -64,6 +64,26 @@ def test_version_and_build_info():
     assert bool(info["gpus"]) != bool(info["gpu_note"])
 
 
+def test_plan_device_memory():
+    """The GPU layer's memory planned without a GPU: the totals are the sums of the parts and
+    grow with the rows; without the CUDA backend it says so."""
+    cfg = csattn.preset_layers("flash")[2]  # CSA
+    if not csattn.build_info()["cuda_backend"]:
+        with pytest.raises(csattn.Error, match="CUDA backend"):
+            csattn.plan_device_memory(cfg, 4096, 1, 4096)
+        return
+    small = csattn.plan_device_memory(cfg, 4096, 1, 4096)
+    big = csattn.plan_device_memory(cfg, 8192, 2, 4096, deterministic=True)
+    for p in (small, big):
+        assert p["training_step"] == p["weights"] + p["forward_workspace"] + p["backward_workspace"]
+        assert p["forward_only"] == p["weights"] + p["forward_workspace"]
+        assert 0 < p["weight_gradients"] < p["backward_workspace"]
+    assert big["weights"] == small["weights"]
+    assert big["forward_workspace"] > small["forward_workspace"]
+    with pytest.raises(csattn.Error, match="rows"):
+        csattn.plan_device_memory(cfg, 100, 2, 10)
+
+
 def test_presets_and_config():
     assert csattn.preset_names() == ["tiny", "small", "flash", "pro"]
     assert [c.kind for c in csattn.preset_layers("tiny")] == ["SWA", "CSA", "HCA"]
