@@ -76,12 +76,14 @@ void backward_output(const ForwardParams& f, const BackwardParams& p, cublasHand
   const BackwardBuffers& b = p.buf;
   const int T = d.rows, HD = d.heads * d.head_dim, dm = d.d_model;
   const int gro = d.o_groups * d.o_lora_rank, gd = HD / d.o_groups;
-  // Output projections, then the transpose of the inverse RoPE (a forward rotation).
+  // Output projections, then the transpose of the inverse RoPE (a forward rotation). The wo_a
+  // gradient reads the rotated output, which the forward did not keep: recomputed into dattn's
+  // bytes, read, then overwritten by dattn.
   linear_grad_input(blas, b.dy, T, dm, f.w.wo_b, gro, b.du);
   linear_grad_weight(blas, b.dy, T, dm, f.act.u, gro, p.grad.wo_b);
+  inverse_rope_output(f, 0, T, b.dattn, stream);
+  grouped_linear_grad_weight(blas, b.du, T, d.o_groups, gd, b.dattn, d.o_lora_rank, p.grad.wo_a);
   grouped_linear_grad_input(blas, b.du, T, d.o_groups, gd, f.w.wo_a, d.o_lora_rank, b.dattn);
-  grouped_linear_grad_weight(blas, b.du, T, d.o_groups, gd, f.act.attn_rot, d.o_lora_rank,
-                             p.grad.wo_a);
   rope_rows(f, b.dattn, T * d.heads, d.head_dim, d.heads, +1, stream);
 }
 

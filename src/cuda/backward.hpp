@@ -41,7 +41,8 @@ void backward_output(const ForwardParams& f, const BackwardParams& p, cublasHand
 // Attention: dq (bf16), dkv_acc (zeroed here), dcomp_acc (zeroed here) and the sink gradient.
 void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStream_t stream);
 // The query path back to x: dx = (its gradient) - overwrites dx. Runs after
-// backward_attention: its dqb lives in dattn's bytes (plan_backward).
+// backward_attention, and before anything else writes dx: its dqb lives in dattn's bytes, dx
+// in dq's (plan_backward).
 void backward_query_path(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
                          cudaStream_t stream);
 // The K=V path back to x: dx += .

@@ -56,5 +56,8 @@ void forward_selection(const ForwardParams& p, cudaStream_t stream);
 // Sparse attention (attn, lse), then the inverse RoPE and the output projections (y).
 void forward_attention(const ForwardParams& p, cudaStream_t stream);
 void forward_output(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream);
+// The inverse RoPE of attn's token rows [r0, r0 + rows) into out ([rows, H*D]): forward_output
+// per chunk, the backward for all rows (the same kernel on the same values: the same bits).
+void inverse_rope_output(const ForwardParams& p, int r0, int rows, bf16* out, cudaStream_t stream);
 
 }  // namespace csattn::cuda

@@ -101,7 +101,10 @@ struct DeviceActivations {
   float* loss = nullptr;                       // [1] the reduced indexer loss (CSA)
   bf16* attn = nullptr;                        // [T, H, D]
   float* lse = nullptr;                        // [T, H]
-  bf16* attn_rot = nullptr;                    // [T, H*D]
+  // The output's inverse RoPE, a chunk of attn_rot_rows rows at a time (forward_output); the
+  // backward recomputes it for the wo_a gradient, so the forward does not keep [T, H*D] of it.
+  bf16* attn_rot = nullptr;                    // [attn_rot_rows, H*D]
+  int attn_rot_rows = 0;
   bf16* u = nullptr;                           // [T, G*r_o]
   bf16* y = nullptr;                           // [T, d_model]
 };

@@ -16,7 +16,9 @@ __device__ __forceinline__ void write_phase_stamp(unsigned* stamps, int row, int
   unsigned cta, thread;
   asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
-  if ((thread & 127u) == 0u && cta < static_cast<unsigned>(kCtas))
+  // Warpgroups past kGroups (a block grown without its layout) write nothing.
+  if ((thread & 127u) == 0u && cta < static_cast<unsigned>(kCtas) &&
+      thread / 128u < static_cast<unsigned>(kGroups))
     stamps[((cta * kGroups + thread / 128u) * kRows + row) * kPhases + phase] =
         static_cast<unsigned>(clock()) | 1u;
 }

@@ -93,7 +93,9 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
   }
   p.attn = take(T * HD * bf);
   p.lse = take(T * d.heads * f32);
-  p.attn_rot = take(T * HD * bf);
+  p.attn_rot_rows = static_cast<int>(
+      std::min<std::size_t>(T, std::max<std::size_t>(1, WorkspacePlan::kAttnRotBytes / (HD * bf))));
+  p.attn_rot = take(static_cast<std::size_t>(p.attn_rot_rows) * HD * bf);
   p.u = take(T * d.o_groups * d.o_lora_rank * bf);
   p.y = take(T * d.d_model * bf);
   p.blas = take(WorkspacePlan::kBlasWorkspaceBytes);
@@ -127,7 +129,9 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
   p.dqb = p.dattn;
   p.dcq = take(T * d.q_lora_rank * bf);
   p.rstd = take(T * std::max<std::size_t>(std::max(d.heads, d.index_heads), 1) * f32);
-  p.dx = take(T * d.d_model * f32);
+  // dx (fp32) shares dq's bytes where it fits (every DeepSeek-V4 shape): dq's last reader, the
+  // query path's norm backward, runs before the query path first writes dx.
+  p.dx = d.d_model * f32 <= HD * bf ? p.dq : take(T * d.d_model * f32);
   const std::size_t cw = std::max<std::size_t>(d.head_dim, DI);
   p.dcomp = take(Nc * cw * bf);
   p.dpooled = take(Nc * cw * bf);
@@ -233,6 +237,7 @@ DeviceActivations WorkspacePlan::activations(void* base) const {
   a.attn = at<bf16>(base, attn);
   a.lse = at<float>(base, lse);
   a.attn_rot = at<bf16>(base, attn_rot);
+  a.attn_rot_rows = attn_rot_rows;
   a.u = at<bf16>(base, u);
   a.y = at<bf16>(base, y);
   return a;

@@ -1,7 +1,8 @@
 // The GPU workspace plans, checked on the host (no GPU needed): every buffer is 256-byte
-// aligned, inside the allocation, holds what its kernels write, and no two buffers
-// overlap but the planned alias (dqb in dattn's bytes), for every preset, layer type and a range of batch shapes (including ones no
-// device test has run yet, e.g. Pro and 128K tokens).
+// aligned, inside the allocation, holds what its kernels write, and no two buffers overlap
+// but the planned aliases (dqb in dattn's bytes, dx in dq's), for every preset, layer type
+// and a range of batch shapes (including ones no device test has run yet, e.g. Pro and 128K
+// tokens).
 #ifdef CSATTN_HAVE_CUDA
 #include <gtest/gtest.h>
 
@@ -53,6 +54,10 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
         const std::size_t t = static_cast<std::size_t>(T), hd = static_cast<std::size_t>(cfg.n_heads) * cfg.head_dim;
         const std::size_t nc = ratio > 1 ? t / ratio : 0;
         EXPECT_EQ(f.dims.comp_capacity, static_cast<int>(nc)) << what;
+        // The rotated output: a bounded chunk of rows, the whole batch when it is smaller.
+        EXPECT_EQ(static_cast<std::size_t>(f.attn_rot_rows),
+                  std::min(t, std::max<std::size_t>(1, cuda::WorkspacePlan::kAttnRotBytes / (2 * hd))))
+            << what;
         std::vector<Piece> fp = {
             {"cu_real", f.cu_real, 4u * (B + 1)}, {"cu_padded", f.cu_padded, 4u * (B + 1)},
             {"row_segment", f.row_segment, 4 * t}, {"row_position", f.row_position, 4 * t},
@@ -62,7 +67,7 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
             {"cq", f.cq, 2 * t * cfg.q_lora_rank}, {"qb_proj", f.qb_proj, 2 * t * hd},
             {"q", f.q, 2 * t * hd}, {"kv_proj", f.kv_proj, 2 * t * cfg.head_dim},
             {"kv", f.kv, 2 * t * cfg.head_dim}, {"attn", f.attn, 2 * t * hd},
-            {"lse", f.lse, 4 * t * cfg.n_heads}, {"attn_rot", f.attn_rot, 2 * t * hd},
+            {"lse", f.lse, 4 * t * cfg.n_heads}, {"attn_rot", f.attn_rot, 2 * static_cast<std::size_t>(f.attn_rot_rows) * hd},
             {"u", f.u, 2 * t * cfg.o_groups * cfg.o_lora_rank}, {"y", f.y, 2 * t * cfg.d_model},
             {"blas", f.blas, cuda::WorkspacePlan::kBlasWorkspaceBytes}};
         if (ratio > 1) {
@@ -101,16 +106,22 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
             {"dnormed", b.dnormed, 2 * t * std::max(cfg.head_dim, cfg.q_lora_rank)},
             {"dcq", b.dcq, 2 * t * cfg.q_lora_rank},
             {"rstd", b.rstd, 4 * t * std::max<std::size_t>(cfg.n_heads, hi)},
-            {"dx", b.dx, 4 * t * cfg.d_model},
             {"dcomp", b.dcomp, 2 * nc * std::max<std::size_t>(cfg.head_dim, di)},
             {"dpooled", b.dpooled, 2 * nc * std::max<std::size_t>(cfg.head_dim, di)},
             {"da", b.da, 2 * t * pw}, {"dg", b.dg, 2 * t * pw}, {"dqi", b.dqi, 2 * t * hi * di},
             {"dweff", b.dweff, 4 * t * hi}, {"dwraw", b.dwraw, 2 * t * hi},
             {"dkeys_acc", b.dkeys_acc, 4 * nc * di}};
         expect_disjoint_and_aligned(bp, b.grads_offset, what + " backward buffers");
-        // The one planned alias: dqb (written by the query path) in dattn's bytes (last read
-        // by the attention backward before it).
+        // The planned aliases: dqb (written by the query path) in dattn's bytes (last read by
+        // the attention backward before it); dx (first written by the query path after its
+        // norm backward read dq) in dq's where it fits, else a buffer of its own.
         EXPECT_EQ(b.dqb, b.dattn) << what;
+        if (4u * cfg.d_model <= 2 * hd) {
+          EXPECT_EQ(b.dx, b.dq) << what;
+        } else {
+          bp.push_back({"dx", b.dx, 4 * t * cfg.d_model});
+          expect_disjoint_and_aligned(bp, b.grads_offset, what + " backward buffers with dx");
+        }
         EXPECT_LE(b.grads_offset + b.grads_bytes, b.bytes) << what;
         std::size_t params = 0;
         for (const ParamInfo& p : layer_params(cfg)) params += 4 * static_cast<std::size_t>(shape_numel(p.shape));
