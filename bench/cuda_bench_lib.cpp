@@ -30,6 +30,7 @@
 #include "one_sequence_metadata.hpp"
 #include "sparse_attention_inputs.hpp"
 
+#include "csattn/device_memory.hpp"
 #include "csattn/layer.hpp"
 #include "cuda/check.hpp"
 #include "cuda/cuda_layer.hpp"
@@ -305,6 +306,10 @@ json layer_case(const std::string& preset, int ratio, int tokens, bool backward 
          {"workspace_bytes", prof.workspace_bytes}};
   j["device_bytes"] = layer.device_bytes();
   j["measured_peak_bytes"] = free_before > free_after ? free_before - free_after : 0;
+  {  // the host plan (csattn memory) for the same step: device_bytes must equal it
+    const DeviceMemoryPlan plan = plan_device_memory(cfg, tokens, 1, tokens, deterministic);
+    j["planned_bytes"] = backward ? plan.training_step() : plan.forward_only();
+  }
   if (backward) {
     j["backward_ms"] = backward_ms;
     j["train_step_tokens_per_s"] = tokens / ((prof.total_ms + backward_ms) * 1e-3);
@@ -450,8 +455,8 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
     }
     if (want("layer")) {
       std::printf("\nlayer forward + backward (flash shape, one sequence)\n");
-      std::printf("%5s %7s %10s %10s %12s %9s  forward stages (ms)\n", "type", "tokens", "fwd ms", "bwd ms",
-                  "tokens/s", "peak GiB");
+      std::printf("%5s %7s %10s %10s %12s %9s %9s  forward stages (ms)\n", "type", "tokens", "fwd ms",
+                  "bwd ms", "tokens/s", "peak GiB", "plan GiB");
       // CSATTN_BENCH_LAYER_TOKENS (comma list) picks the sequence lengths.
       std::vector<int> token_list{4096, 16384, 65536};
       if (const char* env = std::getenv("CSATTN_BENCH_LAYER_TOKENS")) {
@@ -488,12 +493,14 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
             return out;
           };
           const std::string stages = stage_list(j["stages_ms"]);
-          std::printf("%5s %7d %10.2f %10.2f %12.0f %9.2f  %s\n", j["type"].get<std::string>().c_str(), tokens,
-                      j["forward_ms"].get<double>(), j["backward_ms"].get<double>(),
+          std::printf("%5s %7d %10.2f %10.2f %12.0f %9.2f %9.2f  %s\n", j["type"].get<std::string>().c_str(),
+                      tokens, j["forward_ms"].get<double>(), j["backward_ms"].get<double>(),
                       j["train_step_tokens_per_s"].get<double>(),
-                      j["measured_peak_bytes"].get<double>() / (1u << 30), stages.c_str());
+                      j["measured_peak_bytes"].get<double>() / (1u << 30),
+                      j["planned_bytes"].get<double>() / (1u << 30), stages.c_str());
           const std::string bstages = stage_list(j["backward_stages_ms"]);
-          std::printf("%5s %7s %10s %10s %12s %9s  backward stages (ms): %s\n", "", "", "", "", "", "", bstages.c_str());
+          std::printf("%5s %7s %10s %10s %12s %9s %9s  backward stages (ms): %s\n", "", "", "", "", "", "", "",
+                      bstages.c_str());
           report["layer_forward"].push_back(j);
         }
     }
