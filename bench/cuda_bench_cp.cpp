@@ -21,6 +21,7 @@
 #include "cp/layer_plan.hpp"
 #include "csattn/comm.hpp"
 #include "csattn/cp.hpp"
+#include "csattn/device_memory.hpp"
 #include "csattn/error.hpp"
 #include "cuda/check.hpp"
 #include "cuda/cp_layer.hpp"
@@ -101,6 +102,10 @@ json cp_case(const AttentionConfig& cfg, int tokens, int P, CpMode mode) {
     j["per_rank"].push_back(json{{"forward_ms", rr.forward_ms}, {"loss_ms", rr.loss_ms}, {"backward_ms", rr.backward_ms},
                                  {"peak_bytes", rr.peak_bytes}, {"sent_bytes", rr.comm_bytes}});
   }
+  // The host plan (csattn memory --cp-ranks): the measured peak adds NCCL's buffers.
+  std::size_t planned = 0;
+  for (const DeviceMemoryPlan& m : plan_cp_device_memory(cfg, part)) planned = std::max(planned, m.training_step());
+  j["planned_bytes_per_rank"] = planned;
   j["forward_ms"] = fwd;
   j["loss_ms"] = loss;
   j["backward_ms"] = bwd;

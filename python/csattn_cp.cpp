@@ -93,7 +93,7 @@ void bind_cp(nb::module_& m) {
           "build",
           [](const std::vector<std::int32_t>& cu, const std::optional<std::vector<std::int32_t>>& padded,
              const std::string& mode, int ranks) { return CpPartition::build(make_layout(cu, padded), parse_cp_mode(mode), ranks); },
-          "cu_seqlens"_a, "cu_seqlens_padded"_a, "mode"_a, "ranks"_a)
+          "cu_seqlens"_a, "cu_seqlens_padded"_a.none(), "mode"_a, "ranks"_a)
       .def_prop_ro("mode", [](const CpPartition& p) { return std::string(cp_mode_name(p.mode())); })
       .def_prop_ro("ranks", &CpPartition::ranks)
       .def_prop_ro("total_rows", &CpPartition::total_rows)
@@ -106,7 +106,7 @@ void bind_cp(nb::module_& m) {
         return pad_for_context_parallel(make_layout(cu, padded), parse_cp_mode(mode), ranks, min_local_rows)
             .cu_seqlens_padded();
       },
-      "cu_seqlens"_a, "cu_seqlens_padded"_a, "mode"_a, "ranks"_a, "min_local_rows"_a = 0,
+      "cu_seqlens"_a, "cu_seqlens_padded"_a.none(), "mode"_a, "ranks"_a, "min_local_rows"_a = 0,
       "The smallest padded cu_seqlens the mode accepts on `ranks` ranks (real lengths kept).");
 
   nb::class_<CpLayerOutputs>(m, "CpForward", "A rank's forward: its rows' outputs and the state of its backward.")

@@ -7,12 +7,15 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "bind_util.hpp"
+#include "csattn/cp.hpp"
 #include "csattn/device_layer.hpp"
 #include "csattn/device_memory.hpp"
 #include "csattn/error.hpp"
@@ -60,6 +63,17 @@ int rows_of(const CudaArray& x, const AttentionConfig& c) {
   require(x.ndim() == 2 && static_cast<int>(x.shape(1)) == c.d_model, ErrorKind::ShapeMismatch,
           "x must be [T, " + std::to_string(c.d_model) + "]");
   return static_cast<int>(x.shape(0));
+}
+
+// A memory plan as the dict the Python functions return (bytes).
+std::map<std::string, std::size_t> memory_dict(const DeviceMemoryPlan& p) {
+  return {{"weights", p.weights},
+          {"forward_workspace", p.forward_workspace},
+          {"backward_workspace", p.backward_workspace},
+          {"weight_gradients", p.weight_gradients},
+          {"context_parallel", p.context_parallel},
+          {"forward_only", p.forward_only()},
+          {"training_step", p.training_step()}};
 }
 
 }  // namespace
@@ -124,19 +138,24 @@ void bind_device(nb::module_& m) {
   m.def(
       "plan_device_memory",
       [](const AttentionConfig& c, int rows, int segments, int max_seqlen, bool deterministic) {
-        const DeviceMemoryPlan p = plan_device_memory(c, rows, segments, max_seqlen, deterministic);
-        return std::map<std::string, std::size_t>{{"weights", p.weights},
-                                                  {"forward_workspace", p.forward_workspace},
-                                                  {"backward_workspace", p.backward_workspace},
-                                                  {"weight_gradients", p.weight_gradients},
-                                                  {"forward_only", p.forward_only()},
-                                                  {"training_step", p.training_step()}};
+        return memory_dict(plan_device_memory(c, rows, segments, max_seqlen, deterministic));
       },
       "config"_a, "rows"_a, "segments"_a, "max_seqlen"_a, "deterministic"_a = false,
       "The GPU layer's device memory in bytes, planned on the host (no GPU needed): weights, the "
       "forward workspace (activations kept for the backward), the backward's (weight gradients "
       "included), forward_only and training_step totals. Raises csattn.Error without the CUDA "
       "backend.");
+  m.def(
+      "plan_cp_device_memory",
+      [](const AttentionConfig& c, const CpPartition& part, bool deterministic) {
+        std::vector<std::map<std::string, std::size_t>> out;
+        for (const DeviceMemoryPlan& p : plan_cp_device_memory(c, part, deterministic))
+          out.push_back(memory_dict(p));
+        return out;
+      },
+      "config"_a, "partition"_a, "deterministic"_a = false,
+      "plan_device_memory for the GPU context-parallel layer: one dict per rank of the "
+      "partition, with its context_parallel buffers (NCCL's own not counted).");
 }
 
 }  // namespace csattn

@@ -6,18 +6,24 @@
 // allocations and, for context parallelism, the communicators' buffers.
 #pragma once
 #include <cstddef>
+#include <vector>
 
 #include "csattn/config.hpp"
 
 namespace csattn {
+
+class CpPartition;
 
 struct DeviceMemoryPlan {
   std::size_t weights = 0;             // bf16 parameters (fp32 ape / sink), RoPE frequencies
   std::size_t forward_workspace = 0;   // activations kept for the backward, metadata, cuBLAS scratch
   std::size_t backward_workspace = 0;  // activation gradients, then the weight gradients
   std::size_t weight_gradients = 0;    // the part of backward_workspace that the weight gradients take
-  std::size_t forward_only() const { return weights + forward_workspace; }
-  std::size_t training_step() const { return weights + forward_workspace + backward_workspace; }
+  // Context parallelism: the rank's own buffers (its rows in and out, halo rows, the gathered
+  // compressed rows and their gradients, index lists), held from the forward to the backward.
+  std::size_t context_parallel = 0;
+  std::size_t forward_only() const { return weights + forward_workspace + context_parallel; }
+  std::size_t training_step() const { return forward_only() + backward_workspace; }
 };
 
 // One packed batch of `rows` rows (padding included) in `segments` segments, none longer
@@ -26,5 +32,12 @@ struct DeviceMemoryPlan {
 // the CUDA backend.
 DeviceMemoryPlan plan_device_memory(const AttentionConfig& cfg, int rows, int segments,
                                     int max_seqlen, bool deterministic = false);
+
+// The GPU context-parallel layer (ContextParallelLayer with Device::cuda): one plan per rank
+// of `part` (its padded layout, mode and rank count, as the layer would run it). The
+// communicators' own buffers (NCCL's) are not counted.
+std::vector<DeviceMemoryPlan> plan_cp_device_memory(const AttentionConfig& cfg,
+                                                    const CpPartition& part,
+                                                    bool deterministic = false);
 
 }  // namespace csattn

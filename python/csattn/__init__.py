@@ -29,7 +29,8 @@ from ._csattn import (AttentionConfig, Communicator, ContextParallelLayer, CpFor
                       CpPartition, DeviceLayer, Error, Forward, LayerWeights, cuda_available,
                       hf_config_layers, launcher_local_rank, mpi_available, mpi_world,
                       nccl_available, nccl_communicator, pad_for_context_parallel,
-                      plan_device_memory, preset_layers, preset_names, retain_freed_host_memory)
+                      plan_cp_device_memory, plan_device_memory, preset_layers, preset_names,
+                      retain_freed_host_memory)
 from . import _csattn
 from ._arrays import host_array as _host, int_list as _offsets
 from .ops import compact_indexer_topk, dequantize_mxfp8, pack_mxfp8_scales, quantize_mxfp8
@@ -38,7 +39,8 @@ __all__ = ["AttentionConfig", "Communicator", "ContextParallelLayer", "CpForward
            "DeviceLayer", "Error", "Forward", "Layer", "LayerWeights", "bshd_cu_seqlens", "compact_indexer_topk",
            "cuda_available", "dequantize_mxfp8", "hf_config_layers", "launcher_local_rank",
            "mpi_available", "mpi_world", "nccl_available", "nccl_communicator",
-           "oracle_forward", "pack_mxfp8_scales", "pad_for_context_parallel", "plan_device_memory",
+           "oracle_forward", "pack_mxfp8_scales", "pad_for_context_parallel", "plan_cp_device_memory",
+           "plan_device_memory",
            "preset_layers",
            "preset_names", "quantize_mxfp8", "retain_freed_host_memory", "build_info"]
 

@@ -1,6 +1,7 @@
 // csattn::DeviceLayer and plan_device_memory in a build without the CUDA backend: they say why.
 #ifndef CSATTN_HAVE_CUDA
 #include <string>
+#include <vector>
 
 #include "csattn/device_layer.hpp"
 #include "csattn/device_memory.hpp"
@@ -33,6 +34,10 @@ DeviceMemoryPlan plan_device_memory(const AttentionConfig&, int, int, int, bool)
   throw Error(ErrorKind::Unsupported,
               "plan_device_memory: this build has no CUDA backend (its buffers are the CUDA "
               "layer's); rebuild where nvcc is found");
+}
+
+std::vector<DeviceMemoryPlan> plan_cp_device_memory(const AttentionConfig& cfg, const CpPartition&, bool) {
+  return {plan_device_memory(cfg, 0, 1, 0, false)};  // throws the same reason
 }
 
 }  // namespace csattn

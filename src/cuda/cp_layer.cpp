@@ -100,6 +100,12 @@ CpBuffers plan_cp_buffers(const AttentionConfig& c, const cp::GpuRankPlan& h) {
   return b;
 }
 
+// The rank's forward workspace: its ext rows in runs, the compressed rows its runs' copies
+// and its owned slots need.
+WorkspacePlan rank_forward_plan(const AttentionConfig& c, const cp::GpuRankPlan& h) {
+  return plan_forward(c, h.Te, h.R, h.max_pos, c.compress_ratio > 1 ? std::max(h.ndup, h.C) : 0);
+}
+
 template <class T>
 void upload(const void* dst, const std::vector<T>& v, cudaStream_t s) {
   if (!v.empty())
@@ -414,12 +420,11 @@ void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeome
   s.has_backward = false;
   s.host = cp::build_gpu_rank_plan(geo, plan);
   const cp::GpuRankPlan& h = s.host;
-  const int m = c.compress_ratio;
   const int K = c.has_indexer() ? c.index_topk : 0;
   const cudaStream_t st = s.stream;
 
   // Buffers (grow-only, outside the launches).
-  s.plan = plan_forward(c, h.Te, h.R, h.max_pos, m > 1 ? std::max(h.ndup, h.C) : 0);
+  s.plan = rank_forward_plan(c, h);
   s.buf = plan_cp_buffers(c, h);
   unsigned char* ws = s.workspace.reserve(s.plan.bytes);
   s.cp.reserve(s.buf.bytes);
@@ -635,6 +640,15 @@ CudaCpProfile CudaCpLayer::profile(Communicator& comm, int warmup, int iters) {
   if (s.cfg.has_indexer() && s.cfg.loss_coeff > 0.0) out.loss_ms = timed([&] { s.run_forward_loss(); });
   if (s.has_backward) out.backward_ms = timed([&] { s.run_backward(comm); });
   return out;
+}
+
+CpRankMemory plan_cp_rank_memory(const AttentionConfig& c, const BatchGeometry& geo,
+                                 const cp::LayerPlan& plan, bool deterministic) {
+  // What prepare_forward and prepare_backward allocate for this rank.
+  const cp::GpuRankPlan h = cp::build_gpu_rank_plan(geo, plan);
+  const WorkspacePlan f = rank_forward_plan(c, h);
+  const BackwardPlan b = plan_backward(c, f.dims, deterministic);
+  return {f.bytes, plan_cp_buffers(c, h).bytes, b.bytes, b.grads_bytes};
 }
 
 }  // namespace csattn::cuda

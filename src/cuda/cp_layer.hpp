@@ -31,6 +31,15 @@ namespace csattn::cuda {
 
 struct CudaCpLayerImpl;
 
+// A rank's device allocations besides the weights, planned on the host from the global
+// geometry and the rank's plan (what prepare_forward / prepare_backward reserve):
+// plan_cp_device_memory (csattn/device_memory.hpp) sums them per rank.
+struct CpRankMemory {
+  std::size_t forward_workspace = 0, cp_buffers = 0, backward_workspace = 0, weight_gradients = 0;
+};
+CpRankMemory plan_cp_rank_memory(const AttentionConfig& c, const BatchGeometry& geo,
+                                 const cp::LayerPlan& plan, bool deterministic);
+
 struct CudaCpForward {
   Tensor output;       // [local rows, d_model] f32 (bf16 values)
   Tensor topk;         // CSA: [local rows, K] i32

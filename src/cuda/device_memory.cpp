@@ -1,12 +1,17 @@
-// plan_device_memory (csattn/device_memory.hpp): the GPU layer's allocations from the same
-// plans that size them - weight_store_layout, plan_forward, plan_backward.
+// plan_device_memory / plan_cp_device_memory (csattn/device_memory.hpp): the GPU layers'
+// allocations from the same plans that size them - weight_store_layout, plan_forward,
+// plan_backward, and a context-parallel rank's plan_cp_rank_memory.
 #include "csattn/device_memory.hpp"
 
 #include <string>
 
+#include "core/geometry.hpp"
 #include "core/rope_table.hpp"
+#include "cp/layer_plan.hpp"
+#include "csattn/cp.hpp"
 #include "csattn/error.hpp"
 #include "csattn/weights.hpp"
+#include "cuda/cp_layer.hpp"
 #include "cuda/device_weights.hpp"
 #include "cuda/workspace.hpp"
 
@@ -29,6 +34,27 @@ DeviceMemoryPlan plan_device_memory(const AttentionConfig& cfg, int rows, int se
   m.backward_workspace = b.bytes;
   m.weight_gradients = b.grads_bytes;
   return m;
+}
+
+std::vector<DeviceMemoryPlan> plan_cp_device_memory(const AttentionConfig& cfg,
+                                                    const CpPartition& part, bool deterministic) {
+  cfg.validate();
+  const BatchGeometry geo = BatchGeometry::build(part.layout(), cfg.compress_ratio);
+  const std::size_t weights =
+      cuda::weight_store_layout(layer_params(cfg), rope_frequencies(cfg).size()).bytes;
+  std::vector<DeviceMemoryPlan> out;
+  for (int rank = 0; rank < part.ranks(); ++rank) {
+    const cp::LayerPlan plan = cp::build_layer_plan(geo, part, rank, cfg.window);
+    const cuda::CpRankMemory r = cuda::plan_cp_rank_memory(cfg, geo, plan, deterministic);
+    DeviceMemoryPlan m;
+    m.weights = weights;
+    m.forward_workspace = r.forward_workspace;
+    m.backward_workspace = r.backward_workspace;
+    m.weight_gradients = r.weight_gradients;
+    m.context_parallel = r.cp_buffers;
+    out.push_back(m);
+  }
+  return out;
 }
 
 }  // namespace csattn

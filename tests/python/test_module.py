@@ -82,6 +82,16 @@ def test_plan_device_memory():
     assert big["forward_workspace"] > small["forward_workspace"]
     with pytest.raises(csattn.Error, match="rows"):
         csattn.plan_device_memory(cfg, 100, 2, 10)
+    # Context parallel over 4 GPUs: each rank about a quarter of the one-GPU workspaces.
+    one = csattn.plan_device_memory(cfg, 32768, 1, 32768)
+    part = csattn.CpPartition.build([0, 32768], None, "two_chunk", 4)
+    ranks = csattn.plan_cp_device_memory(cfg, part)
+    assert len(ranks) == 4
+    for r in ranks:
+        assert r["context_parallel"] > 0 and r["weights"] == one["weights"]
+        assert r["training_step"] == (r["weights"] + r["forward_workspace"] + r["context_parallel"]
+                                      + r["backward_workspace"])
+        assert one["forward_workspace"] / 5 < r["forward_workspace"] < one["forward_workspace"] / 3
 
 
 def test_presets_and_config():

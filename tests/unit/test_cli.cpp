@@ -19,7 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "csattn/config.hpp"
+#include "csattn/cp.hpp"
 #include "csattn/device_memory.hpp"
+#include "csattn/layout.hpp"
 #include "csattn/safetensors.hpp"
 #include "csattn/tensor.hpp"
 #include "csattn/weights.hpp"
@@ -306,6 +308,27 @@ TEST(Cli, MemoryPlansTheGpuLayerWithoutAGpu) {
   EXPECT_NE(text.out.find("pro, one sequence of 65536 tokens, deterministic backward"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("CSA"), std::string::npos) << text.out;
   EXPECT_EQ(text.out.find("SWA"), std::string::npos) << "--ratios 4 lists CSA only:\n" << text.out;
+  // --cp-ranks: the rank of the context-parallel layer that needs the most.
+  const CliResult cp = run_cli("memory --preset flash --seqlens 32768 --ratios 4 --cp-ranks 4 --json");
+  ASSERT_EQ(cp.status, 0) << cp.err;
+  const nlohmann::json cj = parse_json(cp);
+  ASSERT_EQ(cj.size(), 1u) << cp.out;
+  EXPECT_EQ(cj[0]["context_parallel"]["ranks"], 4);
+  EXPECT_EQ(cj[0]["context_parallel"]["mode"], "two_chunk");
+  {
+    csattn::AttentionConfig c = csattn::ModelConfig::preset("flash").base;
+    c.compress_ratio = 4;
+    const csattn::CpPartition part = csattn::CpPartition::build(
+        csattn::pad_for_context_parallel(csattn::SeqLayout::from_lengths({32768}), csattn::CpMode::two_chunk, 4),
+        csattn::CpMode::two_chunk, 4);
+    std::size_t worst = 0;
+    for (const csattn::DeviceMemoryPlan& m : csattn::plan_cp_device_memory(c, part))
+      worst = std::max(worst, m.training_step());
+    EXPECT_EQ(cj[0]["layers"]["CSA"]["training_step_bytes"].get<std::size_t>(), worst);
+    EXPECT_GT(cj[0]["layers"]["CSA"]["context_parallel_bytes"].get<std::size_t>(), 0u);
+  }
+  expect_usage_error("memory --cp-ranks 0", {"--cp-ranks", "0"});
+  expect_usage_error("memory --cp-ranks 2 --cp-mode ring", {"--cp-mode", "ring"});
   expect_usage_error("memory --seqlens 0", {"--seqlens", "0"});
   expect_usage_error("memory --ratios 3", {"--ratios", "3"});
   expect_usage_error("memory --preset huge", {"--preset", "huge"});

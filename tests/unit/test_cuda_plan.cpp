@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "csattn/config.hpp"
+#include "csattn/cp.hpp"
+#include "csattn/layout.hpp"
 #include "csattn/device_memory.hpp"
 #include "csattn/error.hpp"
 #include "csattn/weights.hpp"
@@ -160,6 +162,37 @@ TEST(CudaPlan, DeviceMemoryPlanAddsTheLayersAllocations) {
   AttentionConfig bad = cfg;
   bad.n_heads = 0;
   EXPECT_THROW(plan_device_memory(bad, 10, 1, 10), Error);
+}
+
+// The context-parallel layer, per rank: the weights of one layer, the rank's share of the
+// rows (a quarter of a long sequence plus its halo and compressed-row copies), its own
+// buffers, the totals the sums of the parts; two_chunk balances the ranks.
+TEST(CudaPlan, ContextParallelRanksHoldAShareOfTheLayer) {
+  for (int ratio : {0, 4, 128})
+    for (CpMode mode : {CpMode::contiguous, CpMode::two_chunk}) {
+      AttentionConfig cfg = ModelConfig::preset("flash").base;
+      cfg.compress_ratio = ratio;
+      const int L = 32768, P = 4;
+      const CpPartition part = CpPartition::build(
+          pad_for_context_parallel(SeqLayout::from_lengths({L}), mode, P), mode, P);
+      const std::vector<DeviceMemoryPlan> ranks = plan_cp_device_memory(cfg, part);
+      const DeviceMemoryPlan one = plan_device_memory(cfg, L, 1, L);
+      const std::string what = "ratio " + std::to_string(ratio) + " " + cp_mode_name(mode);
+      ASSERT_EQ(ranks.size(), static_cast<std::size_t>(P)) << what;
+      std::size_t lo = ~std::size_t{0}, hi = 0;
+      for (const DeviceMemoryPlan& m : ranks) {
+        EXPECT_EQ(m.weights, one.weights) << what;
+        EXPECT_GT(m.context_parallel, 0u) << what;
+        EXPECT_EQ(m.training_step(), m.weights + m.forward_workspace + m.context_parallel + m.backward_workspace)
+            << what;
+        EXPECT_GT(m.forward_workspace, one.forward_workspace / 5) << what;
+        EXPECT_LT(m.forward_workspace, one.forward_workspace / 3) << what;
+        EXPECT_LT(m.backward_workspace, one.backward_workspace / 3) << what;
+        lo = std::min(lo, m.training_step());
+        hi = std::max(hi, m.training_step());
+      }
+      EXPECT_LT(static_cast<double>(hi) / lo, 1.1) << what;
+    }
 }
 
 }  // namespace

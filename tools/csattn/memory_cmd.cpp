@@ -1,8 +1,10 @@
 // `csattn memory`: the device memory the GPU layer will allocate, planned on the host from
 // the shapes (csattn/device_memory.hpp) - no GPU needed. Per model, sequence length and layer
 // type: weights, the forward workspace (activations kept for the backward), the backward's,
-// a forward-only run and a training step; then the model's attention layers together.
+// a forward-only run and a training step; then the model's attention layers together. With
+// --cp-ranks: the context-parallel layer's rank that needs the most.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -15,8 +17,10 @@
 #include "cli_util.hpp"
 #include "commands.hpp"
 #include "csattn/config.hpp"
+#include "csattn/cp.hpp"
 #include "csattn/device_memory.hpp"
 #include "csattn/error.hpp"
+#include "csattn/layout.hpp"
 
 namespace csattn::cli {
 
@@ -29,6 +33,8 @@ struct MemoryArgs {
   std::vector<std::string> ratios;
   bool deterministic = false;
   bool json = false;
+  int cp_ranks = 1;  // > 1: the context-parallel layer, per rank
+  std::string cp_mode = "two_chunk";
 };
 
 const char* layer_type(int ratio) { return ratio == 0 ? "SWA" : ratio == 4 ? "CSA" : "HCA"; }
@@ -61,13 +67,35 @@ nlohmann::json plan_json(const DeviceMemoryPlan& m, int tokens) {
           {"forward_workspace_bytes", m.forward_workspace},
           {"backward_workspace_bytes", m.backward_workspace},
           {"weight_gradient_bytes", m.weight_gradients},
+          {"context_parallel_bytes", m.context_parallel},
           {"forward_only_bytes", m.forward_only()},
           {"training_step_bytes", m.training_step()},
           {"training_step_bytes_per_token",
            tokens > 0 ? static_cast<double>(m.training_step()) / tokens : 0.0}};
 }
 
+// One layer on one GPU, or with --cp-ranks P the context-parallel rank that needs the most
+// (one sequence of L tokens, padded as the mode needs).
+DeviceMemoryPlan plan_of(const AttentionConfig& cfg, int L, const MemoryArgs& a) {
+  if (a.cp_ranks <= 1) return plan_device_memory(cfg, L, 1, L, a.deterministic);
+  const CpMode mode = parse_cp_mode(a.cp_mode);
+  const CpPartition part = CpPartition::build(
+      pad_for_context_parallel(SeqLayout::from_lengths({L}), mode, a.cp_ranks), mode, a.cp_ranks);
+  DeviceMemoryPlan worst;
+  for (const DeviceMemoryPlan& m : plan_cp_device_memory(cfg, part, a.deterministic))
+    if (m.training_step() > worst.training_step()) worst = m;
+  return worst;
+}
+
 int run_memory(const MemoryArgs& a) {
+  if (a.cp_ranks < 1) bad_option("--cp-ranks", std::to_string(a.cp_ranks) + " must be >= 1");
+  if (a.cp_ranks > 1) {
+    try {
+      parse_cp_mode(a.cp_mode);
+    } catch (const Error& e) {
+      bad_option("--cp-mode", e.what());
+    }
+  }
   const std::vector<int> seqlens = parse_int_list(a.seqlens, "--seqlens");
   for (int L : seqlens)
     if (L < 1) bad_option("--seqlens", std::to_string(L) + " must be >= 1");
@@ -80,31 +108,46 @@ int run_memory(const MemoryArgs& a) {
     const std::vector<int> types = only.empty() ? std::vector<int>(in_model.begin(), in_model.end()) : only;
     for (int L : seqlens) {
       nlohmann::json entry{{"model", model.name}, {"seqlen", L}, {"deterministic", a.deterministic}};
+      if (a.cp_ranks > 1) entry["context_parallel"] = {{"ranks", a.cp_ranks}, {"mode", a.cp_mode}};
+      const bool cp = a.cp_ranks > 1;
       if (!a.json) {
-        fmt::print("{}, one sequence of {} tokens{}\n", model.name, L,
+        fmt::print("{}, one sequence of {} tokens{}{}\n", model.name, L,
+                   cp ? fmt::format(", context parallel over {} GPUs ({}): the rank that needs "
+                                    "the most", a.cp_ranks, a.cp_mode)
+                      : std::string(),
                    a.deterministic ? ", deterministic backward" : "");
-        fmt::print("  {:<5} {:>10} {:>13} {:>14} {:>13} {:>14} {:>12}\n", "layer", "weights",
-                   "fwd workspace", "bwd workspace", "forward only", "training step", "KiB/token");
+        fmt::print("  {:<5} {:>10} {:>13}{} {:>14} {:>13} {:>14} {:>12}\n", "layer", "weights",
+                   "fwd workspace", cp ? fmt::format(" {:>10}", "cp buffers") : std::string(),
+                   "bwd workspace", "forward only", "training step", "KiB/token");
       }
+      // One plan per layer type (the model's layers repeat three types).
+      std::map<int, DeviceMemoryPlan> plans;
       AttentionConfig cfg = model.config.base;
-      for (int ratio : types) {
+      auto plan = [&](int ratio) -> const DeviceMemoryPlan& {
+        auto it = plans.find(ratio);
+        if (it != plans.end()) return it->second;
         cfg.compress_ratio = ratio;
-        const DeviceMemoryPlan m = plan_device_memory(cfg, L, 1, L, a.deterministic);
+        return plans[ratio] = plan_of(cfg, L, a);
+      };
+      const double rank_tokens = static_cast<double>(L) / a.cp_ranks;
+      for (int ratio : types) {
+        const DeviceMemoryPlan& m = plan(ratio);
         entry["layers"][layer_type(ratio)] = plan_json(m, L);
         if (!a.json)
-          fmt::print("  {:<5} {:>6.2f} GiB {:>9.2f} GiB {:>10.2f} GiB {:>9.2f} GiB {:>10.2f} GiB {:>12.1f}\n",
+          fmt::print("  {:<5} {:>6.2f} GiB {:>9.2f} GiB{} {:>10.2f} GiB {:>9.2f} GiB {:>10.2f} GiB {:>12.1f}\n",
                      layer_type(ratio), gib(m.weights), gib(m.forward_workspace),
+                     cp ? fmt::format(" {:>6.2f} GiB", gib(m.context_parallel)) : std::string(),
                      gib(m.backward_workspace), gib(m.forward_only()), gib(m.training_step()),
-                     static_cast<double>(m.training_step()) / 1024.0 / L);
+                     static_cast<double>(m.training_step()) / 1024.0 / rank_tokens);
       }
-      // Every attention layer of the model on one GPU: all weights and every layer's kept
-      // activations, plus the largest backward workspace (one layer's backward at a time).
+      // Every attention layer of the model: all weights and every layer's kept activations
+      // (and context-parallel buffers), plus the largest backward workspace (one layer's
+      // backward at a time).
       std::size_t weights = 0, activations = 0, backward = 0;
       for (int ratio : model.config.compress_ratios) {
-        cfg.compress_ratio = ratio;
-        const DeviceMemoryPlan m = plan_device_memory(cfg, L, 1, L, a.deterministic);
+        const DeviceMemoryPlan& m = plan(ratio);
         weights += m.weights;
-        activations += m.forward_workspace;
+        activations += m.forward_workspace + m.context_parallel;
         backward = std::max(backward, m.backward_workspace);
       }
       const std::size_t layers = model.config.compress_ratios.size();
@@ -115,9 +158,9 @@ int run_memory(const MemoryArgs& a) {
                              {"training_step_bytes", weights + activations + backward}};
       if (!a.json)
         fmt::print("  all {} attention layers, every layer's activations kept: {:.2f} GiB weights + "
-                   "{:.2f} GiB activations + {:.2f} GiB for one backward = {:.2f} GiB\n\n",
+                   "{:.2f} GiB activations + {:.2f} GiB for one backward = {:.2f} GiB{}\n\n",
                    layers, gib(weights), gib(activations), gib(backward),
-                   gib(weights + activations + backward));
+                   gib(weights + activations + backward), cp ? " per rank" : "");
       report.push_back(entry);
     }
   }
@@ -149,6 +192,11 @@ Command add_memory_command(CLI::App& app) {
       ->delimiter(',');
   cmd->add_flag("--deterministic", a->deterministic,
                 "The deterministic backward (its fixed-order scratch included)");
+  cmd->add_option("--cp-ranks", a->cp_ranks,
+                  "GPUs of a context-parallel layer (> 1: the per-rank plan, the largest rank)")
+      ->capture_default_str();
+  cmd->add_option("--cp-mode", a->cp_mode, "Context-parallel partition: contiguous or two_chunk")
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "A JSON array instead of the tables");
   return [a]() { return run_memory(*a); };
 }
