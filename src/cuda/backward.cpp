@@ -129,9 +129,10 @@ void backward_query_path(const ForwardParams& f, const BackwardParams& p, cublas
   const BackwardBuffers& b = p.buf;
   const DeviceGradients& g = p.grad;
   const int T = d.rows, H = d.heads, D = d.head_dim, HD = H * D, dm = d.d_model;
-  rope_rows(f, b.dq, T * H, D, H, -1, stream);  // dq: bf16 from the attention backward
-  launch_rmsnorm_backward(a.qb_proj, nullptr, b.dq, T * H, D, d.eps, b.dqb, nullptr, b.rstd,
-                          nullptr, 0, stream);
+  // dq (bf16 from the attention backward) through the per-head norm in RoPE's frame, from the
+  // norm's output q and its stored 1 / rms; then RoPE undone.
+  launch_rmsnorm_backward_from_output(a.q, a.q_rstd, b.dq, T * H, D, b.dqb, stream);
+  rope_rows(f, b.dqb, T * H, D, H, -1, stream);
   linear_grad_input(blas, b.dqb, T, HD, w.wq_b, d.q_lora_rank, b.dcq);
   linear_grad_weight(blas, b.dqb, T, HD, a.cq, d.q_lora_rank, g.wq_b);
   launch_rmsnorm_backward(a.q_proj, w.q_norm, b.dcq, T, d.q_lora_rank, d.eps, b.dnormed, g.q_norm,

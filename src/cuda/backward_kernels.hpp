@@ -16,6 +16,14 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
                              float eps, bf16* dx, float* dweight, float* rstd,
                              const std::int32_t* comp_start, int segments, cudaStream_t stream);
 
+// The weightless RMSNorm's backward from its output y = r x (bf16) and the r the forward
+// stored (NormRopeArgs::rstd): dx = r (dy - y <dy, y> / n) - the input x is not needed. The
+// formula commutes with a rotation of y, dy and dx alike, so the query path runs it on the
+// RoPE'd q and dq and undoes RoPE after (exact up to the bf16 cos / sin, whose rotation is
+// orthogonal to ~2^-8).
+void launch_rmsnorm_backward_from_output(const bf16* y, const float* rstd, const bf16* dy, int rows,
+                                         int n, bf16* dx, cudaStream_t stream);
+
 // Sparse attention backward: dq (bf16, overwritten: each (row, head) summed in fp32 by one
 // CTA, then rounded to nearest), dkv_acc / dcomp_acc (atomic accumulation),
 // dsink_part[t, h] = -P_sink * D_row. Dispatches to the wgmma kernel for

@@ -20,10 +20,13 @@ void forward_projections(const ForwardParams& p, cublasHandle_t blas, cudaStream
   cq.norm = true;
   cq.weight = w.q_norm;
   launch_norm_rope(cq, stream);
-  linear(blas, a.cq, T, d.q_lora_rank, w.wq_b, H * D, a.qb_proj);
-  NormRopeArgs qn = token_rows_args(d, w, m, a.qb_proj, a.q, T * H, D, H);
+  // The per-head projection, then its norm and RoPE in place (the kernels read a row before
+  // writing it); the backward needs only the result and each row's 1 / rms.
+  linear(blas, a.cq, T, d.q_lora_rank, w.wq_b, H * D, a.q);
+  NormRopeArgs qn = token_rows_args(d, w, m, a.q, a.q, T * H, D, H);
   qn.norm = true;
   qn.rope_dim = d.rope_dim;
+  qn.rstd = a.q_rstd;
   launch_norm_rope(qn, stream);
   // The shared K=V head.
   linear(blas, a.x, T, d.d_model, w.wkv, D, a.kv_proj);

@@ -34,6 +34,9 @@ struct NormRopeArgs {
   bool hadamard = false;     // n must be a power of two
   const __nv_bfloat162* rope_table = nullptr;  // [positions, rope_dim / 2] (cos, sin); null:
                                                // computed per row
+  // With norm, optional: each row's 1 / rms (the factor the norm applied) stored here, for a
+  // backward that reads the norm's output instead of its input (rmsnorm_backward_from_output).
+  float* rstd = nullptr;
 };
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream);
 // Always the one-block-per-row kernel (the reference for tests and benchmarks).

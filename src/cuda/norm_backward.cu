@@ -12,7 +12,8 @@ constexpr int kThreads = 128;
 
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_backward_kernel(const bf16* x, const bf16* weight, const bf16* dy, int n, float eps,
-                            bf16* dx, float* rstd, const std::int32_t* comp_start, int segments) {
+                            bf16* dx, float* rstd, const float* given_rstd,
+                            const std::int32_t* comp_start, int segments) {
   __shared__ float scratch[32];
   const int row = blockIdx.x;
   if (comp_start && row >= comp_start[segments]) return;
@@ -27,14 +28,16 @@ __global__ void __launch_bounds__(kThreads)
   }
   ss = block_sum(ss, scratch);
   dot = block_sum(dot, scratch);
-  const float r = 1.0f / sqrtf(ss / n + eps);
-  const float c = r * r * r * dot / n;
+  // From the input x: r = 1 / rms(x), dx = r dy w - r^3 x <dy w, x> / n. From the weightless
+  // norm's output y = r x and its stored r: the same, r (dy - y <dy, y> / n).
+  const float r = given_rstd ? given_rstd[row] : 1.0f / sqrtf(ss / n + eps);
+  const float c = given_rstd ? r * dot / n : r * r * r * dot / n;
   bf16* out = dx + static_cast<long>(row) * n;
   for (int i = threadIdx.x; i < n; i += kThreads) {
     const float w = weight ? __bfloat162float(weight[i]) : 1.0f;
     out[i] = __float2bfloat16_rn(r * __bfloat162float(gr[i]) * w - c * __bfloat162float(xr[i]));
   }
-  if (threadIdx.x == 0) rstd[row] = r;
+  if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;
 }
 
 // dweight[i] += sum_rows dy[r, i] x[r, i] rstd[r], rows in order.
@@ -71,7 +74,7 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
                              float eps, bf16* dx, float* dweight, float* rstd,
                              const std::int32_t* comp_start, int segments, cudaStream_t stream) {
   if (rows <= 0) return;
-  rmsnorm_backward_kernel<<<rows, kThreads, 0, stream>>>(x, weight, dy, n, eps, dx, rstd,
+  rmsnorm_backward_kernel<<<rows, kThreads, 0, stream>>>(x, weight, dy, n, eps, dx, rstd, nullptr,
                                                          comp_start, segments);
   CSATTN_CUDA_LAUNCH_CHECK();
   if (dweight) {
@@ -79,6 +82,14 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
                                                                     comp_start, segments);
     CSATTN_CUDA_LAUNCH_CHECK();
   }
+}
+
+void launch_rmsnorm_backward_from_output(const bf16* y, const float* rstd, const bf16* dy, int rows,
+                                         int n, bf16* dx, cudaStream_t stream) {
+  if (rows <= 0) return;
+  rmsnorm_backward_kernel<<<rows, kThreads, 0, stream>>>(y, nullptr, dy, n, 0.0f, dx, nullptr, rstd,
+                                                         nullptr, 0);
+  CSATTN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_column_sum(const float* part, int rows, int cols, float* dst, cudaStream_t stream) {

@@ -113,9 +113,9 @@ __device__ __forceinline__ void store_lane(bf16* p, const float (&v)[E]) {
   }
 }
 
-// Norm, RoPE and Hadamard of one row held by a warp (lane: elements [lane*E, lane*E + E)).
+// Norm, RoPE and Hadamard of row `row` held by a warp (lane: elements [lane*E, lane*E + E)).
 template <int E>
-__device__ __forceinline__ void transform_row(const NormRopeArgs& a, int position, int lane,
+__device__ __forceinline__ void transform_row(const NormRopeArgs& a, int row, int position, int lane,
                                               float (&v)[E]) {
   constexpr int n = 32 * E;
   const int first = lane * E;
@@ -125,6 +125,7 @@ __device__ __forceinline__ void transform_row(const NormRopeArgs& a, int positio
     for (int i = 0; i < E; ++i) ss += v[i] * v[i];
     ss = warp_sum(ss);
     const float r = 1.0f / sqrtf(ss / n + a.eps);
+    if (a.rstd != nullptr && lane == 0) a.rstd[row] = r;
     if (a.weight) {
       float w[E];
       load_lane<E>(a.weight + first, w);
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_warp_kernel(Nor
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (position[r] < 0) continue;
-    transform_row<E>(a, position[r], lane, v[r]);
+    transform_row<E>(a, row0 + r, position[r], lane, v[r]);
     store_lane<E>(a.out + static_cast<long>(row0 + r) * n + lane * E, v[r]);
   }
 }
@@ -239,6 +240,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_n128_kernel(Nor
     ss += __shfl_xor_sync(0xffffffffu, ss, 1);
     ss += __shfl_xor_sync(0xffffffffu, ss, 2);
     const float r = 1.0f / sqrtf(ss / n + a.eps);
+    if (a.rstd != nullptr && live && gl == 0) a.rstd[row] = r;
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       float w[8];
@@ -333,6 +335,7 @@ __global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
     for (int i = threadIdx.x; i < n; i += kThreads) ss += buf[i] * buf[i];
     ss = block_sum(ss, scratch);
     const float r = 1.0f / sqrtf(ss / n + a.eps);
+    if (a.rstd != nullptr && threadIdx.x == 0) a.rstd[row] = r;
     for (int i = threadIdx.x; i < n; i += kThreads) {
       const float w = a.weight ? __bfloat162float(a.weight[i]) : 1.0f;
       buf[i] = round_bf16(buf[i] * r * w);

@@ -83,7 +83,10 @@ inline CompEntries comp_entries(const LayerDims& d, const DeviceMetadata& m) {
 struct DeviceActivations {
   bf16* x = nullptr;                           // [T, d_model]
   bf16 *q_proj = nullptr, *cq = nullptr;       // [T, r_q]
-  bf16 *qb_proj = nullptr, *q = nullptr;       // [T, H*D]
+  // q: the up-projection, then in place its per-head norm and RoPE; q_rstd the norm's 1 / rms
+  // per (token, head) (the backward reads q and q_rstd, not the projection).
+  bf16* q = nullptr;                           // [T, H*D]
+  float* q_rstd = nullptr;                     // [T, H]
   bf16 *kv_proj = nullptr, *kv = nullptr;      // [T, D]
   bf16 *c_a = nullptr, *c_g = nullptr;         // [T, coff*D]
   bf16 *c_pooled = nullptr, *comp = nullptr;   // [Nc_cap, D]

@@ -65,8 +65,8 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
   p.x = take(T * d.d_model * bf);
   p.q_proj = take(T * d.q_lora_rank * bf);
   p.cq = take(T * d.q_lora_rank * bf);
-  p.qb_proj = take(T * HD * bf);
   p.q = take(T * HD * bf);
+  p.q_rstd = take(T * d.heads * f32);
   p.kv_proj = take(T * d.head_dim * bf);
   p.kv = take(T * d.head_dim * bf);
   if (d.ratio > 1) {
@@ -128,7 +128,7 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
   // writer the query path after it (backward.hpp's stage order, the CP layer's too).
   p.dqb = p.dattn;
   p.dcq = take(T * d.q_lora_rank * bf);
-  p.rstd = take(T * std::max<std::size_t>(std::max(d.heads, d.index_heads), 1) * f32);
+  p.rstd = take(std::max<std::size_t>(std::max(T, Nc), 1) * f32);  // one norm's rows at a time
   // dx (fp32) shares dq's bytes where it fits (every DeepSeek-V4 shape): dq's last reader, the
   // query path's norm backward, runs before the query path first writes dx.
   p.dx = d.d_model * f32 <= HD * bf ? p.dq : take(T * d.d_model * f32);
@@ -209,8 +209,8 @@ DeviceActivations WorkspacePlan::activations(void* base) const {
   a.x = at<bf16>(base, x);
   a.q_proj = at<bf16>(base, q_proj);
   a.cq = at<bf16>(base, cq);
-  a.qb_proj = at<bf16>(base, qb_proj);
   a.q = at<bf16>(base, q);
+  a.q_rstd = at<float>(base, q_rstd);
   a.kv_proj = at<bf16>(base, kv_proj);
   a.kv = at<bf16>(base, kv);
   if (comp) {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "csattn/layer.hpp"
+#include "cuda/backward_kernels.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/workspace.hpp"
 #include "cuda_test_util.hpp"
@@ -123,6 +125,116 @@ INSTANTIATE_TEST_SUITE_P(
                       NrCase{"rows_128_partial_group", 128, true, true, true, false, 1, 1},
                       NrCase{"rows_256_partial_group", 256, true, false, false, false, 1, 1}),
     [](const auto& param_info) { return param_info.param.name; });
+
+// Per-head rows of a batch (T tokens x 4 heads of width n), random bf16 values.
+std::vector<std::uint16_t> random_rows(std::size_t count, unsigned seed, float sd) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sd);
+  std::vector<std::uint16_t> v(count);
+  for (auto& x : v) x = float_to_bf16_bits(dist(rng));
+  return v;
+}
+
+// The norm's 1 / rms stored per row (NormRopeArgs::rstd), by each kernel (n = 64: the block
+// kernel, 128: the 4-lanes-a-row kernel, 512: the warp kernel), equal to the host's; and the
+// forward's in-place use (in == out) writes what an out-of-place run writes.
+TEST(CudaNormRopeRstd, StoresEachRowsScaleAndRunsInPlace) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  const testing_util::DeviceBatch batch(cfg, {37, 1, 300}, {40, 1, 303});
+  const cuda::LayerDims& d = batch.dims;
+  cuda::DeviceWeights w;
+  w.omega = batch.omega();
+  constexpr int kHeads = 4;
+  const int rows = d.rows * kHeads;
+  for (int n : {64, 128, 512}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const std::size_t count = static_cast<std::size_t>(rows) * n;
+    const std::vector<std::uint16_t> x = random_rows(count, 7 + n, 2.0f);
+    const DeviceArray<std::uint16_t> in(x);
+    DeviceArray<std::uint16_t> out(count), inplace(x);
+    DeviceArray<float> rstd(static_cast<std::size_t>(rows)), rstd2(static_cast<std::size_t>(rows));
+    out.fill_bytes(0xFF);
+    rstd.fill_bytes(0xFF);
+    rstd2.fill_bytes(0xFF);
+    cuda::NormRopeArgs a = cuda::token_rows_args(d, w, batch.meta, dev_cast<cuda::bf16>(in),
+                                                 dev_cast<cuda::bf16>(out), rows, n, kHeads);
+    a.norm = true;
+    a.rope_dim = std::min(cfg.rope_dim, n);
+    a.rstd = rstd.get();
+    cuda::launch_norm_rope(a, nullptr);
+    a.in = dev_cast<cuda::bf16>(inplace);
+    a.out = dev_cast<cuda::bf16>(inplace);
+    a.rstd = rstd2.get();
+    cuda::launch_norm_rope(a, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(out.download(), inplace.download()) << "in place differs from out of place";
+    const std::vector<float> r = rstd.download(), r2 = rstd2.download();
+    EXPECT_EQ(r, r2);
+    for (int row = 0; row < rows; ++row) {
+      double ss = 0.0;
+      for (int i = 0; i < n; ++i) {
+        const double v = bf16_bits_to_float(x[static_cast<std::size_t>(row) * n + i]);
+        ss += v * v;
+      }
+      const double want = 1.0 / std::sqrt(ss / n + cfg.norm_eps);
+      ASSERT_NEAR(r[row], want, 1e-5 * want) << "row " << row;
+    }
+  }
+}
+
+// The query path's per-head norm backward from the norm's output (rmsnorm_backward_from_output
+// on the RoPE'd q and dq, then RoPE undone) against the backward from the input (RoPE undone
+// on dq, then rmsnorm_backward on the projection): the same gradient up to bf16 rounding.
+TEST(CudaNormBackward, FromTheOutputInRopesFrameMatchesFromTheInput) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  const testing_util::DeviceBatch batch(cfg, {37, 1, 300}, {40, 1, 303});
+  const cuda::LayerDims& d = batch.dims;
+  cuda::DeviceWeights w;
+  w.omega = batch.omega();
+  constexpr int kHeads = 4, n = 512;
+  const int rows = d.rows * kHeads;
+  const std::size_t count = static_cast<std::size_t>(rows) * n;
+  const DeviceArray<std::uint16_t> x(random_rows(count, 11, 3.0f));
+  DeviceArray<std::uint16_t> q(count), dq(random_rows(count, 12, 1.0f)), dq_pre(count),
+      dx_ref(count), dx_new(count);
+  DeviceArray<float> rstd(static_cast<std::size_t>(rows)), scratch(static_cast<std::size_t>(rows));
+  for (auto* buf : {&q, &dq_pre, &dx_ref, &dx_new}) buf->fill_bytes(0xFF);
+  auto rope = [&](const DeviceArray<std::uint16_t>& from, DeviceArray<std::uint16_t>& to, bool norm,
+                  int sign) {
+    cuda::NormRopeArgs a = cuda::token_rows_args(d, w, batch.meta, dev_cast<cuda::bf16>(from),
+                                                 dev_cast<cuda::bf16>(to), rows, n, kHeads);
+    a.norm = norm;
+    a.rope_dim = cfg.rope_dim;
+    a.rope_sign = sign;
+    if (norm) a.rstd = rstd.get();
+    cuda::launch_norm_rope(a, nullptr);
+  };
+  rope(x, q, true, +1);  // the forward: q = RoPE(norm(x)), rstd stored
+  // Reference: RoPE undone on dq, then the backward from the input x.
+  rope(dq, dq_pre, false, -1);
+  cuda::launch_rmsnorm_backward(dev_cast<cuda::bf16>(x), nullptr, dev_cast<cuda::bf16>(dq_pre), rows, n,
+                                static_cast<float>(cfg.norm_eps), dev_cast<cuda::bf16>(dx_ref), nullptr,
+                                scratch.get(), nullptr, 0, nullptr);
+  // The query path: from the output in RoPE's frame, then RoPE undone (in place).
+  cuda::launch_rmsnorm_backward_from_output(dev_cast<cuda::bf16>(q), rstd.get(), dev_cast<cuda::bf16>(dq),
+                                            rows, n, dev_cast<cuda::bf16>(dx_new), nullptr);
+  rope(dx_new, dx_new, false, -1);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<std::uint16_t> ref = dx_ref.download(), got = dx_new.download();
+  double err2 = 0.0, ref2 = 0.0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const double a = bf16_bits_to_float(got[i]), b = bf16_bits_to_float(ref[i]);
+    ASSERT_TRUE(std::isfinite(a)) << i;
+    err2 += (a - b) * (a - b);
+    ref2 += b * b;
+  }
+  ASSERT_GT(ref2, 0.0);
+  EXPECT_LT(std::sqrt(err2 / ref2), 1e-2);
+}
 
 }  // namespace
 }  // namespace csattn
