@@ -135,19 +135,28 @@ std::vector<std::uint16_t> random_rows(std::size_t count, unsigned seed, float s
   return v;
 }
 
+// Four query heads per token of a small ragged batch at the Flash shape: the metadata, the
+// RoPE table and the row count the norm tests below run on.
+struct HeadRows {
+  static constexpr int kHeads = 4;
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  testing_util::DeviceBatch batch{cfg, {37, 1, 300}, {40, 1, 303}};
+  cuda::DeviceWeights w;
+  int rows = 0;
+  HeadRows() {
+    w.omega = batch.omega();
+    rows = batch.dims.rows * kHeads;
+  }
+};
+
 // The norm's 1 / rms stored per row (NormRopeArgs::rstd), by each kernel (n = 64: the block
 // kernel, 128: the 4-lanes-a-row kernel, 512: the warp kernel), equal to the host's; and the
 // forward's in-place use (in == out) writes what an out-of-place run writes.
 TEST(CudaNormRopeRstd, StoresEachRowsScaleAndRunsInPlace) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-  AttentionConfig cfg = ModelConfig::preset("flash").base;
-  const testing_util::DeviceBatch batch(cfg, {37, 1, 300}, {40, 1, 303});
-  const cuda::LayerDims& d = batch.dims;
-  cuda::DeviceWeights w;
-  w.omega = batch.omega();
-  constexpr int kHeads = 4;
-  const int rows = d.rows * kHeads;
+  const HeadRows h;
+  const int rows = h.rows, kHeads = HeadRows::kHeads;
   for (int n : {64, 128, 512}) {
     SCOPED_TRACE("n = " + std::to_string(n));
     const std::size_t count = static_cast<std::size_t>(rows) * n;
@@ -158,10 +167,10 @@ TEST(CudaNormRopeRstd, StoresEachRowsScaleAndRunsInPlace) {
     out.fill_bytes(0xFF);
     rstd.fill_bytes(0xFF);
     rstd2.fill_bytes(0xFF);
-    cuda::NormRopeArgs a = cuda::token_rows_args(d, w, batch.meta, dev_cast<cuda::bf16>(in),
+    cuda::NormRopeArgs a = cuda::token_rows_args(h.batch.dims, h.w, h.batch.meta, dev_cast<cuda::bf16>(in),
                                                  dev_cast<cuda::bf16>(out), rows, n, kHeads);
     a.norm = true;
-    a.rope_dim = std::min(cfg.rope_dim, n);
+    a.rope_dim = std::min(h.cfg.rope_dim, n);
     a.rstd = rstd.get();
     cuda::launch_norm_rope(a, nullptr);
     a.in = dev_cast<cuda::bf16>(inplace);
@@ -178,7 +187,7 @@ TEST(CudaNormRopeRstd, StoresEachRowsScaleAndRunsInPlace) {
         const double v = bf16_bits_to_float(x[static_cast<std::size_t>(row) * n + i]);
         ss += v * v;
       }
-      const double want = 1.0 / std::sqrt(ss / n + cfg.norm_eps);
+      const double want = 1.0 / std::sqrt(ss / n + h.cfg.norm_eps);
       ASSERT_NEAR(r[row], want, 1e-5 * want) << "row " << row;
     }
   }
@@ -190,13 +199,9 @@ TEST(CudaNormRopeRstd, StoresEachRowsScaleAndRunsInPlace) {
 TEST(CudaNormBackward, FromTheOutputInRopesFrameMatchesFromTheInput) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-  AttentionConfig cfg = ModelConfig::preset("flash").base;
-  const testing_util::DeviceBatch batch(cfg, {37, 1, 300}, {40, 1, 303});
-  const cuda::LayerDims& d = batch.dims;
-  cuda::DeviceWeights w;
-  w.omega = batch.omega();
-  constexpr int kHeads = 4, n = 512;
-  const int rows = d.rows * kHeads;
+  const HeadRows h;
+  constexpr int n = 512;
+  const int rows = h.rows, kHeads = HeadRows::kHeads;
   const std::size_t count = static_cast<std::size_t>(rows) * n;
   const DeviceArray<std::uint16_t> x(random_rows(count, 11, 3.0f));
   DeviceArray<std::uint16_t> q(count), dq(random_rows(count, 12, 1.0f)), dq_pre(count),
@@ -205,10 +210,10 @@ TEST(CudaNormBackward, FromTheOutputInRopesFrameMatchesFromTheInput) {
   for (auto* buf : {&q, &dq_pre, &dx_ref, &dx_new}) buf->fill_bytes(0xFF);
   auto rope = [&](const DeviceArray<std::uint16_t>& from, DeviceArray<std::uint16_t>& to, bool norm,
                   int sign) {
-    cuda::NormRopeArgs a = cuda::token_rows_args(d, w, batch.meta, dev_cast<cuda::bf16>(from),
+    cuda::NormRopeArgs a = cuda::token_rows_args(h.batch.dims, h.w, h.batch.meta, dev_cast<cuda::bf16>(from),
                                                  dev_cast<cuda::bf16>(to), rows, n, kHeads);
     a.norm = norm;
-    a.rope_dim = cfg.rope_dim;
+    a.rope_dim = h.cfg.rope_dim;
     a.rope_sign = sign;
     if (norm) a.rstd = rstd.get();
     cuda::launch_norm_rope(a, nullptr);
@@ -217,7 +222,7 @@ TEST(CudaNormBackward, FromTheOutputInRopesFrameMatchesFromTheInput) {
   // Reference: RoPE undone on dq, then the backward from the input x.
   rope(dq, dq_pre, false, -1);
   cuda::launch_rmsnorm_backward(dev_cast<cuda::bf16>(x), nullptr, dev_cast<cuda::bf16>(dq_pre), rows, n,
-                                static_cast<float>(cfg.norm_eps), dev_cast<cuda::bf16>(dx_ref), nullptr,
+                                static_cast<float>(h.cfg.norm_eps), dev_cast<cuda::bf16>(dx_ref), nullptr,
                                 scratch.get(), nullptr, 0, nullptr);
   // The query path: from the output in RoPE's frame, then RoPE undone (in place).
   cuda::launch_rmsnorm_backward_from_output(dev_cast<cuda::bf16>(q), rstd.get(), dev_cast<cuda::bf16>(dq),
