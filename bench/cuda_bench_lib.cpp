@@ -257,12 +257,15 @@ json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double
   CSATTN_CUDA_CHECK(cudaMemcpy(sel, selh.data(), selh.size() * 4, cudaMemcpyHostToDevice));
   const DeviceMetadata m = csattn::bench::upload_one_sequence_metadata(meta_buf, T, T, Nc, 0);
   launch_sparse_attention(d, m, q, kv, comp, sink, sel, attn, lse, nullptr);
+  auto* scale = static_cast<float*>(dev(sizeof(float)));  // the mean's 1 / T, on the device
+  const float scale_h = 1.0f / T;
+  CSATTN_CUDA_CHECK(cudaMemcpy(scale, &scale_h, sizeof(float), cudaMemcpyHostToDevice));
   IndexerLossArgs a;
   a.qi = qi; a.w_eff = w_eff; a.keys = keys; a.q = q; a.kv = kv; a.comp = comp; a.sink = sink;
-  a.topk = sel; a.lse = lse; a.sparse = sparse; a.scale = 1.0f / T;
+  a.topk = sel; a.lse = lse; a.sparse = sparse; a.scale = scale;
   const double ms = median_ms([&] {
     CSATTN_CUDA_CHECK(cudaMemsetAsync(dkeys, 0, sizeof(float) * Nc * DI, nullptr));
-    launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f / T, dqi, dweff, dkeys, nullptr, kernel);
+    launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f, dqi, dweff, dkeys, nullptr, kernel);
   }, 1, 3);
   const double flops = pairs * (2.0 * H * D + 3 * 2.0 * HI * DI);
   json j{{"preset", preset}, {"heads", H}, {"tokens", T}, {"loss", sparse ? "sparse" : "dense"},

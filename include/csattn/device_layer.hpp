@@ -3,7 +3,8 @@
 // arrays, the workspaces are the caller's (sized by the *_workspace_bytes functions from
 // host-known shapes), work goes on the caller's stream, and forward / backward allocate
 // nothing and never synchronise with the host, so they can be captured in a CUDA graph
-// (after one eager call: the first launch of each kernel sets its shared-memory attribute).
+// (after one eager call: the first launch of each kernel sets its shared-memory attribute) and
+// replayed with other cu_seqlens values of the same rows, segments and max_seqlen bound.
 // The HybridAttentionLayer with Device::cuda is the host-tensor path over the same kernels.
 //
 // One DeviceLayer serves one thread at a time (it holds one cuBLAS handle). No CUDA types
@@ -29,7 +30,10 @@ struct DeviceBatch {
   int rows = 0;                                     // cu_seqlens_padded[segments]
   int segments = 0;
   int max_seqlen = 0;          // >= every padded segment length (a bound is fine)
-  std::int64_t real_rows = 0;  // cu_seqlens[segments]: the mean loss divides by it
+  // cu_seqlens[segments], checked against rows. Not read by the run: the mean loss divides by
+  // the device's cu_seqlens[segments], so a CUDA-graph replay with another packing (new
+  // cu_seqlens values, the same pointers) scales by its own real rows.
+  std::int64_t real_rows = 0;
   // CSA, optional: [rows, index_topk] segment-local ids, in every row the valid ids first in
   // ascending order, then -1 (the layout the indexer writes), used instead of the indexer's.
   const std::int32_t* forced_topk = nullptr;

@@ -40,7 +40,7 @@ IndexerLossArgs loss_args(const ForwardParams& f, const BackwardParams& b) {
   l.topk = f.act.topk;
   l.lse = f.act.lse;
   l.sparse = b.sparse_loss;
-  l.scale = b.loss_scale;
+  l.scale = f.meta.loss_scale;
   if (mxfp8_predictor(f, b)) {  // the sparse loss's predictor: the MXFP8 selection's scores
     l.pred_qi = f.act.qi_proj;   // qi through MXFP8 (forward.cpp)
     l.pred_keys = f.act.i_keys_mx;
@@ -195,7 +195,6 @@ void backward_indexer_loss(const ForwardParams& f, const BackwardParams& p, cuda
   const LayerDims& d = f.dims;
   const DeviceActivations& a = f.act;
   const BackwardBuffers& b = p.buf;
-  const float grad_scale = p.grad_loss * p.loss_scale;
   CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkeys_acc, 0, sizeof(float) * static_cast<std::size_t>(d.comp_capacity) * d.index_dim, stream));
   if (p.deterministic) {
     IndexerLossArgs la = loss_args(f, p);
@@ -208,12 +207,12 @@ void backward_indexer_loss(const ForwardParams& f, const BackwardParams& p, cuda
     const int chunk_rows = deterministic_chunk_rows(b, T, os.slots, d.index_dim);
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
       la.chunk = GradChunk{r0, std::min(chunk_rows, T - r0), b.det_scratch, os.slots, 1};
-      launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, grad_scale, b.dqi, b.dweff,
+      launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, p.grad_loss, b.dqi, b.dweff,
                           b.dkeys_acc, stream);
       launch_ordered_scatter(d, f.meta, a.topk, os, r0, la.chunk.rows, b.det_scratch, stream);
     }
   } else {
-    launch_indexer_loss(d, f.meta, loss_args(f, p), a.loss_rows, a.loss, true, grad_scale, b.dqi,
+    launch_indexer_loss(d, f.meta, loss_args(f, p), a.loss_rows, a.loss, true, p.grad_loss, b.dqi,
                         b.dweff, b.dkeys_acc, stream);
   }
 }
@@ -234,7 +233,9 @@ void backward_indexer_queries(const ForwardParams& f, const BackwardParams& p,
 }
 
 bool indexer_loss_backward_runs(const ForwardParams& f, const BackwardParams& p) {
-  return f.dims.ratio == 4 && p.grad_loss * p.loss_scale != 0.0f;
+  // Host-known: lambda and the upstream gradient. A batch without real rows runs it with a
+  // device scale of 0 (exact zeros).
+  return f.dims.ratio == 4 && p.grad_loss != 0.0f && f.dims.loss_coeff != 0.0;
 }
 
 void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,

@@ -14,8 +14,7 @@ namespace csattn::cuda {
 struct BackwardParams {
   BackwardBuffers buf;
   DeviceGradients grad;  // zeroed by the caller
-  float grad_loss = 1.0f;   // upstream gradient of the indexer loss
-  float loss_scale = 0.0f;  // lambda / N_real_rows, or lambda per token
+  float grad_loss = 1.0f;   // upstream gradient of the indexer loss (its scale: f.meta.loss_scale)
   bool sparse_loss = true;
   // Fixed-order reductions instead of atomics (bitwise-repeatable gradients).
   bool deterministic = false;

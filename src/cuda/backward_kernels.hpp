@@ -97,9 +97,9 @@ void launch_compressor_pool_backward(const LayerDims& d, const DeviceMetadata& m
                                      const bf16* dpooled, bf16* da, bf16* dg, float* dape,
                                      cudaStream_t stream);
 
-// The indexer KL loss: per-row KL into loss_rows and its fixed-order sum times `scale` into
+// The indexer KL loss: per-row KL into loss_rows and its fixed-order sum times `*scale` into
 // loss[0]; with grads, also dqi (bf16, per row), dweff and dkeys_acc (atomic) of
-// grad_scale * loss.
+// grad_loss * loss, i.e. of grad_loss * *scale * (the sum of the rows' KL).
 struct IndexerLossArgs {
   const bf16* qi = nullptr;      // [T, H_I*D_I]
   const float* w_eff = nullptr;  // [T, H_I]
@@ -119,7 +119,9 @@ struct IndexerLossArgs {
   // the teacher's denominator, so the tensor-core kernel skips recomputing it. May be null.
   const float* lse = nullptr;
   bool sparse = true;
-  float scale = 0.0f;            // lambda / N_real_rows (or lambda per token)
+  // Device, one float: lambda / N_real_rows (or lambda per token), DeviceMetadata::loss_scale;
+  // read by the kernels, so a graph replay uses the replayed batch's.
+  const float* scale = nullptr;
   // The rows of this launch and, deterministic mode, the key-gradient scratch (slots: the
   // candidates of a row, d.topk sparse or max_seg_len / ratio dense).
   GradChunk chunk;
@@ -128,7 +130,7 @@ struct IndexerLossArgs {
 // CSATTN_INDEXER_LOSS=baseline (the CUDA-core reference; tests name one explicitly).
 enum class IndexerLossKernel { automatic, baseline, tensor_core };
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
-                         float* loss_rows, float* loss, bool grads, float grad_scale, bf16* dqi,
+                         float* loss_rows, float* loss, bool grads, float grad_loss, bf16* dqi,
                          float* dweff, float* dkeys_acc, cudaStream_t stream,
                          IndexerLossKernel kernel = IndexerLossKernel::automatic);
 // The tensor-core rows kernel (indexer_loss_mma.cu): head_dim 512, index_head_dim 128, at
@@ -136,7 +138,7 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
 bool indexer_loss_mma_supported(const LayerDims& d);
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
-                                  float grad_scale, bf16* dqi, float* dweff, float* dkeys_acc,
+                                  float grad_loss, bf16* dqi, float* dweff, float* dkeys_acc,
                                   cudaStream_t stream);
 
 // dw_raw = bf16(dweff * H_I^-1/2 * D_I^-1/2).

@@ -274,7 +274,6 @@ void CudaCpLayerImpl::run_forward_loss() {
   // The indexer loss of this rank's rows (halo rows are padding), over the global count.
   if (cfg.has_indexer() && cfg.loss_coeff > 0.0) {
     BackwardParams bp;
-    bp.loss_scale = loss_scale;
     bp.sparse_loss = cfg.sparse_loss;
     run_indexer_loss(fwd, bp, stream);
   }
@@ -468,7 +467,11 @@ void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeome
   s.comp_meta = meta;
   s.comp_meta.comp_entry_row0 = static_cast<const i32*>(cpp(b.entry_row0));
   s.comp_meta.comp_entry_pos = static_cast<const i32*>(cpp(b.entry_pos));
+  // The loss scale over the global real rows (the kernels read it from the device; a rank's
+  // own cu_real counts its ext rows, so launch_metadata's would be wrong here).
   s.loss_scale = loss_scale_of(c, geo.real_rows);
+  if (meta.loss_scale != nullptr)
+    CSATTN_CUDA_CHECK(cudaMemcpyAsync(meta.loss_scale, &s.loss_scale, sizeof(float), cudaMemcpyHostToDevice, st));
   s.forward_prepared = true;
 }
 
@@ -500,7 +503,6 @@ void CudaCpLayerImpl::prepare_backward(const Communicator& comm, float grad_inde
   bp.buf = s.grad_plan.buffers(gws);
   bp.grad = s.grad_plan.gradients(gws);
   bp.grad_loss = grad_indexer_loss;
-  bp.loss_scale = s.loss_scale;
   bp.sparse_loss = s.cfg.sparse_loss;
   bp.deterministic = s.deterministic;
   if (s.poison) CSATTN_CUDA_CHECK(cudaMemsetAsync(gws, 0xFF, s.grad_plan.grads_offset, s.stream));

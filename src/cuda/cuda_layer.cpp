@@ -43,7 +43,6 @@ struct CudaLayerImpl {
   ForwardParams last;  // the last run's parameters (for profile and backward)
   bool has_last = false;
   std::uint64_t generation = 0;
-  float loss_scale = 0.0f;  // lambda / N_real of the last forward
   DeviceArena grad_workspace;  // backward buffers + weight gradients
   BackwardPlan grad_plan;
   BackwardParams last_backward;
@@ -139,10 +138,8 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   run_forward(p, s.blas, s.stream);
   s.last = p;
   s.has_last = true;
-  s.loss_scale = loss_scale_of(c, layout.real_rows());
   const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
-  BackwardParams bp;  // the loss reads only its scale and mode (its buffers are activations)
-  bp.loss_scale = s.loss_scale;
+  BackwardParams bp;  // the loss reads only its mode (its buffers and scale are the forward's)
   bp.sparse_loss = c.sparse_loss;
   bp.deterministic = s.deterministic;
   if (with_loss) run_indexer_loss(p, bp, s.stream);
@@ -186,7 +183,6 @@ LayerGradients CudaLayer::backward(const Tensor& grad_output, float grad_indexer
   bp.buf = s.grad_plan.buffers(gbase);
   bp.grad = s.grad_plan.gradients(gbase);
   bp.grad_loss = grad_indexer_loss;
-  bp.loss_scale = s.loss_scale;
   bp.sparse_loss = c.sparse_loss;
   bp.deterministic = s.deterministic;
   const std::vector<std::uint16_t> dy =
@@ -410,7 +406,6 @@ void CudaLayer::forward_device(const DeviceBatch& b, void* workspace, std::size_
   const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
   if (with_loss) {
     BackwardParams bp;
-    bp.loss_scale = loss_scale_of(c, b.real_rows);
     bp.sparse_loss = c.sparse_loss;
     bp.deterministic = s.deterministic;
     run_indexer_loss(p, bp, stream);
@@ -447,7 +442,6 @@ void CudaLayer::backward_device(const DeviceBatch& b, void* forward_workspace, v
   bp.buf = gp.buffers(backward_workspace);
   bp.grad = gp.gradients(backward_workspace);
   bp.grad_loss = grad_indexer_loss;
-  bp.loss_scale = loss_scale_of(c, b.real_rows);
   bp.sparse_loss = c.sparse_loss;
   bp.deterministic = s.deterministic;
   if (s.poison) CSATTN_CUDA_CHECK(cudaMemsetAsync(gbase, 0xFF, gp.grads_offset, stream));

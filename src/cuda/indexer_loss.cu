@@ -40,8 +40,9 @@ struct LossSmem {
 
 __global__ void __launch_bounds__(kThreads)
     indexer_loss_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a, int cap,
-                        float* loss_rows, bool grads, float grad_scale, bf16* dqi_out,
+                        float* loss_rows, bool grads, float grad_loss, bf16* dqi_out,
                         float* dweff, float* dkeys_acc) {
+  const float grad_scale = grads ? grad_loss * *a.scale : 0.0f;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int H = d.heads, D = d.head_dim, HI = d.index_heads, DI = d.index_dim;
   LossSmem s;
@@ -291,7 +292,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = threadIdx.x; i < HI * DI; i += kThreads) dqi_out[qi_base + i] = __float2bfloat16_rn(s.dqi[i]);
 }
 
-__global__ void loss_reduce_kernel(const float* rows, int n, float scale, float* loss) {
+__global__ void loss_reduce_kernel(const float* rows, int n, const float* scale, float* loss) {
   __shared__ float scratch[32];
   // Each thread sums a contiguous chunk, then a fixed-order block sum: deterministic.
   const int chunk = (n + blockDim.x - 1) / blockDim.x;
@@ -299,7 +300,7 @@ __global__ void loss_reduce_kernel(const float* rows, int n, float scale, float*
   float acc = 0.0f;
   for (int i = lo; i < hi; ++i) acc += rows[i];
   acc = block_sum(acc, scratch);
-  if (threadIdx.x == 0) loss[0] = acc * scale;
+  if (threadIdx.x == 0) loss[0] = acc * *scale;
 }
 
 __global__ void indexer_weights_backward_kernel(int n, float scale, const float* dweff, bf16* dwraw) {
@@ -310,7 +311,7 @@ __global__ void indexer_weights_backward_kernel(int n, float scale, const float*
 }  // namespace
 
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
-                         float* loss_rows, float* loss, bool grads, float grad_scale, bf16* dqi,
+                         float* loss_rows, float* loss, bool grads, float grad_loss, bf16* dqi,
                          float* dweff, float* dkeys_acc, cudaStream_t stream,
                          IndexerLossKernel kernel) {
   if (d.rows <= 0) {  // no rows: the loss is 0 (never a stale value)
@@ -326,7 +327,7 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                    (kernel == IndexerLossKernel::automatic && !force_baseline &&
                     indexer_loss_mma_supported(d));
   if (mma) {
-    launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_scale, dqi, dweff, dkeys_acc,
+    launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff, dkeys_acc,
                                  stream);
   } else {
     require(a.chunk.scratch == nullptr && a.chunk.r0 == 0 && a.chunk.rows < 0, ErrorKind::Unsupported,
@@ -348,7 +349,7 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                 " bytes, more than 220 KiB (the tensor-core kernel has no such cap)");
     allow_dynamic_smem(indexer_loss_kernel, smem, "the CUDA indexer loss");
     indexer_loss_kernel<<<d.rows, kThreads, smem, stream>>>(d, meta, a, cap, loss_rows, grads,
-                                                            grad_scale, dqi, dweff, dkeys_acc);
+                                                            grad_loss, dqi, dweff, dkeys_acc);
     CSATTN_CUDA_LAUNCH_CHECK();
   }
   if (!grads) {

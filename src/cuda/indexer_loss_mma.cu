@@ -158,7 +158,7 @@ enum class Teach { none, stats, mass };
 template <int kMaxGroups>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_loss_mma_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a,
-                            float* loss_rows, bool grads, float grad_scale, bf16* dqi_out,
+                            float* loss_rows, bool grads, float grad_loss, bf16* dqi_out,
                             float* dweff, float* dkeys_acc) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* wide_s = smem + SmemLayout::wide;
@@ -179,6 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* mass_arr = reinterpret_cast<float*>(cand_s + (a.sparse ? d.topk : 0));
   float* logit_arr = mass_arr + (a.sparse ? d.topk : 0);
   __shared__ int n_shared, drop_shared;
+  __shared__ float grad_scale_s;
   __shared__ float scal[2];  // tsum, ilse
 
   const int H = d.heads, HI = d.index_heads;
@@ -202,10 +203,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     n_shared = c;
     drop_shared = drop;
+    // The scale of this batch (device: a graph replay's own), kept in shared memory and read
+    // where the gradients are formed: a register for it across the kernel spills instance <2>.
+    grad_scale_s = grads ? grad_loss * *a.scale : 0.0f;
   }
   __syncthreads();
   const int n = n_shared;
-  const bool want_grads = grads && grad_scale != 0.0f;  // lambda = 0: exact zeros, no math
+  // From the parameters (a register-free predicate; instance <2> has no register to spare):
+  // grad_loss = 0 gives exact zeros without the math. A batch without real rows (scale 0)
+  // computes its zeros.
+  const bool want_grads = grads && grad_loss != 0.0f;
   const long qi_base = static_cast<long>(t) * HI * kIdxDim;
   if (grads && (n == 0 || !want_grads)) {
     for (int i = tid; i < HI * kIdxDim; i += kThreads) dqi_out[qi_base + i] = __float2bfloat16_rn(0.0f);
@@ -418,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               // The sparse predictor is the compact softmax, clamped at FLT_MIN like the CPU's.
               const float logp = a.sparse ? fmaxf(lp, logf(FLT_MIN)) : lp;
               kl += tj * (logf(fmaxf(tj, 1e-10f)) - logp);
-              gk_s[lane] = grad_scale * (expf(lp) - tj);
+              gk_s[lane] = grad_scale_s * (expf(lp) - tj);
             }
           } else if (final_pass) {
             gk_s[lane] = 0.0f;
@@ -623,7 +630,7 @@ bool indexer_loss_mma_supported(const LayerDims& d) {
 
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
-                                  float grad_scale, bf16* dqi, float* dweff, float* dkeys_acc,
+                                  float grad_loss, bf16* dqi, float* dweff, float* dkeys_acc,
                                   cudaStream_t stream) {
   require(indexer_loss_mma_supported(d), ErrorKind::Unsupported,
           "the tensor-core indexer loss needs head_dim 512, index_head_dim 128, at most 64 index "
@@ -633,7 +640,7 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
   allow_dynamic_smem(kernel, smem, "the tensor-core indexer loss");
   const int rows = a.chunk.launch_rows(d.rows);
   if (rows <= 0) return;
-  kernel<<<rows, kThreads, smem, stream>>>(d, meta, a, loss_rows, grads, grad_scale, dqi, dweff,
+  kernel<<<rows, kThreads, smem, stream>>>(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff,
                                            dkeys_acc);
   CSATTN_CUDA_LAUNCH_CHECK();
 }

@@ -36,6 +36,16 @@ __global__ void comp_start_kernel(const std::int32_t* cu_padded, int segments, i
   }
 }
 
+// The indexer loss's scale from the real rows on the device (DeviceMetadata::loss_scale).
+// The same arithmetic as the host's loss_scale_of (workspace.cpp): double, then float.
+__global__ void loss_scale_kernel(const std::int32_t* cu_real, int segments, double coeff,
+                                  bool per_token, float* scale) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  const int real = cu_real[segments];
+  scale[0] = per_token ? static_cast<float>(coeff)
+                       : (real > 0 ? static_cast<float>(coeff / static_cast<double>(real)) : 0.0f);
+}
+
 }  // namespace
 
 void launch_metadata(const LayerDims& d, const DeviceMetadata& meta, cudaStream_t stream) {
@@ -47,6 +57,11 @@ void launch_metadata(const LayerDims& d, const DeviceMetadata& meta, cudaStream_
   }
   comp_start_kernel<<<1, 32, 0, stream>>>(meta.cu_padded, d.segments, d.ratio, meta.comp_start);
   CSATTN_CUDA_LAUNCH_CHECK();
+  if (meta.loss_scale != nullptr) {
+    loss_scale_kernel<<<1, 32, 0, stream>>>(meta.cu_real, d.segments, d.loss_coeff, d.per_token_loss,
+                                            meta.loss_scale);
+    CSATTN_CUDA_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace csattn::cuda

@@ -27,6 +27,10 @@ struct LayerDims {
   // indexer_precision = mxfp8: the selection scores the indexer queries and keys rounded
   // through MXFP8 (mxfp8.cu); the loss gradients keep the bf16 ones.
   bool mxfp8_indexer = false;
+  // The indexer loss's lambda and reduction (config constants): the per-batch scale,
+  // lambda / real rows or lambda per token, is DeviceMetadata::loss_scale.
+  double loss_coeff = 0.0;  // as the config holds it: the scale rounds like loss_scale_of
+  bool per_token_loss = false;
 };
 
 // Most keys any query can have (window + top-k, or window + the longest segment's entries).
@@ -66,6 +70,11 @@ struct DeviceMetadata {
   // RoPE (cos, sin) per position and frequency, [max_seg_len, rope_dim / 2], bf16 values as
   // the host's table; built per run from omega (null: kernels compute them per row).
   __nv_bfloat162* rope_table = nullptr;
+  // CSA: the indexer loss's scale, lambda / cu_real[B] (the mean over real rows) or lambda
+  // (per-token sums); one float, written by launch_metadata from the device cu_real, so a
+  // graph replay with a new packing scales by its own real-row count (a context-parallel
+  // rank uploads the global one).
+  float* loss_scale = nullptr;
 };
 
 // What the compressor kernels need to find compressed row e's block (compressed_entry,

@@ -36,6 +36,8 @@ LayerDims make_dims(const AttentionConfig& c, int rows, int segments, int max_se
   d.eps = static_cast<float>(c.norm_eps);
   d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   d.mxfp8_indexer = c.has_indexer() && c.indexer_precision == IndexerPrecision::mxfp8;
+  d.loss_coeff = c.has_indexer() ? c.loss_coeff : 0.0;
+  d.per_token_loss = c.per_token_loss;
   return d;
 }
 
@@ -59,6 +61,7 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
   p.row_position = take(T * i32);
   p.row_is_padding = take(T);
   p.comp_start = take(B1 * i32);
+  p.loss_scale = take(f32);
   p.rope_table = take(static_cast<std::size_t>(std::max(max_seg_len, 1)) *
                       static_cast<std::size_t>(cfg.rope_dim / 2) * 2 * bf);
   const std::size_t HD = static_cast<std::size_t>(d.heads) * d.head_dim;
@@ -199,6 +202,7 @@ DeviceMetadata WorkspacePlan::metadata(void* base) const {
   m.row_position = at<std::int32_t>(base, row_position);
   m.row_is_padding = at<std::uint8_t>(base, row_is_padding);
   m.comp_start = at<std::int32_t>(base, comp_start);
+  m.loss_scale = dims.ratio == 4 ? at<float>(base, loss_scale) : nullptr;
   m.rope_table = at<__nv_bfloat162>(base, rope_table);
   return m;
 }

@@ -18,7 +18,7 @@ struct WorkspacePlan {
   std::size_t bytes = 0;  // total, 256-byte aligned pieces
   // Offsets of the buffers (bytes from the base).
   std::size_t cu_real = 0, cu_padded = 0, row_segment = 0, row_position = 0,
-              row_is_padding = 0, comp_start = 0, rope_table = 0;
+              row_is_padding = 0, comp_start = 0, loss_scale = 0, rope_table = 0;
   std::size_t x = 0, q_proj = 0, cq = 0, q = 0, q_rstd = 0, kv_proj = 0, kv = 0;
   std::size_t c_a = 0, c_g = 0, c_pooled = 0, comp = 0;
   std::size_t qi_proj = 0, qi = 0, w_raw = 0, w_eff = 0, i_a = 0, i_g = 0, i_pooled = 0,

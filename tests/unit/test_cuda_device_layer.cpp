@@ -2,13 +2,16 @@
 // GPU layer over the same kernels: forward outputs, top-k and loss bitwise equal, gradients
 // (fp32 atomics in both) within 1e-6 in cosine, the weight gradients read at their offsets
 // in the backward workspace; the forward captured in a CUDA graph in global mode (no
-// allocation or host sync inside) replays bitwise; bad workspaces are errors. Written
-// 2026-12-04 after the day's device time was spent: first GPU run pending. Skips without a
-// GPU.
+// allocation or host sync inside) replays bitwise; bad workspaces are errors (passed on the
+// H200 2026-12-04). CudaDeviceLayerGraph (2026-12-05, not yet run on a GPU): a whole training
+// step in one graph, replayed with another packing. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "csattn/device_layer.hpp"
@@ -147,6 +150,117 @@ TEST_P(CudaDeviceLayer, MatchesTheHostTensorLayer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, CudaDeviceLayer, ::testing::Values(0, 4, 128),
+                         [](const auto& i) { return std::string(layer_kind_name(layer_kind(i.param))); });
+
+// A whole training step - forward, indexer loss, backward - captured in one CUDA graph with
+// one packing, replayed after writing only another packing's cu_seqlens into the captured
+// arrays (same rows and segments, a longest segment within the captured bound, a different
+// number of real rows): every output and gradient bitwise equal to the eager step of that
+// packing. Nothing of the captured batch may be baked into the graph, the indexer loss's
+// scale (lambda over the real rows) included. Deterministic mode, so gradients are bitwise
+// repeatable; the Flash shape, so the CSA loss gradient has its deterministic kernel.
+class CudaDeviceLayerGraph : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaDeviceLayerGraph, TrainingStepReplaysWithAnotherPacking) {
+  SKIP_WITHOUT_GPU();
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  cfg.compress_ratio = GetParam();
+  cfg.loss_coeff = 0.5;
+  // 708 rows, 3 segments, longest padded segment at most 500; 700 and 680 real rows.
+  const SeqLayout a = SeqLayout::from_lengths({200, 3, 497}, {200, 8, 500});
+  const SeqLayout b = SeqLayout::from_lengths({100, 300, 280}, {104, 304, 300});
+  ASSERT_EQ(a.total_rows(), b.total_rows());
+  ASSERT_NE(a.real_rows(), b.real_rows());
+  const int T = static_cast<int>(a.total_rows()), B = a.num_segments(), L = a.max_seg_len();
+  const LayerWeights w = LayerWeights::random(cfg, 71);
+  DeviceLayer dev(cfg, w, /*deterministic=*/true);
+  DeviceArray<std::uint16_t> x(bf16_bits_of(random_tensor(T, cfg.d_model, 72, true))),
+      dy(bf16_bits_of(random_tensor(T, cfg.d_model, 73, true))), y(static_cast<std::size_t>(T) * cfg.d_model);
+  const int K = cfg.has_indexer() ? cfg.index_topk : 1;
+  DeviceArray<std::int32_t> cu(a.cu_seqlens()), cup(a.cu_seqlens_padded()), topk(static_cast<std::size_t>(T) * K);
+  DeviceArray<float> loss(1), dx(static_cast<std::size_t>(T) * cfg.d_model);
+  const std::size_t fbytes = dev.forward_workspace_bytes(T, B, L), bbytes = dev.backward_workspace_bytes(T, B, L);
+  DeviceArray<unsigned char> fws(fbytes), bws(bbytes);
+  csattn::DeviceBatch batch;
+  batch.x = x.get();
+  batch.cu_seqlens = cu.get();
+  batch.cu_seqlens_padded = cup.get();
+  batch.rows = T;
+  batch.segments = B;
+  batch.max_seqlen = L;
+  batch.real_rows = a.real_rows();
+  const DeviceForwardOutputs out{y.get(), cfg.has_indexer() ? topk.get() : nullptr, loss.get()};
+  cudaStream_t stream = nullptr;
+  CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto step = [&] {
+    dev.forward(batch, fws.get(), fbytes, out, stream);
+    csattn::DeviceBatch bb = batch;
+    bb.x = nullptr;
+    dev.backward(bb, fws.get(), bws.get(), bbytes, dy.get(), 1.0f, dx.get(), stream);
+  };
+  struct Result {
+    std::vector<std::uint16_t> y;
+    std::vector<std::int32_t> topk;
+    std::vector<float> loss, dx;
+    std::vector<unsigned char> grads;
+  };
+  const std::map<std::string, std::size_t> offsets = dev.weight_gradient_offsets(T, B, L);
+  const std::size_t grads_from = offsets.empty() ? bbytes : [&] {
+    std::size_t lo = bbytes;
+    for (const auto& [name, off] : offsets) lo = std::min(lo, off);
+    return lo;
+  }();
+  auto result = [&] {
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    Result r{y.download(), cfg.has_indexer() ? topk.download() : std::vector<std::int32_t>{}, loss.download(),
+             dx.download(), {}};
+    const std::vector<unsigned char> raw = bws.download();
+    r.grads.assign(raw.begin() + static_cast<long>(grads_from), raw.end());
+    return r;
+  };
+  auto use = [&](const SeqLayout& l) {  // the packing's boundaries into the captured arrays
+    CU(cudaMemcpyAsync(cu.get(), l.cu_seqlens().data(), (B + 1) * 4, cudaMemcpyHostToDevice, stream));
+    CU(cudaMemcpyAsync(cup.get(), l.cu_seqlens_padded().data(), (B + 1) * 4, cudaMemcpyHostToDevice, stream));
+    batch.real_rows = l.real_rows();  // what a framework passes; the captured step must not need it
+  };
+  auto expect_same = [](const Result& got, const Result& want, const std::string& what) {
+    EXPECT_EQ(got.y, want.y) << what << ": output";
+    EXPECT_EQ(got.topk, want.topk) << what << ": top-k";
+    EXPECT_EQ(got.loss, want.loss) << what << ": indexer loss";
+    EXPECT_EQ(got.dx, want.dx) << what << ": dx";
+    EXPECT_TRUE(got.grads == want.grads) << what << ": weight gradients";
+  };
+
+  use(b);  // eager B, then eager A (the eager call before a capture sets the kernels' attributes)
+  step();
+  const Result eager_b = result();
+  use(a);
+  step();
+  const Result eager_a = result();
+  if (cfg.has_indexer()) EXPECT_NE(eager_a.loss, eager_b.loss);
+
+  cudaGraph_t graph = nullptr;
+  CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  step();
+  CU(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CU(cudaGraphInstantiate(&exec, graph, 0));
+  for (const auto& [layout, want, what] :
+       {std::tuple{&b, &eager_b, "replay with the other packing"}, std::tuple{&a, &eager_a, "replay with the captured one"},
+        std::tuple{&b, &eager_b, "the other packing again"}}) {
+    y.fill_bytes(0x5A);  // the replay must write them again
+    dx.fill_bytes(0x5A);
+    CU(cudaDeviceSynchronize());  // the fills (legacy stream) before the non-blocking stream's work
+    use(*layout);
+    CU(cudaGraphLaunch(exec, stream));
+    expect_same(result(), *want, what);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, CudaDeviceLayerGraph, ::testing::Values(0, 4, 128),
                          [](const auto& i) { return std::string(layer_kind_name(layer_kind(i.param))); });
 #endif  // CSATTN_HAVE_CUDA
 

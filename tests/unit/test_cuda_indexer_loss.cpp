@@ -67,6 +67,7 @@ struct Inputs {
   DeviceArray<std::int32_t> topk;
   DeviceArray<std::uint16_t> q, kv, comp, qi, keys, attn;
   DeviceArray<float> w_eff, sink, lse;
+  DeviceArray<float> loss_scale{std::vector<float>{0.25f}};  // lambda / N (device, as the layer's)
   DeviceMetadata meta;
   IndexerLossArgs args;
   std::vector<int> host_vis;  // candidates per row (0: none)
@@ -153,7 +154,7 @@ struct Inputs {
     args.topk = topk.get();
     args.lse = c.sparse && c.with_lse ? lse.get() : nullptr;
     args.sparse = c.sparse;
-    args.scale = 0.25f;
+    args.scale = loss_scale.get();
   }
   static bf16* bf(const DeviceArray<std::uint16_t>& v) { return dev_cast<bf16>(v); }
 };
@@ -164,7 +165,7 @@ struct Outputs {
 };
 
 // One run of `kernel` on NaN-poisoned outputs (dkeys_acc zeroed: it accumulates).
-Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_scale) {
+Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_loss) {
   const LayerDims& d = in.d;
   const int T = d.rows, HI = d.index_heads;
   DeviceArray<float> loss_rows(T), loss(1), dweff(static_cast<std::size_t>(T) * HI),
@@ -175,7 +176,7 @@ Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_s
   dweff.fill_bytes(0xFF);
   dqi.fill_bytes(0xFF);
   dkeys.fill_bytes(0);
-  launch_indexer_loss(d, in.meta, in.args, loss_rows.get(), loss.get(), grads, grad_scale,
+  launch_indexer_loss(d, in.meta, in.args, loss_rows.get(), loss.get(), grads, grad_loss,
                       dev_cast<bf16>(dqi), dweff.get(), dkeys.get(), nullptr, kernel);
   check(cudaDeviceSynchronize());
   Outputs o;
