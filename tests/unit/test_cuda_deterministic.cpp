@@ -31,7 +31,10 @@ struct DetCase {
   bool sparse;
   int heads = 0;  // > 0: the preset with this many heads (128: two head blocks, the Pro count)
 };
-void PrintTo(const DetCase& c, std::ostream* os) { *os << c.preset << " ratio " << c.ratio; }
+void PrintTo(const DetCase& c, std::ostream* os) {
+  *os << c.preset << " ratio " << c.ratio << (c.sparse ? " sparse" : " dense")
+      << (c.heads > 0 ? " heads " + std::to_string(c.heads) : std::string());
+}
 
 
 class CudaDeterministic : public ::testing::TestWithParam<DetCase> {};
