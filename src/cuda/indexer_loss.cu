@@ -314,6 +314,9 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                          float* loss_rows, float* loss, bool grads, float grad_loss, bf16* dqi,
                          float* dweff, float* dkeys_acc, cudaStream_t stream,
                          IndexerLossKernel kernel) {
+  require(a.scale != nullptr, ErrorKind::InvalidArgument,
+          "the indexer loss needs its scale on the device (IndexerLossArgs::scale: "
+          "DeviceMetadata::loss_scale)");
   if (d.rows <= 0) {  // no rows: the loss is 0 (never a stale value)
     if (!grads && loss) CSATTN_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), stream));
     return;

@@ -250,6 +250,8 @@ TEST_P(CudaDeviceLayerGraph, TrainingStepReplaysWithAnotherPacking) {
         std::tuple{&b, &eager_b, "the other packing again"}}) {
     y.fill_bytes(0x5A);  // the replay must write them again
     dx.fill_bytes(0x5A);
+    loss.fill_bytes(0x5A);
+    topk.fill_bytes(0x5A);
     CU(cudaDeviceSynchronize());  // the fills (legacy stream) before the non-blocking stream's work
     use(*layout);
     CU(cudaGraphLaunch(exec, stream));

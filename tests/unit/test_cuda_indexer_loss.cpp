@@ -430,6 +430,21 @@ TEST(CudaIndexerLoss, ZeroGradScaleGivesExactZeros) {
   }
 }
 
+// A batch scale of 0 on the device (a batch without real rows, as launch_metadata writes it)
+// with a nonzero upstream gradient: the full gradient math runs and must give zeros, finite.
+TEST(CudaIndexerLoss, ZeroDeviceScaleGivesZeroGradients) {
+  SKIP_WITHOUT_GPU();
+  for (IndexerLossKernel k : {IndexerLossKernel::tensor_core, IndexerLossKernel::baseline}) {
+    LossCase c = ragged("scale 0", true);
+    Inputs in(c);
+    in.loss_scale.upload(std::vector<float>{0.0f});
+    const Outputs o = run(in, k, true, 0.37f);
+    for (float v : o.dqi) ASSERT_EQ(v, 0.0f);
+    for (float v : o.dweff) ASSERT_EQ(v, 0.0f);
+    for (float v : o.dkeys) ASSERT_EQ(v, 0.0f);
+  }
+}
+
 TEST(CudaIndexerLoss, DenseHasNoPerRowCandidateCap) {
   SKIP_WITHOUT_GPU();
   // 61440 tokens: 15360 visible entries for the last rows, past the reference kernel's
