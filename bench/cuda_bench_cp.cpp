@@ -74,7 +74,7 @@ json cp_case(const AttentionConfig& cfg, int tokens, int P, CpMode mode) {
     {
       cuda::CudaCpLayer layer(cfg, w);
       const CommStats before = comm.stats();
-      layer.prepare_forward(comm, geo, plan);
+      layer.prepare_forward(comm, geo, plan, true);  // the host-tensor entry points below
       layer.forward(comm, x);
       layer.prepare_backward(comm, 1.0f);
       layer.backward(comm, dy);
@@ -102,7 +102,8 @@ json cp_case(const AttentionConfig& cfg, int tokens, int P, CpMode mode) {
     j["per_rank"].push_back(json{{"forward_ms", rr.forward_ms}, {"loss_ms", rr.loss_ms}, {"backward_ms", rr.backward_ms},
                                  {"peak_bytes", rr.peak_bytes}, {"sent_bytes", rr.comm_bytes}});
   }
-  // The host plan (csattn memory --cp-ranks): the measured peak adds NCCL's buffers.
+  // The host plan (csattn memory --cp-ranks: the device entry points): the measured peak adds
+  // NCCL's buffers and this benchmark's host-path staging (10 bytes x d_model a local row).
   std::size_t planned = 0;
   for (const DeviceMemoryPlan& m : plan_cp_device_memory(cfg, part)) planned = std::max(planned, m.training_step());
   j["planned_bytes_per_rank"] = planned;

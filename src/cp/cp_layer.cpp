@@ -333,7 +333,7 @@ CpLayerOutputs ContextParallelLayer::forward(Communicator& comm, const CpPartiti
   const QueryRows queries = local_queries(*s);
 #ifdef CSATTN_HAVE_CUDA
   if (gpu_) {
-    agreed_prepare(comm, "context-parallel forward", [&] { gpu_->prepare_forward(comm, geo, plan); });
+    agreed_prepare(comm, "context-parallel forward", [&] { gpu_->prepare_forward(comm, geo, plan, true); });
     cuda::CudaCpForward g = gpu_->forward(comm, x_local);
     s->gpu_generation = gpu_->generation();
     device_layout_ = 0;  // a backward_device now has no forward_device to differentiate
@@ -612,7 +612,7 @@ void ContextParallelLayer::forward_device(Communicator& comm, const CpPartition&
 #ifdef CSATTN_HAVE_CUDA
   const BatchGeometry geo = BatchGeometry::build(part.layout(), cfg_.compress_ratio);
   const cp::LayerPlan plan = cp::build_layer_plan(geo, part, comm.rank(), cfg_.window);
-  agreed_prepare(comm, "context-parallel forward", [&] { gpu_->prepare_forward(comm, geo, plan); });
+  agreed_prepare(comm, "context-parallel forward", [&] { gpu_->prepare_forward(comm, geo, plan, false); });
   gpu_->forward_device(comm, x_local, out.y, out.topk, out.loss, stream);
   device_layout_ = layout_checksum_of(part);
 #else

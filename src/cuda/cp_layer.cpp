@@ -56,7 +56,10 @@ struct CpBuffers {
               dx_send = 0, dx_recv = 0, dx_local = 0;
 };
 
-CpBuffers plan_cp_buffers(const AttentionConfig& c, const cp::GpuRankPlan& h) {
+// host_io: staging for the host-tensor entry points (forward / backward): the rank's rows in
+// and out (x, y, top-k, dy, dx). The device entry points read and write the caller's arrays
+// directly, so their plan leaves those out (256-byte placeholders).
+CpBuffers plan_cp_buffers(const AttentionConfig& c, const cp::GpuRankPlan& h, bool host_io) {
   CpBuffers b;
   std::size_t at = 0;
   auto take = [&](std::size_t bytes) {
@@ -68,7 +71,7 @@ CpBuffers plan_cp_buffers(const AttentionConfig& c, const cp::GpuRankPlan& h) {
   const std::size_t D = static_cast<std::size_t>(c.head_dim);
   const std::size_t DI = c.has_indexer() ? static_cast<std::size_t>(c.index_head_dim) : 0;
   const std::size_t C = static_cast<std::size_t>(h.C), PC = static_cast<std::size_t>(h.P) * C;
-  const std::size_t n = static_cast<std::size_t>(h.n);
+  const std::size_t n = static_cast<std::size_t>(h.n), staged = host_io ? n : 0;
   const std::size_t ns = h.send_idx.size(), nr = h.recv_idx.size();
   b.seg_pos0 = take(h.seg_pos0.size() * i4);
   b.entry_row0 = take(C * i4);
@@ -79,23 +82,23 @@ CpBuffers plan_cp_buffers(const AttentionConfig& c, const cp::GpuRankPlan& h) {
   b.local_ext = take(n * i4);
   b.send_idx = take(ns * i4);
   b.recv_idx = take(nr * i4);
-  b.x_local = take(n * dm * bf);
+  b.x_local = take(staged * dm * bf);
   b.halo_send = take(ns * dm * bf);
   b.halo_recv = take(nr * dm * bf);
   b.comp_slots = take(C * D * bf);
   b.idx_slots = take(C * DI * bf);
   b.comp_gathered = take(PC * D * bf);
   b.idx_gathered = take(PC * DI * bf);
-  b.y_local = take(n * dm * bf);
-  b.topk_local = take(n * static_cast<std::size_t>(c.has_indexer() ? c.index_topk : 0) * i4);
-  b.dy_local = take(n * dm * bf);
+  b.y_local = take(staged * dm * bf);
+  b.topk_local = take(staged * static_cast<std::size_t>(c.has_indexer() ? c.index_topk : 0) * i4);
+  b.dy_local = take(staged * dm * bf);
   b.dcomp_rm = take(PC * D * f4);
   b.didx_rm = take(PC * DI * f4);
   b.dcomp_slots = take(C * D * f4);
   b.didx_slots = take(C * DI * f4);
   b.dx_send = take(nr * dm * f4);  // my halo rows' gradients go back to their owners
   b.dx_recv = take(ns * dm * f4);  // the rows I sent come back
-  b.dx_local = take(n * dm * f4);
+  b.dx_local = take(staged * dm * f4);
   b.bytes = at;
   return b;
 }
@@ -155,6 +158,12 @@ struct CudaCpLayerImpl {
   LayerDims comp_dims;       // the owned slots' compressed rows
   DeviceMetadata comp_meta;  // the owned-entry table
   float loss_scale = 0.0f;
+  // The rank's rows in and out of the runs: the staging buffers (host entry points) or the
+  // caller's device arrays (device entry points; profile re-runs on the last ones).
+  bool host_io = true;
+  const void* x_in = nullptr;   // bf16 [n, d_model]
+  const void* dy_in = nullptr;  // bf16 [n, d_model]
+  float* dx_out = nullptr;      // fp32 [n, d_model]
   // The last backward's plan and parameters (profile re-runs it).
   BackwardPlan grad_plan;
   BackwardParams bwd;
@@ -163,8 +172,8 @@ struct CudaCpLayerImpl {
   // A CP buffer of the current plan (an offset of `buf`).
   void* cpp(std::size_t off) const { return cp.at(off); }
 
-  // The device work of a forward / backward whose inputs are uploaded (forward: x_local;
-  // backward: dy_local): collectives, launches, and the rows' results in the CP buffers.
+  // The device work of a forward / backward on x_in / dy_in: collectives, launches, and the
+  // rows' results (the outputs through write_forward_outputs, dx into dx_out).
   // The indexer loss value is the forward's last stage, apart (no collective) so that
   // profile() times it on its own as the single-GPU layer's profile does. Re-runnable.
   void run_forward(Communicator& comm);
@@ -172,7 +181,8 @@ struct CudaCpLayerImpl {
   void run_backward(Communicator& comm);
   // Before them: the plan, buffers and metadata of a forward (collective-free; checks the
   // rank), and the backward's buffers and parameters.
-  void prepare_forward(const Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan);
+  void prepare_forward(const Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan,
+                       bool host_io);
   void prepare_backward(const Communicator& comm, float grad_indexer_loss);
   bool forward_prepared = false, backward_prepared = false;
   // After a forward: this rank's output rows, top-k rows and loss share into the pointers
@@ -224,8 +234,8 @@ void CudaCpLayerImpl::run_forward(Communicator& comm) {
 
   // Hidden rows: own rows into their ext rows, halo rows from their owners.
   const int row_words = dm / 2;  // bf16 rows as 4-byte words (d_model is even)
-  launch_scatter_rows(cpp(b.x_local), static_cast<const i32*>(cpp(b.local_ext)), h.n, row_words, p.act.x, st);
-  launch_gather_rows(cpp(b.x_local), static_cast<const i32*>(cpp(b.send_idx)),
+  launch_scatter_rows(s.x_in, static_cast<const i32*>(cpp(b.local_ext)), h.n, row_words, p.act.x, st);
+  launch_gather_rows(s.x_in, static_cast<const i32*>(cpp(b.send_idx)),
                      static_cast<int>(h.send_idx.size()), row_words, cpp(b.halo_send), st);
   {
     const std::vector<P2PMessage> sends = row_messages(h.send_peer, h.send_off, cpp(b.halo_send), dm, DType::bf16);
@@ -295,7 +305,7 @@ void CudaCpLayerImpl::run_backward(Communicator& comm) {
   // dy: this rank's rows; halo rows get none (their outputs belong to other ranks).
   CSATTN_CUDA_CHECK(cudaMemsetAsync(bp.buf.dy, 0, sizeof(bf16) * static_cast<std::size_t>(h.Te) * dm, st));
   const i32* local_ext = static_cast<const i32*>(cpp(b.local_ext));
-  launch_scatter_rows(cpp(b.dy_local), local_ext, h.n, dm / 2, bp.buf.dy, st);
+  launch_scatter_rows(s.dy_in, local_ext, h.n, dm / 2, bp.buf.dy, st);
 
   backward_output(f, bp, s.blas, st);
   backward_attention(f, bp, st);
@@ -346,7 +356,7 @@ void CudaCpLayerImpl::run_backward(Communicator& comm) {
 
   // Halo gradients back to the rows' owners: own rows first, then each peer's in ascending
   // rank order (the CPU layer's order).
-  float* dx_local = static_cast<float*>(cpp(b.dx_local));
+  float* dx_local = s.dx_out;
   launch_gather_rows(bp.buf.dx, local_ext, h.n, dm, dx_local, st);
   launch_gather_rows(bp.buf.dx, static_cast<const i32*>(cpp(b.recv_idx)),
                      static_cast<int>(h.recv_idx.size()), dm, cpp(b.dx_send), st);
@@ -396,7 +406,7 @@ std::size_t CudaCpLayer::device_bytes() const {
 }
 
 void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeometry& geo,
-                                      const cp::LayerPlan& plan) {
+                                      const cp::LayerPlan& plan, bool io_on_host) {
   CudaCpLayerImpl& s = *this;
   const AttentionConfig& c = s.cfg;
   s.forward_prepared = s.backward_prepared = false;  // a new forward voids any earlier prepare
@@ -424,7 +434,8 @@ void CudaCpLayerImpl::prepare_forward(const Communicator& comm, const BatchGeome
 
   // Buffers (grow-only, outside the launches).
   s.plan = rank_forward_plan(c, h);
-  s.buf = plan_cp_buffers(c, h);
+  s.host_io = io_on_host;
+  s.buf = plan_cp_buffers(c, h, io_on_host);
   unsigned char* ws = s.workspace.reserve(s.plan.bytes);
   s.cp.reserve(s.buf.bytes);
   const CpBuffers& b = s.buf;
@@ -516,8 +527,8 @@ static void stream_after(cudaStream_t from, cudaStream_t to_wait_for, cudaEvent_
 }
 
 void CudaCpLayer::prepare_forward(const Communicator& comm, const BatchGeometry& geo,
-                                  const cp::LayerPlan& plan) {
-  impl_->prepare_forward(comm, geo, plan);
+                                  const cp::LayerPlan& plan, bool host_io) {
+  impl_->prepare_forward(comm, geo, plan, host_io);
 }
 
 void CudaCpLayer::prepare_backward(const Communicator& comm, float grad_indexer_loss) {
@@ -538,8 +549,11 @@ CudaCpForward CudaCpLayer::forward(Communicator& comm, const Tensor& x_local) {
   const cp::GpuRankPlan& h = s.host;
   const int dm = c.d_model, K = c.has_indexer() ? c.index_topk : 0;
   const cudaStream_t st = s.stream;
+  require(s.host_io, ErrorKind::InvalidArgument,
+          "forward: this forward was prepared for the device entry points (prepare_forward host_io)");
   const std::vector<std::uint16_t> xb = to_bf16_bits(x_local.to_f32().data(), static_cast<std::size_t>(x_local.numel()));
   upload(s.cpp(s.buf.x_local), xb, st);
+  s.x_in = s.cpp(s.buf.x_local);
   s.run_forward(comm);
   s.run_forward_loss();
   s.write_forward_outputs(s.cpp(s.buf.y_local), reinterpret_cast<std::int32_t*>(s.cpp(s.buf.topk_local)), nullptr);
@@ -567,9 +581,7 @@ void CudaCpLayer::forward_device(Communicator& comm, const void* x_local, void* 
   CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   const auto caller = static_cast<cudaStream_t>(stream);
   stream_after(s.stream, caller, s.ready);  // x_local is ready on the caller's stream
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(s.cpp(s.buf.x_local), x_local,
-                                    static_cast<std::size_t>(s.host.n) * s.cfg.d_model * 2,
-                                    cudaMemcpyDeviceToDevice, s.stream));
+  s.x_in = x_local;  // read in place (the halo rows gathered from it, its rows scattered)
   s.run_forward(comm);
   s.run_forward_loss();
   s.write_forward_outputs(y, topk, loss);
@@ -585,7 +597,11 @@ CudaCpGradients CudaCpLayer::backward(Communicator& comm, const Tensor& grad_out
   const int n = s.host.n, dm = c.d_model;
   const std::vector<std::uint16_t> dyb =
       to_bf16_bits(grad_output_local.to_f32().data(), static_cast<std::size_t>(grad_output_local.numel()));
+  require(s.host_io, ErrorKind::InvalidArgument,
+          "backward: its forward was prepared for the device entry points");
   upload(s.cpp(s.buf.dy_local), dyb, s.stream);
+  s.dy_in = s.cpp(s.buf.dy_local);
+  s.dx_out = static_cast<float*>(s.cpp(s.buf.dx_local));
   s.run_backward(comm);
   s.has_backward = true;
   CudaCpGradients out;
@@ -602,12 +618,10 @@ void CudaCpLayer::backward_device(Communicator& comm, const void* dy_local, floa
   take_prepared(s.backward_prepared, "backward_device");
   CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   const auto caller = static_cast<cudaStream_t>(stream);
-  const std::size_t rows = static_cast<std::size_t>(s.host.n) * s.cfg.d_model;
   stream_after(s.stream, caller, s.ready);
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(s.cpp(s.buf.dy_local), dy_local, rows * 2, cudaMemcpyDeviceToDevice, s.stream));
+  s.dy_in = dy_local;  // read and written in place: the caller's arrays
+  s.dx_out = dx_local;
   s.run_backward(comm);
-  CSATTN_CUDA_CHECK(cudaMemcpyAsync(dx_local, s.cpp(s.buf.dx_local), rows * sizeof(float),
-                                    cudaMemcpyDeviceToDevice, s.stream));
   stream_after(caller, s.stream, s.ready);
   s.has_backward = true;
 }
@@ -645,12 +659,12 @@ CudaCpProfile CudaCpLayer::profile(Communicator& comm, int warmup, int iters) {
 }
 
 CpRankMemory plan_cp_rank_memory(const AttentionConfig& c, const BatchGeometry& geo,
-                                 const cp::LayerPlan& plan, bool deterministic) {
+                                 const cp::LayerPlan& plan, bool deterministic, bool host_io) {
   // What prepare_forward and prepare_backward allocate for this rank.
   const cp::GpuRankPlan h = cp::build_gpu_rank_plan(geo, plan);
   const WorkspacePlan f = rank_forward_plan(c, h);
   const BackwardPlan b = plan_backward(c, f.dims, deterministic);
-  return {f.bytes, plan_cp_buffers(c, h).bytes, b.bytes, b.grads_bytes};
+  return {f.bytes, plan_cp_buffers(c, h, host_io).bytes, b.bytes, b.grads_bytes};
 }
 
 }  // namespace csattn::cuda

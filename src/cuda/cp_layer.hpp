@@ -32,13 +32,13 @@ namespace csattn::cuda {
 struct CudaCpLayerImpl;
 
 // A rank's device allocations besides the weights, planned on the host from the global
-// geometry and the rank's plan (what prepare_forward / prepare_backward reserve):
-// plan_cp_device_memory (csattn/device_memory.hpp) sums them per rank.
+// geometry and the rank's plan (what prepare_forward(..., host_io) / prepare_backward
+// reserve): plan_cp_device_memory (csattn/device_memory.hpp) sums them per rank.
 struct CpRankMemory {
   std::size_t forward_workspace = 0, cp_buffers = 0, backward_workspace = 0, weight_gradients = 0;
 };
 CpRankMemory plan_cp_rank_memory(const AttentionConfig& c, const BatchGeometry& geo,
-                                 const cp::LayerPlan& plan, bool deterministic);
+                                 const cp::LayerPlan& plan, bool deterministic, bool host_io);
 
 struct CudaCpForward {
   Tensor output;       // [local rows, d_model] f32 (bf16 values)
@@ -74,8 +74,12 @@ class CudaCpLayer {
   // metadata, so an allocation failure happens before the ranks' collectives and can be
   // agreed on) and then the run (collective). geo: the global geometry (this layer's
   // ratio); plan: this rank's. The activations stay on the device for backward();
-  // `generation` numbers forwards.
-  void prepare_forward(const Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan);
+  // `generation` numbers forwards. host_io: the host-tensor entry points (forward / backward)
+  // follow, which stage the rank's rows in device buffers; the device entry points read and
+  // write the caller's arrays in place and need none (forward refuses a forward prepared
+  // without them).
+  void prepare_forward(const Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan,
+                       bool host_io);
   CudaCpForward forward(Communicator& comm, const Tensor& x_local);
   std::uint64_t generation() const;
   // The gradients of the last forward.
@@ -93,7 +97,8 @@ class CudaCpLayer {
   // Collective (every rank calls it): re-runs the last forward's device work (collectives
   // included, host transfers not), its indexer loss stage on its own and, after a backward,
   // the last backward's, `iters` times after `warmup`; each run is host-timed from a barrier
-  // to the stream's end. Medians.
+  // to the stream's end. Medians. After the device entry points it reads and writes the
+  // caller's arrays of the last calls again: they must still be valid.
   CudaCpProfile profile(Communicator& comm, int warmup, int iters);
   // Device memory held: weights, workspaces, the CP buffers.
   std::size_t device_bytes() const;

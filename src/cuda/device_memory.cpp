@@ -45,7 +45,9 @@ std::vector<DeviceMemoryPlan> plan_cp_device_memory(const AttentionConfig& cfg,
   std::vector<DeviceMemoryPlan> out;
   for (int rank = 0; rank < part.ranks(); ++rank) {
     const cp::LayerPlan plan = cp::build_layer_plan(geo, part, rank, cfg.window);
-    const cuda::CpRankMemory r = cuda::plan_cp_rank_memory(cfg, geo, plan, deterministic);
+    // The device entry points (forward_device / backward_device: what frameworks call); the
+    // host-tensor ones stage the rank's rows too (10 bytes x d_model a row).
+    const cuda::CpRankMemory r = cuda::plan_cp_rank_memory(cfg, geo, plan, deterministic, false);
     DeviceMemoryPlan m;
     m.weights = weights;
     m.forward_workspace = r.forward_workspace;

@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "csattn/device_memory.hpp"
 #include "cuda/cuda_layer.hpp"
 #include "test_util.hpp"
 
@@ -61,28 +60,6 @@ TEST_P(CudaGraph, ReplaysRefreshTheMetadata) {
 
 INSTANTIATE_TEST_SUITE_P(Layers, CudaGraph, ::testing::Values(0, 4, 128),
                          [](const auto& param_info) { return layer_kind_name(layer_kind(param_info.param)); });
-
-// The host plan (csattn memory, plan_device_memory) is what the layer allocates: weights,
-// the forward workspace and, after a backward, the backward's - for both backward modes.
-TEST(CudaLayerMemory, AllocatesWhatThePlanSays) {
-  SKIP_WITHOUT_GPU();
-  for (int ratio : {0, 4, 128})
-    for (bool deterministic : {false, true}) {
-      AttentionConfig cfg = ModelConfig::preset("flash").base;
-      cfg.compress_ratio = ratio;
-      cfg.loss_coeff = 0.5;
-      const SeqLayout layout = SeqLayout::from_lengths({200, 3, 497}, {200, 8, 500});
-      const int T = static_cast<int>(layout.total_rows());
-      cuda::CudaLayer layer(cfg, LayerWeights::random(cfg, 81));
-      layer.set_deterministic(deterministic);
-      layer.forward(random_tensor(T, cfg.d_model, 82, true), layout, Tensor());
-      const DeviceMemoryPlan plan =
-          plan_device_memory(cfg, T, layout.num_segments(), layout.max_seg_len(), deterministic);
-      EXPECT_EQ(layer.device_bytes(), plan.forward_only()) << "ratio " << ratio;
-      layer.backward(random_tensor(T, cfg.d_model, 83, true), 1.0f);
-      EXPECT_EQ(layer.device_bytes(), plan.training_step()) << "ratio " << ratio << " det " << deterministic;
-    }
-}
 
 TEST(CudaGraph, ALayoutThatDoesNotFitIsRefused) {
   SKIP_WITHOUT_GPU();
