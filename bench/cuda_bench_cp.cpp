@@ -102,11 +102,20 @@ json cp_case(const AttentionConfig& cfg, int tokens, int P, CpMode mode) {
     j["per_rank"].push_back(json{{"forward_ms", rr.forward_ms}, {"loss_ms", rr.loss_ms}, {"backward_ms", rr.backward_ms},
                                  {"peak_bytes", rr.peak_bytes}, {"sent_bytes", rr.comm_bytes}});
   }
-  // The host plan (csattn memory --cp-ranks: the device entry points): the measured peak adds
-  // NCCL's buffers and this benchmark's host-path staging (10 bytes x d_model a local row).
-  std::size_t planned = 0;
-  for (const DeviceMemoryPlan& m : plan_cp_device_memory(cfg, part)) planned = std::max(planned, m.training_step());
+  // The host plans: csattn memory --cp-ranks (the device entry points), and this benchmark's
+  // host-tensor path with its staging of the rank's rows; the measured peak adds NCCL's
+  // buffers to the second.
+  std::size_t planned = 0, planned_host_io = 0;
+  const std::vector<DeviceMemoryPlan> plans = plan_cp_device_memory(cfg, part);
+  for (int r = 0; r < P; ++r) {
+    const cuda::CpRankMemory m =
+        cuda::plan_cp_rank_memory(cfg, geo, cp::build_layer_plan(geo, part, r, cfg.window), false, true);
+    planned = std::max(planned, plans[static_cast<std::size_t>(r)].training_step());
+    planned_host_io = std::max(planned_host_io, plans[static_cast<std::size_t>(r)].weights + m.forward_workspace +
+                                                    m.cp_buffers + m.backward_workspace);
+  }
   j["planned_bytes_per_rank"] = planned;
+  j["planned_bytes_per_rank_host_io"] = planned_host_io;
   j["forward_ms"] = fwd;
   j["loss_ms"] = loss;
   j["backward_ms"] = bwd;

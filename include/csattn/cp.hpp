@@ -152,7 +152,8 @@ class ContextParallelLayer {
   void forward_device(Communicator& comm, const CpPartition& partition, const void* x_local,
                       const CpDeviceOutputs& out, void* stream = nullptr) const;
   // The gradients of the last forward_device: dy_local bf16, dx_local fp32, both [local
-  // rows, d_model]. The weight gradients (this rank's share, fp32) stay on the device until
+  // rows, d_model]. The layer reads x_local / dy_local and writes y / dx_local in place (no
+  // copies of the rank's rows): all four 4-byte aligned. The weight gradients (this rank's share, fp32) stay on the device until
   // the next backward: device_gradients(), by release name. Collective.
   void backward_device(Communicator& comm, const void* dy_local, float* dx_local,
                        float grad_indexer_loss = 1.0f, void* stream = nullptr) const;

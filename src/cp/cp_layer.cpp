@@ -14,6 +14,7 @@
 // Every collective is decided by metadata the ranks agreed on, so all ranks issue the same
 // sequence.
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <cstring>
 #include <limits>
@@ -608,6 +609,9 @@ void ContextParallelLayer::forward_device(Communicator& comm, const CpPartition&
                   " ranks but the communicator has " + std::to_string(comm.size());
   else if ((x_local == nullptr || out.y == nullptr) && part.local_rows(comm.rank()) > 0)
     local_error = "forward_device: x_local and out.y must be device arrays of this rank's rows";
+  else if (reinterpret_cast<std::uintptr_t>(x_local) % 4 != 0 || reinterpret_cast<std::uintptr_t>(out.y) % 4 != 0)
+    local_error = "forward_device: x_local and out.y must be 4-byte aligned (the rows are read and written "
+                  "in place as 32-bit words)";
   agree_forward(comm, part, local_error);
 #ifdef CSATTN_HAVE_CUDA
   const BatchGeometry geo = BatchGeometry::build(part.layout(), cfg_.compress_ratio);
@@ -630,6 +634,8 @@ void ContextParallelLayer::backward_device(Communicator& comm, const void* dy_lo
     local_error = "backward_device needs a forward_device of this layer first";
   else if (dy_local == nullptr || dx_local == nullptr)
     local_error = "backward_device: dy_local and dx_local must be device arrays of this rank's rows";
+  else if (reinterpret_cast<std::uintptr_t>(dy_local) % 4 != 0 || reinterpret_cast<std::uintptr_t>(dx_local) % 4 != 0)
+    local_error = "backward_device: dy_local and dx_local must be 4-byte aligned (read and written in place)";
   else if (!std::isfinite(grad_indexer_loss))
     local_error = "grad_indexer_loss must be finite";
 #ifdef CSATTN_HAVE_CUDA

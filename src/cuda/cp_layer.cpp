@@ -57,7 +57,7 @@ struct CpBuffers {
 };
 
 // host_io: staging for the host-tensor entry points (forward / backward): the rank's rows in
-// and out (x, y, top-k, dy, dx). The device entry points read and write the caller's arrays
+// and out (x, y, top-k, dy, dx: 10 x d_model + 4 x index_topk bytes a row). The device entry points read and write the caller's arrays
 // directly, so their plan leaves those out (256-byte placeholders).
 CpBuffers plan_cp_buffers(const AttentionConfig& c, const cp::GpuRankPlan& h, bool host_io) {
   CpBuffers b;
@@ -544,13 +544,13 @@ static void take_prepared(bool& flag, const char* what) {
 CudaCpForward CudaCpLayer::forward(Communicator& comm, const Tensor& x_local) {
   CudaCpLayerImpl& s = *impl_;
   const AttentionConfig& c = s.cfg;
+  require(s.host_io, ErrorKind::InvalidArgument,
+          "forward: this forward was prepared for the device entry points (prepare_forward host_io)");
   take_prepared(s.forward_prepared, "forward");
   CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   const cp::GpuRankPlan& h = s.host;
   const int dm = c.d_model, K = c.has_indexer() ? c.index_topk : 0;
   const cudaStream_t st = s.stream;
-  require(s.host_io, ErrorKind::InvalidArgument,
-          "forward: this forward was prepared for the device entry points (prepare_forward host_io)");
   const std::vector<std::uint16_t> xb = to_bf16_bits(x_local.to_f32().data(), static_cast<std::size_t>(x_local.numel()));
   upload(s.cpp(s.buf.x_local), xb, st);
   s.x_in = s.cpp(s.buf.x_local);
@@ -591,14 +591,14 @@ void CudaCpLayer::forward_device(Communicator& comm, const void* x_local, void* 
 
 CudaCpGradients CudaCpLayer::backward(Communicator& comm, const Tensor& grad_output_local) {
   CudaCpLayerImpl& s = *impl_;
+  require(s.host_io, ErrorKind::InvalidArgument,
+          "backward: its forward was prepared for the device entry points");
   take_prepared(s.backward_prepared, "backward");
   CSATTN_CUDA_CHECK(cudaSetDevice(s.device));
   const AttentionConfig& c = s.cfg;
   const int n = s.host.n, dm = c.d_model;
   const std::vector<std::uint16_t> dyb =
       to_bf16_bits(grad_output_local.to_f32().data(), static_cast<std::size_t>(grad_output_local.numel()));
-  require(s.host_io, ErrorKind::InvalidArgument,
-          "backward: its forward was prepared for the device entry points");
   upload(s.cpp(s.buf.dy_local), dyb, s.stream);
   s.dy_in = s.cpp(s.buf.dy_local);
   s.dx_out = static_cast<float*>(s.cpp(s.buf.dx_local));

@@ -46,7 +46,7 @@ std::vector<DeviceMemoryPlan> plan_cp_device_memory(const AttentionConfig& cfg,
   for (int rank = 0; rank < part.ranks(); ++rank) {
     const cp::LayerPlan plan = cp::build_layer_plan(geo, part, rank, cfg.window);
     // The device entry points (forward_device / backward_device: what frameworks call); the
-    // host-tensor ones stage the rank's rows too (10 bytes x d_model a row).
+    // host-tensor ones stage the rank's rows too (10 x d_model + 4 x index_topk bytes a row).
     const cuda::CpRankMemory r = cuda::plan_cp_rank_memory(cfg, geo, plan, deterministic, false);
     DeviceMemoryPlan m;
     m.weights = weights;

@@ -17,12 +17,14 @@
 #include "csattn/device_memory.hpp"
 #include "cuda/cp_layer.hpp"
 #include "cuda/cuda_layer.hpp"
+#include "cuda_test_util.hpp"
 #include "test_util.hpp"
 
 namespace csattn {
 namespace {
 
 using namespace testing_util;
+using testing_util::DeviceArray;
 
 // The host plan (csattn memory, plan_device_memory) is what the layer allocates: weights,
 // the forward workspace and, after a backward, the backward's - for both backward modes.
@@ -46,9 +48,10 @@ TEST(CudaLayerMemory, AllocatesWhatThePlanSays) {
     }
 }
 
-// Each rank of a context-parallel layer (two ranks on this GPU, the host-tensor entry points,
-// whose staging the plan includes with host_io) holds the weights and what
-// plan_cp_rank_memory plans; plan_cp_device_memory is the same without the staging.
+// Each rank of a context-parallel layer (two ranks on this GPU) holds the weights and what
+// its plan says: through the device entry points (forward_device / backward_device: what
+// plan_cp_device_memory and `csattn memory --cp-ranks` report) and through the host-tensor
+// ones (which stage the rank's rows too: plan_cp_rank_memory with host_io).
 TEST(CudaCpMemory, RanksAllocateWhatThePlanSays) {
   SKIP_WITHOUT_GPU();
   AttentionConfig cfg = ModelConfig::preset("small").base;
@@ -62,31 +65,40 @@ TEST(CudaCpMemory, RanksAllocateWhatThePlanSays) {
   const LayerWeights w = LayerWeights::random(cfg, 84);
   const std::vector<DeviceMemoryPlan> device_io = plan_cp_device_memory(cfg, part);
   ASSERT_EQ(device_io.size(), static_cast<std::size_t>(P));
-  std::vector<std::size_t> got(P, 0), want(P, 0), staging(P, 0);
-  std::vector<std::string> errors(P);
+  std::vector<std::size_t> got_device(P, 0), got_host(P, 0), want_host(P, 0);
+  // A failure on one rank aborts the group and is rethrown here (no assertions in threads).
   run_local_ranks(P, [&](Communicator& comm) {
     const int r = comm.rank();
-    try {
-      const cp::LayerPlan plan = cp::build_layer_plan(geo, part, r, cfg.window);
-      const int n = static_cast<int>(part.local_rows(r));
+    const cp::LayerPlan plan = cp::build_layer_plan(geo, part, r, cfg.window);
+    const int n = static_cast<int>(part.local_rows(r));
+    const std::size_t rows = static_cast<std::size_t>(n) * cfg.d_model;
+    {  // device entry points, on the caller's arrays
       cuda::CudaCpLayer layer(cfg, w);
-      layer.prepare_forward(comm, geo, plan, true);
-      layer.forward(comm, random_tensor(n, cfg.d_model, 85 + r, true));
+      DeviceArray<std::uint16_t> x(rows), y(rows), dy(rows);
+      DeviceArray<std::int32_t> topk(static_cast<std::size_t>(n) * cfg.index_topk);
+      DeviceArray<float> loss(1), dx(rows);
+      x.fill_bytes(0);
+      dy.fill_bytes(0);
+      layer.prepare_forward(comm, geo, plan, false);
+      layer.forward_device(comm, x.get(), y.get(), topk.get(), loss.get(), nullptr);
       layer.prepare_backward(comm, 1.0f);
-      layer.backward(comm, random_tensor(n, cfg.d_model, 87 + r, true));
-      got[r] = layer.device_bytes();
-      const cuda::CpRankMemory m = cuda::plan_cp_rank_memory(cfg, geo, plan, false, true);
-      want[r] = device_io[r].weights + m.forward_workspace + m.cp_buffers + m.backward_workspace;
-      staging[r] = m.cp_buffers - device_io[r].context_parallel;
-    } catch (const std::exception& e) {
-      errors[r] = e.what();
+      layer.backward_device(comm, dy.get(), dx.get(), nullptr);
+      cuda_ok(cudaDeviceSynchronize(), "device entry points");
+      got_device[r] = layer.device_bytes();
     }
+    cuda::CudaCpLayer layer(cfg, w);  // host-tensor entry points
+    layer.prepare_forward(comm, geo, plan, true);
+    layer.forward(comm, random_tensor(n, cfg.d_model, 85 + r, true));
+    layer.prepare_backward(comm, 1.0f);
+    layer.backward(comm, random_tensor(n, cfg.d_model, 87 + r, true));
+    got_host[r] = layer.device_bytes();
+    const cuda::CpRankMemory m = cuda::plan_cp_rank_memory(cfg, geo, plan, false, true);
+    want_host[r] = device_io[r].weights + m.forward_workspace + m.cp_buffers + m.backward_workspace;
   });
   for (int r = 0; r < P; ++r) {
-    ASSERT_EQ(errors[r], "") << "rank " << r;
-    EXPECT_EQ(got[r], want[r]) << "rank " << r;
-    EXPECT_GT(staging[r], 0u) << "rank " << r << ": the host entry points stage the rank's rows";
-    EXPECT_EQ(device_io[r].training_step() + staging[r], want[r]) << "rank " << r;
+    EXPECT_EQ(got_device[r], device_io[r].training_step()) << "rank " << r;
+    EXPECT_EQ(got_host[r], want_host[r]) << "rank " << r;
+    EXPECT_GT(want_host[r], device_io[r].training_step()) << "rank " << r << ": the host path stages its rows";
   }
 }
 
