@@ -54,6 +54,20 @@ std::vector<std::uint16_t> bf16_bits_of(const Tensor& t) {
   return out;
 }
 
+// The DeviceBatch of a packed layout whose x and cu_seqlens arrays are on the device.
+csattn::DeviceBatch device_batch(const void* x, const std::int32_t* cu, const std::int32_t* cu_padded,
+                                 const SeqLayout& layout) {
+  csattn::DeviceBatch b;
+  b.x = x;
+  b.cu_seqlens = cu;
+  b.cu_seqlens_padded = cu_padded;
+  b.rows = static_cast<int>(layout.total_rows());
+  b.segments = layout.num_segments();
+  b.max_seqlen = layout.max_seg_len();
+  b.real_rows = layout.real_rows();
+  return b;
+}
+
 class CudaDeviceLayer : public ::testing::TestWithParam<int> {};
 
 TEST_P(CudaDeviceLayer, MatchesTheHostTensorLayer) {
@@ -82,14 +96,7 @@ TEST_P(CudaDeviceLayer, MatchesTheHostTensorLayer) {
   DeviceArray<unsigned char> fws(fbytes), bws(bbytes);
   fws.fill_bytes(0xFF);  // any contents on entry
   bws.fill_bytes(0xFF);
-  csattn::DeviceBatch batch;
-  batch.x = dx_in.get();
-  batch.cu_seqlens = cu.get();
-  batch.cu_seqlens_padded = cup.get();
-  batch.rows = T;
-  batch.segments = B;
-  batch.max_seqlen = L;
-  batch.real_rows = layout.real_rows();
+  csattn::DeviceBatch batch = device_batch(dx_in.get(), cu.get(), cup.get(), layout);
   DeviceForwardOutputs out{dyout.get(), cfg.has_indexer() ? topk.get() : nullptr, loss.get()};
   cudaStream_t stream = nullptr;
   CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -181,14 +188,7 @@ TEST_P(CudaDeviceLayerGraph, TrainingStepReplaysWithAnotherPacking) {
   DeviceArray<float> loss(1), dx(static_cast<std::size_t>(T) * cfg.d_model);
   const std::size_t fbytes = dev.forward_workspace_bytes(T, B, L), bbytes = dev.backward_workspace_bytes(T, B, L);
   DeviceArray<unsigned char> fws(fbytes), bws(bbytes);
-  csattn::DeviceBatch batch;
-  batch.x = x.get();
-  batch.cu_seqlens = cu.get();
-  batch.cu_seqlens_padded = cup.get();
-  batch.rows = T;
-  batch.segments = B;
-  batch.max_seqlen = L;
-  batch.real_rows = a.real_rows();
+  csattn::DeviceBatch batch = device_batch(x.get(), cu.get(), cup.get(), a);
   const DeviceForwardOutputs out{y.get(), cfg.has_indexer() ? topk.get() : nullptr, loss.get()};
   cudaStream_t stream = nullptr;
   CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
