@@ -116,7 +116,8 @@ void bind_device(nb::module_& m) {
           [](const DeviceLayer& l, const CudaArray& dy, const CudaArray& cu, const CudaArray& cu_padded,
              int max_seqlen, std::int64_t real_rows, const CudaArray& forward_workspace,
              const CudaArray& backward_workspace, const CudaArray& dx, float grad_indexer_loss,
-             const std::optional<CudaArray>& forced_topk, std::uintptr_t stream) {
+             const std::optional<CudaArray>& forced_topk, std::uintptr_t stream,
+             const std::optional<CudaArray>& grad_indexer_loss_device) {
             const AttentionConfig& c = l.config();
             const int rows = rows_of(dy, c);
             const DeviceBatch b = batch_of(c, nullptr, rows, cu, cu_padded, max_seqlen, real_rows, forced_topk);
@@ -125,12 +126,18 @@ void bind_device(nb::module_& m) {
                                                    static_cast<std::int64_t>(rows) * c.d_model));
             void* fws = checked(forward_workspace, nb::dtype<std::uint8_t>(), "uint8", "forward_workspace");
             void* bws = checked(backward_workspace, nb::dtype<std::uint8_t>(), "uint8", "backward_workspace");
+            const float* gl_dev =
+                grad_indexer_loss_device
+                    ? static_cast<const float*>(checked(*grad_indexer_loss_device, nb::dtype<float>(), "float32",
+                                                        "grad_indexer_loss_device", 1))
+                    : nullptr;
             nb::gil_scoped_release unlocked;
-            l.backward(b, fws, bws, backward_workspace.size(), g, grad_indexer_loss, gx, reinterpret_cast<void*>(stream));
+            l.backward(b, fws, bws, backward_workspace.size(), g, grad_indexer_loss, gx, reinterpret_cast<void*>(stream),
+                       gl_dev);
           },
           "dy"_a, "cu_seqlens"_a, "cu_seqlens_padded"_a, "max_seqlen"_a, "real_rows"_a, "forward_workspace"_a,
           "backward_workspace"_a, "dx"_a, "grad_indexer_loss"_a = 1.0f, "forced_topk"_a = nb::none(),
-          "stream"_a = 0,
+          "stream"_a = 0, "grad_indexer_loss_device"_a = nb::none(),
           "Enqueues the backward of the forward that used forward_workspace; dx (fp32) and the weight "
           "gradients (backward_workspace at weight_gradient_offsets) are written on `stream`.")
       .def_prop_ro("config", &DeviceLayer::config);

@@ -64,10 +64,12 @@ class DeviceLayer {
   // left its activations in forward_workspace (pass the same DeviceBatch, forced_topk
   // included: a forced selection changes which operands the sparse loss's predictor reads):
   // dx fp32 [rows, d_model]; the weight gradients (fp32) stay in the backward workspace at
-  // weight_gradient_offsets().
+  // weight_gradient_offsets(). grad_indexer_loss_on_device: where the loss's upstream
+  // gradient already is on the device (one float, e.g. an autograd gradient tensor), read by
+  // the kernels instead of grad_indexer_loss - no host read of a device value.
   void backward(const DeviceBatch& batch, void* forward_workspace, void* backward_workspace,
                 std::size_t backward_workspace_bytes, const void* dy, float grad_indexer_loss,
-                float* dx, void* stream) const;
+                float* dx, void* stream, const float* grad_indexer_loss_on_device = nullptr) const;
   // Byte offset of each parameter's fp32 gradient (its shape: layer_params) in the backward
   // workspace of a batch with these shapes.
   std::map<std::string, std::size_t> weight_gradient_offsets(int rows, int segments,

@@ -94,6 +94,7 @@ class _DeviceLayerFunction(torch.autograd.Function):
         layer.forward(xb, cu_d, cup_d, longest, real, ws, y, topk=topk if csa else None,
                       loss=loss, stream=stream)
         ctx.state = (layer, cu_d, cup_d, ws, (rows, segments, longest, real), x.dtype)
+        ctx.set_materialize_grads(False)  # an unused output's gradient is None: no work for it
         ctx.layer_names = module._names
         ctx.param_meta = [(p.device, p.dtype, tuple(p.shape)) for p in params]
         ctx.mark_non_differentiable(topk)
@@ -107,13 +108,15 @@ class _DeviceLayerFunction(torch.autograd.Function):
         cfg_d = layer.config.d_model
         gy = torch.zeros(rows, cfg_d, dtype=torch.bfloat16, device=dev) if grad_out is None else \
             grad_out.detach().to(torch.bfloat16).contiguous()
-        # The loss gradient stays a host float: the one value read back (grad_loss is 1.0 or
-        # a caller's scale; None when the loss is unused).
-        gl = 0.0 if grad_loss is None else float(grad_loss)
+        # The loss gradient is read on the device (None when the loss is unused: no loss
+        # gradient at all); nothing is read back to the host.
+        gl_dev = None if grad_loss is None else \
+            grad_loss.detach().to(dev, torch.float32).reshape(1).contiguous()
         bws = torch.empty(layer.backward_workspace_bytes(rows, segments, longest),
                           dtype=torch.uint8, device=dev)
         dx = torch.empty(rows, cfg_d, dtype=torch.float32, device=dev)
-        layer.backward(gy, cu_d, cup_d, longest, real, ws, bws, dx, gl, stream=stream)
+        layer.backward(gy, cu_d, cup_d, longest, real, ws, bws, dx, 0.0 if gl_dev is None else 1.0,
+                       stream=stream, grad_indexer_loss_device=gl_dev)
         offsets = layer.weight_gradient_offsets(rows, segments, longest)
         grads = []
         for name, (device, dtype, shape) in zip(ctx.layer_names, ctx.param_meta):

@@ -25,7 +25,8 @@ std::size_t DeviceLayer::backward_workspace_bytes(int, int, int) const { no_cuda
 void DeviceLayer::forward(const DeviceBatch&, void*, std::size_t, const DeviceForwardOutputs&, void*) const {
   no_cuda();
 }
-void DeviceLayer::backward(const DeviceBatch&, void*, void*, std::size_t, const void*, float, float*, void*) const {
+void DeviceLayer::backward(const DeviceBatch&, void*, void*, std::size_t, const void*, float, float*, void*,
+                           const float*) const {
   no_cuda();
 }
 std::map<std::string, std::size_t> DeviceLayer::weight_gradient_offsets(int, int, int) const { no_cuda(); }

@@ -196,8 +196,16 @@ void backward_indexer_loss(const ForwardParams& f, const BackwardParams& p, cuda
   const DeviceActivations& a = f.act;
   const BackwardBuffers& b = p.buf;
   CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dkeys_acc, 0, sizeof(float) * static_cast<std::size_t>(d.comp_capacity) * d.index_dim, stream));
+  // With the upstream gradient on the device: its product with the loss scale there, and a
+  // launch gradient of 1.
+  IndexerLossArgs la = loss_args(f, p);
+  float grad_loss = p.grad_loss;
+  if (p.grad_loss_on_device != nullptr) {
+    launch_loss_gradient_scale(p.grad_loss_on_device, f.meta.loss_scale, b.loss_grad_scale, stream);
+    la.scale = b.loss_grad_scale;
+    grad_loss = 1.0f;
+  }
   if (p.deterministic) {
-    IndexerLossArgs la = loss_args(f, p);
     OrderedScatter os;
     os.layout = la.sparse ? SlotLayout::loss_sparse : SlotLayout::loss_dense;
     os.slots = la.sparse ? d.topk : std::max(1, d.max_seg_len / d.ratio);
@@ -207,13 +215,13 @@ void backward_indexer_loss(const ForwardParams& f, const BackwardParams& p, cuda
     const int chunk_rows = deterministic_chunk_rows(b, T, os.slots, d.index_dim);
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
       la.chunk = GradChunk{r0, std::min(chunk_rows, T - r0), b.det_scratch, os.slots, 1};
-      launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, p.grad_loss, b.dqi, b.dweff,
+      launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, grad_loss, b.dqi, b.dweff,
                           b.dkeys_acc, stream);
       launch_ordered_scatter(d, f.meta, a.topk, os, r0, la.chunk.rows, b.det_scratch, stream);
     }
   } else {
-    launch_indexer_loss(d, f.meta, loss_args(f, p), a.loss_rows, a.loss, true, p.grad_loss, b.dqi,
-                        b.dweff, b.dkeys_acc, stream);
+    launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, grad_loss, b.dqi, b.dweff,
+                        b.dkeys_acc, stream);
   }
 }
 
@@ -235,7 +243,8 @@ void backward_indexer_queries(const ForwardParams& f, const BackwardParams& p,
 bool indexer_loss_backward_runs(const ForwardParams& f, const BackwardParams& p) {
   // Host-known: lambda and the upstream gradient. A batch without real rows runs it with a
   // device scale of 0 (exact zeros).
-  return f.dims.ratio == 4 && p.grad_loss != 0.0f && f.dims.loss_coeff != 0.0;
+  return f.dims.ratio == 4 && f.dims.loss_coeff != 0.0 &&
+         (p.grad_loss_on_device != nullptr || p.grad_loss != 0.0f);
 }
 
 void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,

@@ -15,6 +15,7 @@ struct BackwardParams {
   BackwardBuffers buf;
   DeviceGradients grad;  // zeroed by the caller
   float grad_loss = 1.0f;   // upstream gradient of the indexer loss (its scale: f.meta.loss_scale)
+  const float* grad_loss_on_device = nullptr;  // if set: the upstream gradient, read on the device
   bool sparse_loss = true;
   // Fixed-order reductions instead of atomics (bitwise-repeatable gradients).
   bool deterministic = false;

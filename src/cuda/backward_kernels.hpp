@@ -133,6 +133,12 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                          float* loss_rows, float* loss, bool grads, float grad_loss, bf16* dqi,
                          float* dweff, float* dkeys_acc, cudaStream_t stream,
                          IndexerLossKernel kernel = IndexerLossKernel::automatic);
+// out[0] = grad_loss[0] * scale[0] on the device: the scale of a backward whose loss gradient
+// is on the device (a framework's autograd tensor, never read back), for IndexerLossArgs::scale
+// with a launch grad_loss of 1. (A field for it in IndexerLossArgs made the tensor-core
+// kernel's 128-head instance spill.)
+void launch_loss_gradient_scale(const float* grad_loss, const float* scale, float* out,
+                                cudaStream_t stream);
 // The tensor-core rows kernel (indexer_loss_mma.cu): head_dim 512, index_head_dim 128, at
 // most 64 index heads and 128 heads.
 bool indexer_loss_mma_supported(const LayerDims& d);

@@ -34,6 +34,7 @@ struct BackwardBuffers {
   float* dweff = nullptr;      // [T, H_I]
   bf16* dwraw = nullptr;       // [T, H_I]
   float* dkeys_acc = nullptr;  // [Nc, D_I]
+  float* loss_grad_scale = nullptr;  // [1]: upstream loss gradient x loss scale (on the device)
   // Deterministic mode: per-(row, copy, slot) key-gradient contributions of one row chunk
   // (grad_chunk.hpp); null and 0 in fast mode.
   float* det_scratch = nullptr;

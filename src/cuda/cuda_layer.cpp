@@ -423,7 +423,7 @@ void CudaLayer::forward_device(const DeviceBatch& b, void* workspace, std::size_
 
 void CudaLayer::backward_device(const DeviceBatch& b, void* forward_workspace, void* backward_workspace,
                                 std::size_t bytes, const void* dy, float grad_indexer_loss, float* dx,
-                                void* stream_ptr) const {
+                                void* stream_ptr, const float* grad_indexer_loss_on_device) const {
   const CudaLayerImpl& s = *impl_;
   const AttentionConfig& c = s.cfg;
   check_batch(c, b, false);
@@ -433,7 +433,9 @@ void CudaLayer::backward_device(const DeviceBatch& b, void* forward_workspace, v
           "backward: the forward workspace (of this batch's forward) is required");
   ForwardParams f = params_on(plan, forward_workspace, s.w);
   f.forced_topk = b.forced_topk != nullptr;
-  check_backward_supported(c, f, s.deterministic, grad_indexer_loss);
+  // A gradient on the device may be anything: checked as if nonzero.
+  check_backward_supported(c, f, s.deterministic,
+                           grad_indexer_loss_on_device != nullptr ? 1.0f : grad_indexer_loss);
   const BackwardPlan gp = plan_backward(c, f.dims, s.deterministic);
   check_workspace(backward_workspace, bytes, gp.bytes, "the backward workspace");
   auto stream = static_cast<cudaStream_t>(stream_ptr);
@@ -442,6 +444,7 @@ void CudaLayer::backward_device(const DeviceBatch& b, void* forward_workspace, v
   bp.buf = gp.buffers(backward_workspace);
   bp.grad = gp.gradients(backward_workspace);
   bp.grad_loss = grad_indexer_loss;
+  bp.grad_loss_on_device = grad_indexer_loss_on_device;
   bp.sparse_loss = c.sparse_loss;
   bp.deterministic = s.deterministic;
   if (s.poison) CSATTN_CUDA_CHECK(cudaMemsetAsync(gbase, 0xFF, gp.grads_offset, stream));

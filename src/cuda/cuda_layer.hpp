@@ -77,7 +77,7 @@ class CudaLayer {
                       const DeviceForwardOutputs& out, void* stream) const;
   void backward_device(const DeviceBatch& batch, void* forward_workspace, void* backward_workspace,
                        std::size_t bytes, const void* dy, float grad_indexer_loss, float* dx,
-                       void* stream) const;
+                       void* stream, const float* grad_indexer_loss_on_device = nullptr) const;
   std::map<std::string, std::size_t> device_gradient_offsets(int rows, int segments,
                                                             int max_seqlen) const;
 

@@ -31,9 +31,9 @@ void DeviceLayer::forward(const DeviceBatch& batch, void* workspace, std::size_t
 
 void DeviceLayer::backward(const DeviceBatch& batch, void* forward_workspace, void* backward_workspace,
                            std::size_t backward_workspace_bytes, const void* dy, float grad_indexer_loss,
-                           float* dx, void* stream) const {
+                           float* dx, void* stream, const float* grad_indexer_loss_on_device) const {
   impl_->backward_device(batch, forward_workspace, backward_workspace, backward_workspace_bytes, dy,
-                         grad_indexer_loss, dx, stream);
+                         grad_indexer_loss, dx, stream, grad_indexer_loss_on_device);
 }
 
 std::map<std::string, std::size_t> DeviceLayer::weight_gradient_offsets(int rows, int segments,

@@ -303,6 +303,10 @@ __global__ void loss_reduce_kernel(const float* rows, int n, const float* scale,
   if (threadIdx.x == 0) loss[0] = acc * *scale;
 }
 
+__global__ void product_kernel(const float* a, const float* b, float* out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = a[0] * b[0];
+}
+
 __global__ void indexer_weights_backward_kernel(int n, float scale, const float* dweff, bf16* dwraw) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) dwraw[i] = __float2bfloat16_rn(dweff[i] * scale);
@@ -359,6 +363,12 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
     loss_reduce_kernel<<<1, 1024, 0, stream>>>(loss_rows, d.rows, a.scale, loss);
     CSATTN_CUDA_LAUNCH_CHECK();
   }
+}
+
+void launch_loss_gradient_scale(const float* grad_loss, const float* scale, float* out,
+                                cudaStream_t stream) {
+  product_kernel<<<1, 32, 0, stream>>>(grad_loss, scale, out);
+  CSATTN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_indexer_weights_backward(const LayerDims& d, const float* dweff, bf16* dwraw,

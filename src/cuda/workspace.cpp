@@ -145,6 +145,7 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
   p.dweff = take(T * HI * f32);
   p.dwraw = take(T * HI * bf);
   p.dkeys_acc = take(Nc * DI * f32);
+  p.loss_grad_scale = take(f32);
   if (deterministic) {
     // The largest per-row need: the attention's (every slot of every head block, D wide) or
     // the loss's (its candidates, D_I wide); chunks of rows share the scratch in turn.
@@ -272,6 +273,7 @@ BackwardBuffers BackwardPlan::buffers(void* base) const {
   b.dweff = at<float>(base, dweff);
   b.dwraw = at<bf16>(base, dwraw);
   b.dkeys_acc = at<float>(base, dkeys_acc);
+  b.loss_grad_scale = at<float>(base, loss_grad_scale);
   return b;
 }
 

@@ -48,7 +48,7 @@ struct BackwardPlan {
   std::size_t dy = 0, du = 0, dattn = 0, dq = 0, dkv_acc = 0, dcomp_acc = 0,
               dsink_part = 0, dkv = 0, dnormed = 0, dqb = 0, dcq = 0, rstd = 0, dx = 0,
               dcomp = 0, dpooled = 0, da = 0, dg = 0, dqi = 0, dweff = 0, dwraw = 0,
-              dkeys_acc = 0, det_scratch = 0, det_scratch_bytes = 0;
+              dkeys_acc = 0, loss_grad_scale = 0, det_scratch = 0, det_scratch_bytes = 0;
   static constexpr std::size_t kDeterministicScratchBytes = 256u << 20;
   std::size_t g_wq_a = 0, g_q_norm = 0, g_wq_b = 0, g_wkv = 0, g_kv_norm = 0, g_wo_a = 0,
               g_wo_b = 0, g_sink = 0, g_c_wkv = 0, g_c_wgate = 0, g_c_norm = 0, g_c_ape = 0,

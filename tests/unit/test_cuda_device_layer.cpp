@@ -135,6 +135,28 @@ TEST_P(CudaDeviceLayer, MatchesTheHostTensorLayer) {
     EXPECT_GT(similarity(got, to_double(ref.to_f32())).cosine, 1.0 - 1e-6) << name;
   }
 
+  // The loss gradient given on the device (an autograd tensor) instead of the host float,
+  // which is then ignored: 1 gives the gradients above, 0 zero indexer gradients.
+  if (cfg.has_indexer()) {
+    for (float on_device : {1.0f, 0.0f}) {
+      DeviceArray<float> gl(std::vector<float>{on_device});
+      dev.backward(backward_batch, fws.get(), bws.get(), bbytes, ddy.get(), 7.0f, dxo.get(), stream, gl.get());
+      CU(cudaStreamSynchronize(stream));
+      const std::vector<unsigned char> raw2 = bws.download();
+      for (const auto& [name, offset] : dev.weight_gradient_offsets(T, B, L)) {
+        if (name.rfind("attn.indexer.", 0) != 0) continue;  // the loss's parameters only
+        const Tensor& ref = hg.grad.at(name);
+        std::vector<float> got(static_cast<std::size_t>(ref.numel()));
+        std::memcpy(got.data(), raw2.data() + offset, got.size() * 4);
+        if (on_device == 0.0f) {
+          for (float v : got) ASSERT_EQ(v, 0.0f) << name;
+        } else {
+          EXPECT_GT(similarity(got, to_double(ref.to_f32())).cosine, 1.0 - 1e-6) << name << " (device gradient)";
+        }
+      }
+    }
+  }
+
   // The forward in a CUDA graph (global capture mode: an allocation or a host sync inside
   // would fail the capture), replayed: bitwise the eager output.
   dyout.fill_bytes(0x5A);

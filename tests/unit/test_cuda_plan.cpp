@@ -112,7 +112,7 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
             {"dpooled", b.dpooled, 2 * nc * std::max<std::size_t>(cfg.head_dim, di)},
             {"da", b.da, 2 * t * pw}, {"dg", b.dg, 2 * t * pw}, {"dqi", b.dqi, 2 * t * hi * di},
             {"dweff", b.dweff, 4 * t * hi}, {"dwraw", b.dwraw, 2 * t * hi},
-            {"dkeys_acc", b.dkeys_acc, 4 * nc * di}};
+            {"dkeys_acc", b.dkeys_acc, 4 * nc * di}, {"loss_grad_scale", b.loss_grad_scale, 4}};
         expect_disjoint_and_aligned(bp, b.grads_offset, what + " backward buffers");
         // The planned aliases: dqb (written by the query path) in dattn's bytes (last read by
         // the attention backward before it); dx (first written by the query path after its
