@@ -139,7 +139,9 @@ void bind_device(nb::module_& m) {
           "backward_workspace"_a, "dx"_a, "grad_indexer_loss"_a = 1.0f, "forced_topk"_a = nb::none(),
           "stream"_a = 0, "grad_indexer_loss_device"_a = nb::none(),
           "Enqueues the backward of the forward that used forward_workspace; dx (fp32) and the weight "
-          "gradients (backward_workspace at weight_gradient_offsets) are written on `stream`.")
+          "gradients (backward_workspace at weight_gradient_offsets) are written on `stream`. "
+          "grad_indexer_loss_device: a CUDA float32 array of one element holding the loss's upstream "
+          "gradient, read on the device instead of grad_indexer_loss.")
       .def_prop_ro("config", &DeviceLayer::config);
 
   m.def(

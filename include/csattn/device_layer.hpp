@@ -66,7 +66,9 @@ class DeviceLayer {
   // dx fp32 [rows, d_model]; the weight gradients (fp32) stay in the backward workspace at
   // weight_gradient_offsets(). grad_indexer_loss_on_device: where the loss's upstream
   // gradient already is on the device (one float, e.g. an autograd gradient tensor), read by
-  // the kernels instead of grad_indexer_loss - no host read of a device value.
+  // the kernels instead of grad_indexer_loss (then ignored) - no host read of a device value.
+  // It must be ready on `stream` and stay valid until the backward has run there; it counts
+  // as nonzero for the checks made before the launch (a deterministic layer's shape check).
   void backward(const DeviceBatch& batch, void* forward_workspace, void* backward_workspace,
                 std::size_t backward_workspace_bytes, const void* dy, float grad_indexer_loss,
                 float* dx, void* stream, const float* grad_indexer_loss_on_device = nullptr) const;

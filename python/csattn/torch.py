@@ -112,6 +112,12 @@ class _DeviceLayerFunction(torch.autograd.Function):
         # gradient at all); nothing is read back to the host.
         gl_dev = None if grad_loss is None else \
             grad_loss.detach().to(dev, torch.float32).reshape(1).contiguous()
+        # Both may be autograd's own tensors, freed when this returns: keep their memory from
+        # reuse until this stream has read them.
+        cur = torch.cuda.current_stream(dev)
+        for t in (gy, gl_dev):
+            if t is not None:
+                t.record_stream(cur)
         bws = torch.empty(layer.backward_workspace_bytes(rows, segments, longest),
                           dtype=torch.uint8, device=dev)
         dx = torch.empty(rows, cfg_d, dtype=torch.float32, device=dev)

@@ -241,8 +241,8 @@ void backward_indexer_queries(const ForwardParams& f, const BackwardParams& p,
 }
 
 bool indexer_loss_backward_runs(const ForwardParams& f, const BackwardParams& p) {
-  // Host-known: lambda and the upstream gradient. A batch without real rows runs it with a
-  // device scale of 0 (exact zeros).
+  // Host-known: lambda and the host upstream gradient (one on the device counts as nonzero).
+  // A batch without real rows, or a device gradient of 0, runs it and computes zeros.
   return f.dims.ratio == 4 && f.dims.loss_coeff != 0.0 &&
          (p.grad_loss_on_device != nullptr || p.grad_loss != 0.0f);
 }

@@ -210,8 +210,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const int n = n_shared;
   // From the parameters (a register-free predicate; instance <2> has no register to spare):
-  // grad_loss = 0 gives exact zeros without the math. A batch without real rows (scale 0)
-  // computes its zeros.
+  // a launch grad_loss of 0 gives exact zeros without the math. A scale of 0 (a batch without
+  // real rows, a device upstream gradient of 0: launched with 1) computes its zeros.
   const bool want_grads = grads && grad_loss != 0.0f;
   const long qi_base = static_cast<long>(t) * HI * kIdxDim;
   if (grads && (n == 0 || !want_grads)) {

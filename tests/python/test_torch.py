@@ -124,6 +124,8 @@ def test_cuda_tensors_take_the_device_layer(kind):
             assert not got.any(), name
         else:
             assert _cosine(got, want) > 1 - 1e-6, name
+            # the size too: the loss's factor 2.0 reaches the indexer's parameters on the device
+            assert np.linalg.norm(got) == pytest.approx(np.linalg.norm(want), rel=1e-4), name
 
     first = attn._cached_device[1]
     with torch.no_grad():

@@ -3,11 +3,13 @@
 // (fp32 atomics in both) within 1e-6 in cosine, the weight gradients read at their offsets
 // in the backward workspace; the forward captured in a CUDA graph in global mode (no
 // allocation or host sync inside) replays bitwise; bad workspaces are errors (passed on the
-// H200 2026-12-04). CudaDeviceLayerGraph (2026-12-05, not yet run on a GPU): a whole training
-// step in one graph, replayed with another packing. Skips without a GPU.
+// H200 2026-12-04; the loss gradient given on the device, added 2026-12-05, not yet run).
+// CudaDeviceLayerGraph (2026-12-05, not yet run on a GPU): a whole training step in one
+// graph, replayed with another packing and another device loss gradient. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <string>
@@ -136,9 +138,9 @@ TEST_P(CudaDeviceLayer, MatchesTheHostTensorLayer) {
   }
 
   // The loss gradient given on the device (an autograd tensor) instead of the host float,
-  // which is then ignored: 1 gives the gradients above, 0 zero indexer gradients.
+  // which is then ignored: 1 gives the gradients above, 2 twice them, 0 zero indexer gradients.
   if (cfg.has_indexer()) {
-    for (float on_device : {1.0f, 0.0f}) {
+    for (float on_device : {1.0f, 2.0f, 0.0f}) {
       DeviceArray<float> gl(std::vector<float>{on_device});
       dev.backward(backward_batch, fws.get(), bws.get(), bbytes, ddy.get(), 7.0f, dxo.get(), stream, gl.get());
       CU(cudaStreamSynchronize(stream));
@@ -151,7 +153,13 @@ TEST_P(CudaDeviceLayer, MatchesTheHostTensorLayer) {
         if (on_device == 0.0f) {
           for (float v : got) ASSERT_EQ(v, 0.0f) << name;
         } else {
-          EXPECT_GT(similarity(got, to_double(ref.to_f32())).cosine, 1.0 - 1e-6) << name << " (device gradient)";
+          std::vector<double> want = to_double(ref.to_f32());
+          for (double& v : want) v *= on_device;
+          EXPECT_GT(similarity(got, want).cosine, 1.0 - 1e-6) << name << " (device gradient " << on_device << ")";
+          double ng = 0.0, nw = 0.0;  // the size too: cosine alone would pass a wrong factor
+          for (float v : got) ng += static_cast<double>(v) * v;
+          for (double v : want) nw += v * v;
+          EXPECT_NEAR(std::sqrt(ng / nw), 1.0, 1e-4) << name << " (device gradient " << on_device << ")";
         }
       }
     }
@@ -186,8 +194,10 @@ INSTANTIATE_TEST_SUITE_P(Layers, CudaDeviceLayer, ::testing::Values(0, 4, 128),
 // arrays (same rows and segments, a longest segment within the captured bound, a different
 // number of real rows): every output and gradient bitwise equal to the eager step of that
 // packing. Nothing of the captured batch may be baked into the graph, the indexer loss's
-// scale (lambda over the real rows) included. Deterministic mode, so gradients are bitwise
-// repeatable; the Flash shape, so the CSA loss gradient has its deterministic kernel.
+// scale (lambda over the real rows) included, nor its upstream gradient (given on the device:
+// a replay with 2 instead of 1 doubles the indexer's gradients exactly). Deterministic mode,
+// so gradients are bitwise repeatable; the Flash shape, so the CSA loss gradient has its
+// deterministic kernel.
 class CudaDeviceLayerGraph : public ::testing::TestWithParam<int> {};
 
 TEST_P(CudaDeviceLayerGraph, TrainingStepReplaysWithAnotherPacking) {
@@ -208,6 +218,7 @@ TEST_P(CudaDeviceLayerGraph, TrainingStepReplaysWithAnotherPacking) {
   const int K = cfg.has_indexer() ? cfg.index_topk : 1;
   DeviceArray<std::int32_t> cu(a.cu_seqlens()), cup(a.cu_seqlens_padded()), topk(static_cast<std::size_t>(T) * K);
   DeviceArray<float> loss(1), dx(static_cast<std::size_t>(T) * cfg.d_model);
+  DeviceArray<float> grad_loss(std::vector<float>{1.0f});  // the loss's upstream gradient, on the device
   const std::size_t fbytes = dev.forward_workspace_bytes(T, B, L), bbytes = dev.backward_workspace_bytes(T, B, L);
   DeviceArray<unsigned char> fws(fbytes), bws(bbytes);
   csattn::DeviceBatch batch = device_batch(x.get(), cu.get(), cup.get(), a);
@@ -218,7 +229,7 @@ TEST_P(CudaDeviceLayerGraph, TrainingStepReplaysWithAnotherPacking) {
     dev.forward(batch, fws.get(), fbytes, out, stream);
     csattn::DeviceBatch bb = batch;
     bb.x = nullptr;
-    dev.backward(bb, fws.get(), bws.get(), bbytes, dy.get(), 1.0f, dx.get(), stream);
+    dev.backward(bb, fws.get(), bws.get(), bbytes, dy.get(), 0.0f, dx.get(), stream, grad_loss.get());
   };
   struct Result {
     std::vector<std::uint16_t> y;
@@ -278,6 +289,26 @@ TEST_P(CudaDeviceLayerGraph, TrainingStepReplaysWithAnotherPacking) {
     use(*layout);
     CU(cudaGraphLaunch(exec, stream));
     expect_same(result(), *want, what);
+  }
+  if (cfg.has_indexer()) {
+    // The loss gradient is read at replay too: 2 doubles the indexer's weight gradients
+    // exactly (a power of two), everything else stays bitwise the eager step's.
+    const std::vector<float> two{2.0f};
+    CU(cudaMemcpy(grad_loss.get(), two.data(), sizeof(float), cudaMemcpyHostToDevice));
+    use(a);
+    CU(cudaGraphLaunch(exec, stream));
+    const Result r = result();
+    EXPECT_EQ(r.y, eager_a.y);
+    EXPECT_EQ(r.dx, eager_a.dx);
+    for (const ParamInfo& prm : layer_params(cfg)) {
+      const std::size_t at = offsets.at(prm.name) - grads_from, n = static_cast<std::size_t>(shape_numel(prm.shape));
+      std::vector<float> g2(n), g1(n);
+      std::memcpy(g2.data(), r.grads.data() + at, n * 4);
+      std::memcpy(g1.data(), eager_a.grads.data() + at, n * 4);
+      const bool indexer = prm.name.rfind("attn.indexer.", 0) == 0;
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(g2[i], indexer ? 2.0f * g1[i] : g1[i]) << prm.name << " element " << i;
+    }
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
