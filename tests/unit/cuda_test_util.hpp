@@ -7,16 +7,27 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "csattn/config.hpp"
+#include "csattn/tensor.hpp"
 #include "core/rope_table.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/workspace.hpp"
 
 namespace csattn::testing_util {
+
+// n bf16 bit patterns of N(0, sd) values, seeded.
+inline std::vector<std::uint16_t> random_bf16(std::size_t n, std::uint64_t seed, float sd = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sd);
+  std::vector<std::uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16_bits(dist(rng));
+  return v;
+}
 
 inline void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));

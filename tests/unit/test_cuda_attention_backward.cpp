@@ -35,13 +35,7 @@ using namespace csattn::cuda;
 using testing_util::dev_cast;
 using testing_util::DeviceArray;
 
-std::vector<std::uint16_t> random_bf16(std::size_t n, std::uint64_t seed, float sd = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<std::uint16_t> v(n);
-  for (auto& x : v) x = float_to_bf16_bits(dist(rng));
-  return v;
-}
+using testing_util::random_bf16;
 
 struct BwdCase {
   int heads;

@@ -126,15 +126,6 @@ INSTANTIATE_TEST_SUITE_P(
                       NrCase{"rows_256_partial_group", 256, true, false, false, false, 1, 1}),
     [](const auto& param_info) { return param_info.param.name; });
 
-// Per-head rows of a batch (T tokens x 4 heads of width n), random bf16 values.
-std::vector<std::uint16_t> random_rows(std::size_t count, unsigned seed, float sd) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<std::uint16_t> v(count);
-  for (auto& x : v) x = float_to_bf16_bits(dist(rng));
-  return v;
-}
-
 // Four query heads per token of a small ragged batch at the Flash shape: the metadata, the
 // RoPE table and the row count the norm tests below run on.
 struct HeadRows {
@@ -160,7 +151,7 @@ TEST(CudaNormRopeRstd, StoresEachRowsScaleAndRunsInPlace) {
   for (int n : {64, 128, 512}) {
     SCOPED_TRACE("n = " + std::to_string(n));
     const std::size_t count = static_cast<std::size_t>(rows) * n;
-    const std::vector<std::uint16_t> x = random_rows(count, 7 + n, 2.0f);
+    const std::vector<std::uint16_t> x = testing_util::random_bf16(count, 7 + n, 2.0f);
     const DeviceArray<std::uint16_t> in(x);
     DeviceArray<std::uint16_t> out(count), inplace(x);
     DeviceArray<float> rstd(static_cast<std::size_t>(rows)), rstd2(static_cast<std::size_t>(rows));
@@ -203,8 +194,8 @@ TEST(CudaNormBackward, FromTheOutputInRopesFrameMatchesFromTheInput) {
   constexpr int n = 512;
   const int rows = h.rows, kHeads = HeadRows::kHeads;
   const std::size_t count = static_cast<std::size_t>(rows) * n;
-  const DeviceArray<std::uint16_t> x(random_rows(count, 11, 3.0f));
-  DeviceArray<std::uint16_t> q(count), dq(random_rows(count, 12, 1.0f)), dq_pre(count),
+  const DeviceArray<std::uint16_t> x(testing_util::random_bf16(count, 11, 3.0f));
+  DeviceArray<std::uint16_t> q(count), dq(testing_util::random_bf16(count, 12, 1.0f)), dq_pre(count),
       dx_ref(count), dx_new(count);
   DeviceArray<float> rstd(static_cast<std::size_t>(rows)), scratch(static_cast<std::size_t>(rows));
   for (auto* buf : {&q, &dq_pre, &dx_ref, &dx_new}) buf->fill_bytes(0xFF);
