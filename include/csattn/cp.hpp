@@ -155,8 +155,12 @@ class ContextParallelLayer {
   // rows, d_model]. The layer reads x_local / dy_local and writes y / dx_local in place (no
   // copies of the rank's rows): all four 4-byte aligned. The weight gradients (this rank's share, fp32) stay on the device until
   // the next backward: device_gradients(), by release name. Collective.
+  // grad_indexer_loss_on_device: the loss's upstream gradient as a device float, read by the
+  // kernels instead of grad_indexer_loss (as DeviceLayer::backward: no host read; ready on
+  // `stream`, valid until the backward has run there).
   void backward_device(Communicator& comm, const void* dy_local, float* dx_local,
-                       float grad_indexer_loss = 1.0f, void* stream = nullptr) const;
+                       float grad_indexer_loss = 1.0f, void* stream = nullptr,
+                       const float* grad_indexer_loss_on_device = nullptr) const;
   std::map<std::string, const float*> device_gradients() const;
 
   const AttentionConfig& config() const { return cfg_; }

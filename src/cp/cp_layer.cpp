@@ -626,7 +626,7 @@ void ContextParallelLayer::forward_device(Communicator& comm, const CpPartition&
 
 void ContextParallelLayer::backward_device(Communicator& comm, const void* dy_local,
                                            float* dx_local, float grad_indexer_loss,
-                                           void* stream) const {
+                                           void* stream, const float* grad_indexer_loss_on_device) const {
   std::string local_error;
   if (options_.device != Device::cuda)
     local_error = "backward_device needs a layer on device cuda (RunOptions::device)";
@@ -648,10 +648,13 @@ void ContextParallelLayer::backward_device(Communicator& comm, const void* dy_lo
              {"the device", static_cast<std::uint64_t>(options_.device)}},
             local_error);
 #ifdef CSATTN_HAVE_CUDA
-  agreed_prepare(comm, "context-parallel backward", [&] { gpu_->prepare_backward(comm, grad_indexer_loss); });
+  agreed_prepare(comm, "context-parallel backward", [&] {
+    gpu_->prepare_backward(comm, grad_indexer_loss, grad_indexer_loss_on_device);
+  });
   gpu_->backward_device(comm, dy_local, dx_local, stream);
 #else
   (void)stream;
+  (void)grad_indexer_loss_on_device;
 #endif
 }
 

@@ -183,7 +183,8 @@ struct CudaCpLayerImpl {
   // rank), and the backward's buffers and parameters.
   void prepare_forward(const Communicator& comm, const BatchGeometry& geo, const cp::LayerPlan& plan,
                        bool host_io);
-  void prepare_backward(const Communicator& comm, float grad_indexer_loss);
+  void prepare_backward(const Communicator& comm, float grad_indexer_loss,
+                        const float* grad_indexer_loss_on_device);
   bool forward_prepared = false, backward_prepared = false;
   // After a forward: this rank's output rows, top-k rows and loss share into the pointers
   // (device memory; topk and loss may be null), on the layer's stream.
@@ -499,14 +500,17 @@ void CudaCpLayerImpl::write_forward_outputs(void* y, std::int32_t* topk, float* 
   }
 }
 
-void CudaCpLayerImpl::prepare_backward(const Communicator& comm, float grad_indexer_loss) {
+void CudaCpLayerImpl::prepare_backward(const Communicator& comm, float grad_indexer_loss,
+                                       const float* grad_indexer_loss_on_device) {
   CudaCpLayerImpl& s = *this;
   s.backward_prepared = false;
   require(s.has_last, ErrorKind::InvalidArgument, "backward needs a forward first");
   require(comm.rank() == s.owner.load(), ErrorKind::InvalidArgument,
           "backward on another rank than its forward's (construct one layer per rank)");
   CSATTN_CUDA_CHECK(cudaSetDevice(s.device));  // first: the check asks this device's limits
-  check_backward_supported(s.cfg, s.fwd, s.deterministic, grad_indexer_loss);
+  // A gradient on the device may be anything: checked as if nonzero.
+  check_backward_supported(s.cfg, s.fwd, s.deterministic,
+                           grad_indexer_loss_on_device != nullptr ? 1.0f : grad_indexer_loss);
   s.grad_plan = plan_backward(s.cfg, s.fwd.dims, s.deterministic);
   unsigned char* gws = s.grad_workspace.reserve(s.grad_plan.bytes);
   BackwardParams& bp = s.bwd;
@@ -514,6 +518,7 @@ void CudaCpLayerImpl::prepare_backward(const Communicator& comm, float grad_inde
   bp.buf = s.grad_plan.buffers(gws);
   bp.grad = s.grad_plan.gradients(gws);
   bp.grad_loss = grad_indexer_loss;
+  bp.grad_loss_on_device = grad_indexer_loss_on_device;
   bp.sparse_loss = s.cfg.sparse_loss;
   bp.deterministic = s.deterministic;
   if (s.poison) CSATTN_CUDA_CHECK(cudaMemsetAsync(gws, 0xFF, s.grad_plan.grads_offset, s.stream));
@@ -531,8 +536,9 @@ void CudaCpLayer::prepare_forward(const Communicator& comm, const BatchGeometry&
   impl_->prepare_forward(comm, geo, plan, host_io);
 }
 
-void CudaCpLayer::prepare_backward(const Communicator& comm, float grad_indexer_loss) {
-  impl_->prepare_backward(comm, grad_indexer_loss);
+void CudaCpLayer::prepare_backward(const Communicator& comm, float grad_indexer_loss,
+                                   const float* grad_indexer_loss_on_device) {
+  impl_->prepare_backward(comm, grad_indexer_loss, grad_indexer_loss_on_device);
 }
 
 // The prepare_* call a run needs, consumed by it.

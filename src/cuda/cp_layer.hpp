@@ -83,7 +83,10 @@ class CudaCpLayer {
   CudaCpForward forward(Communicator& comm, const Tensor& x_local);
   std::uint64_t generation() const;
   // The gradients of the last forward.
-  void prepare_backward(const Communicator& comm, float grad_indexer_loss);
+  // grad_indexer_loss_on_device (device entry points): the loss's upstream gradient read on the
+  // device instead of grad_indexer_loss (DeviceLayer::backward's rules).
+  void prepare_backward(const Communicator& comm, float grad_indexer_loss,
+                        const float* grad_indexer_loss_on_device = nullptr);
   CudaCpGradients backward(Communicator& comm, const Tensor& grad_output_local);
 
   // The runs on device memory and the caller's stream (ContextParallelLayer::forward_device):

@@ -301,7 +301,10 @@ TEST(CudaCp, DeviceMemoryEntryPointsMatchTheHostOnes) {
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     dev_layer.forward_device(comm, part, dx_in.get(), {dy_out.get(), dtopk.get(), dloss.get()}, stream);
-    dev_layer.backward_device(comm, ddy.get(), ddx.get(), 1.0f, stream);
+    // The loss's upstream gradient on the device (1, as the host path's): the host value, 0
+    // here, is ignored.
+    DeviceArray<float> dgl(std::vector<float>{1.0f});
+    dev_layer.backward_device(comm, ddy.get(), ddx.get(), 0.0f, stream, dgl.get());
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     cudaStreamDestroy(stream);
 
