@@ -67,13 +67,9 @@ int rows_of(const CudaArray& x, const AttentionConfig& c) {
 
 // A memory plan as the dict the Python functions return (bytes).
 std::map<std::string, std::size_t> memory_dict(const DeviceMemoryPlan& p) {
-  return {{"weights", p.weights},
-          {"forward_workspace", p.forward_workspace},
-          {"backward_workspace", p.backward_workspace},
-          {"weight_gradients", p.weight_gradients},
-          {"context_parallel", p.context_parallel},
-          {"forward_only", p.forward_only()},
-          {"training_step", p.training_step()}};
+  std::map<std::string, std::size_t> out;
+  for (const auto& [name, bytes] : p.fields()) out[name] = bytes;
+  return out;
 }
 
 }  // namespace

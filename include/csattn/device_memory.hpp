@@ -6,6 +6,7 @@
 // allocations and, for context parallelism, the communicators' buffers.
 #pragma once
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "csattn/config.hpp"
@@ -24,6 +25,17 @@ struct DeviceMemoryPlan {
   std::size_t context_parallel = 0;
   std::size_t forward_only() const { return weights + forward_workspace + context_parallel; }
   std::size_t training_step() const { return forward_only() + backward_workspace; }
+  // Every figure by name, the parts then the totals (what `csattn memory --json` and the
+  // Python functions report).
+  std::vector<std::pair<const char*, std::size_t>> fields() const {
+    return {{"weights", weights},
+            {"forward_workspace", forward_workspace},
+            {"backward_workspace", backward_workspace},
+            {"weight_gradients", weight_gradients},
+            {"context_parallel", context_parallel},
+            {"forward_only", forward_only()},
+            {"training_step", training_step()}};
+  }
 };
 
 // One packed batch of `rows` rows (padding included) in `segments` segments, none longer

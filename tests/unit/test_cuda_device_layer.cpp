@@ -238,11 +238,8 @@ TEST_P(CudaDeviceLayerGraph, TrainingStepReplaysWithAnotherPacking) {
     std::vector<unsigned char> grads;
   };
   const std::map<std::string, std::size_t> offsets = dev.weight_gradient_offsets(T, B, L);
-  const std::size_t grads_from = offsets.empty() ? bbytes : [&] {
-    std::size_t lo = bbytes;
-    for (const auto& [name, off] : offsets) lo = std::min(lo, off);
-    return lo;
-  }();
+  std::size_t grads_from = bbytes;  // the weight gradients: from the first one to the end
+  for (const auto& [name, off] : offsets) grads_from = std::min(grads_from, off);
   auto result = [&] {
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     Result r{y.download(), cfg.has_indexer() ? topk.download() : std::vector<std::int32_t>{}, loss.download(),

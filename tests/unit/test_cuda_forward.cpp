@@ -138,9 +138,11 @@ struct CudaGradCase {
   int ratio;
   bool sparse;
   double coeff;
+  bool per_token = false;  // the loss summed over rows (its scale lambda, not lambda / rows)
 };
 void PrintTo(const CudaGradCase& c, std::ostream* os) {
-  *os << "ratio " << c.ratio << (c.sparse ? " sparse" : " dense") << " coeff " << c.coeff;
+  *os << "ratio " << c.ratio << (c.sparse ? " sparse" : " dense") << " coeff " << c.coeff
+      << (c.per_token ? " per token" : "");
 }
 
 class CudaBackward : public ::testing::TestWithParam<CudaGradCase> {};
@@ -151,6 +153,7 @@ TEST_P(CudaBackward, MatchesCpuBackend) {
   cfg.compress_ratio = GetParam().ratio;
   cfg.sparse_loss = GetParam().sparse;
   cfg.loss_coeff = GetParam().coeff;
+  cfg.per_token_loss = GetParam().per_token;
   const SeqLayout layout = batch_for(cfg);
   const int T = static_cast<int>(layout.total_rows());
   const LayerWeights w = LayerWeights::random(cfg, 31);
@@ -168,11 +171,14 @@ TEST_P(CudaBackward, MatchesCpuBackend) {
 INSTANTIATE_TEST_SUITE_P(Layers, CudaBackward,
                          ::testing::Values(CudaGradCase{0, true, 0.01}, CudaGradCase{128, true, 0.01},
                                            CudaGradCase{4, true, 0.5}, CudaGradCase{4, false, 0.5},
-                                           CudaGradCase{4, true, 0.0}),
+                                           CudaGradCase{4, true, 0.0},
+                                           // the device loss scale's per-token branch
+                                           CudaGradCase{4, true, 0.5, true}),
                          [](const auto& param_info) {
                            const CudaGradCase& c = param_info.param;
                            return std::string(layer_kind_name(layer_kind(c.ratio))) +
-                                  (c.sparse ? "_sparse" : "_dense") + (c.coeff == 0.0 ? "_nolos" : "");
+                                  (c.sparse ? "_sparse" : "_dense") + (c.coeff == 0.0 ? "_nolos" : "") +
+                                  (c.per_token ? "_pertoken" : "");
                          });
 
 TEST(CudaBackward, FlashShapeMatchesCpuBackend) {

@@ -63,15 +63,10 @@ std::vector<Model> models_of(const MemoryArgs& a) {
 }
 
 nlohmann::json plan_json(const DeviceMemoryPlan& m, int tokens) {
-  return {{"weights_bytes", m.weights},
-          {"forward_workspace_bytes", m.forward_workspace},
-          {"backward_workspace_bytes", m.backward_workspace},
-          {"weight_gradient_bytes", m.weight_gradients},
-          {"context_parallel_bytes", m.context_parallel},
-          {"forward_only_bytes", m.forward_only()},
-          {"training_step_bytes", m.training_step()},
-          {"training_step_bytes_per_token",
-           tokens > 0 ? static_cast<double>(m.training_step()) / tokens : 0.0}};
+  nlohmann::json j;
+  for (const auto& [name, bytes] : m.fields()) j[std::string(name) + "_bytes"] = bytes;
+  j["training_step_bytes_per_token"] = tokens > 0 ? static_cast<double>(m.training_step()) / tokens : 0.0;
+  return j;
 }
 
 // One layer on one GPU, or with --cp-ranks P the context-parallel rank that needs the most
