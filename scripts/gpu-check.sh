@@ -33,7 +33,7 @@ if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
     tests_rc=$?
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:" "$OUT/ctest.log" | head -60
   else
-    ctest --test-dir build-gpu -j 8 --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
+    ctest --test-dir build-gpu -j 8 --output-on-failure --timeout "${GPU_CHECK_CTEST_TIMEOUT:-300}" > "$OUT/ctest.log" 2>&1
     tests_rc=$?
   fi
   grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest.log" | grep -v "^ *[0-9]*/[0-9]* Test .* Passed" | tail -30
