@@ -119,7 +119,7 @@ void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const b
 
 // Sparse attention with the sink over window + compressed keys (sparse_attention.cu): the
 // wgmma kernel for head_dim 512 where it fits, else the mma kernel, else the CUDA-core
-// baseline; CSATTN_ATTENTION=wgmma|wgmma_lazy|mma|baseline picks one (read once per process).
+// baseline; CSATTN_ATTENTION=wgmma|mma|baseline picks one (read once per process).
 void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                              const bf16* kv, const bf16* comp, const float* sink,
                              const std::int32_t* topk, bf16* out, float* lse,
@@ -136,19 +136,11 @@ void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta,
 // in pairs, one per consumer warpgroup); same contract. Supported while its shared memory
 // (about 210 KB + 4 bytes per top-k id) fits.
 bool sparse_attention_wgmma_supported(const LayerDims& d);
-// schedule: pairs (default: the consumers exchange row maxima before their softmaxes, three
-// hand-overs a pair) or lazy_rescale (each consumer keeps a reference max unless its tile's
-// max exceeds it by more than 2^8, so the two P tiles cross in parallel and O is rescaled only
-// when a row's max jumps; a consumer whose rows see the other's reference max differ settles
-// it after the hand-over; written 2026-12-04 without a GPU - a candidate, picked by
-// CSATTN_ATTENTION=wgmma_lazy, until measured).
-enum class WgmmaForwardSchedule { pairs, lazy_rescale };
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta,
                                    const bf16* q, const bf16* kv, const bf16* comp,
                                    const float* sink, const std::int32_t* topk, bf16* out,
                                    float* lse, cudaStream_t stream,
-                                   unsigned* phase_stamps = nullptr,
-                                   WgmmaForwardSchedule schedule = WgmmaForwardSchedule::pairs);
+                                   unsigned* phase_stamps = nullptr);
 // Measurement only (benchmarks): the wgmma forward's phase_stamps, the multiprocessor's
 // 32-bit clock() with its lowest bit set (0 means "not reached"; subtract modulo 2^32),
 // written by the first thread of each warpgroup w (0 producer, 1 consumer 0, 2 consumer 1)

@@ -97,17 +97,14 @@ void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, con
   // head_dim 512 (every DeepSeek-V4 preset) takes the wgmma kernel (the mma kernel where the
   // wgmma one does not fit); CSATTN_ATTENTION=mma or =baseline forces the older kernels
   // (benchmarks, bisecting).
-  enum class Choice { wgmma, wgmma_lazy, mma, baseline };
+  enum class Choice { wgmma, mma, baseline };
   static const Choice choice = [] {
     const char* v = std::getenv("CSATTN_ATTENTION");
     const std::string s = v != nullptr ? v : "";
-    return s == "baseline" ? Choice::baseline : s == "mma" ? Choice::mma
-           : s == "wgmma_lazy" ? Choice::wgmma_lazy : Choice::wgmma;
+    return s == "baseline" ? Choice::baseline : s == "mma" ? Choice::mma : Choice::wgmma;
   }();
-  if ((choice == Choice::wgmma || choice == Choice::wgmma_lazy) && sparse_attention_wgmma_supported(d)) {
-    launch_sparse_attention_wgmma(d, meta, q, kv, comp, sink, topk, out, lse, stream, nullptr,
-                                  choice == Choice::wgmma_lazy ? WgmmaForwardSchedule::lazy_rescale
-                                                               : WgmmaForwardSchedule::pairs);
+  if (choice == Choice::wgmma && sparse_attention_wgmma_supported(d)) {
+    launch_sparse_attention_wgmma(d, meta, q, kv, comp, sink, topk, out, lse, stream);
     return;
   }
   if (choice != Choice::baseline && sparse_attention_mma_supported(d)) {

@@ -25,12 +25,6 @@
 //       c0: (next pair, once its next S is issued) frees buffer 1's first half.
 //     So one consumer's softmax runs while the other's MMAs keep the tensor pipe busy, and
 //     both end every pair on the same max m_1 (the next pair's running max).
-//   kLazy (the lazy-rescale schedule, a candidate written without a GPU, 2026-12-04): each
-//     consumer keeps a reference max per row and moves it only where its tile's max exceeds
-//     it by more than 2^8 (lazy_max), so P_c = exp2(S_c - m_c) needs no max from the other;
-//     the P tiles (and m_c) cross in parallel (P0 / P1, freed by P0Free / P1Free), and a
-//     consumer whose rows see the other's m differ brings O, l and the other's P tile rows to
-//     the larger one after the hand-over (lazy_fix; decided per warpgroup by a barrier vote).
 // Shared memory (1024-byte aligned, every operand in 128-byte-swizzle atoms, see wgmma.cuh):
 //   Q [64 x 512] 64 KB | key buffers 0, 1 [64 x 512] 128 KB | P_0, P_1 [64 x 64] 16 KB |
 //   barriers, published maxima, row sums, key counts | CSA: the compacted top-k ids.
@@ -98,15 +92,6 @@ constexpr int kBarM1P1 = 2;     // c1 -> c0: m_1 and P_1 published
 constexpr int kBarP0 = 3;       // c0 -> c1: P_0 (rescaled to m_1) published
 constexpr int kBarSums = 4;     // both: the row sums of an item
 constexpr int kProducerBar = 5;
-// The lazy-rescale schedule's (kLazy) hand-overs; its P_0 ready is kBarP0.
-constexpr int kBarP1 = 6;       // c1 -> c0: P_1 and m_1 published
-constexpr int kBarP0Free = 7;   // c1 -> c0: c1 no longer reads the P_0 tile / m_0
-constexpr int kBarP1Free = 8;   // c0 -> c1: c0 no longer reads the P_1 tile / m_1
-constexpr int kBarFix0 = 9;     // consumer 0 alone: its fix-up vote and tile writes
-constexpr int kBarFix1 = 10;    // consumer 1 alone
-// kLazy: a consumer keeps its reference max unless its tile's max exceeds it by more than
-// this (log2 units), so P <= 2^8 and O / l are rescaled only when a row's max jumps.
-constexpr float kLazyBound = 8.0f;
 
 std::size_t wgmma_smem_bytes(const LayerDims& d) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
@@ -170,75 +155,12 @@ __device__ __forceinline__ void publish_p(unsigned char* tile, const std::uint32
   fence_proxy_async_smem();  // st.shared -> the other consumer's wgmma
 }
 
-// kLazy: the reference max of a consumer's tile (per row): the tile's max where it exceeds
-// the running one by more than kLazyBound, else the running one; O and l rescaled to it.
-__device__ __forceinline__ void lazy_max(const float (&mx)[2], float (&m_run)[2], float (&o)[128],
-                                         float (&l)[2]) {
-  float f[2];
-  bool moved = false;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float m = mx[r] > m_run[r] + kLazyBound ? mx[r] : m_run[r];
-    f[r] = exp2f(m_run[r] - m);
-    moved = moved || m != m_run[r];
-    m_run[r] = m;
-  }
-  if (moved) rescale(o, l, f);
-}
-
-// Warpgroup-wide OR of `pred` through named barrier `id` (128 threads).
-__device__ __forceinline__ bool warpgroup_any(int id, bool pred) {
-  int any;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.s32 q, %1, 0;\n barrier.cta.red.or.pred p, %2, 128, q;\n"
-      " selp.s32 %0, 1, 0, p;\n}\n"
-      : "=r"(any)
-      : "r"(static_cast<int>(pred)), "r"(id)
-      : "memory");
-  return any != 0;
-}
-
-// kLazy: whether a row of this thread's sees the other consumer's reference max differ from
-// its own (the caller votes on it over the warpgroup).
-__device__ __forceinline__ bool lazy_differs(const float (&m_other)[2], const float (&m_run)[2]) {
-  return m_other[0] != m_run[0] || m_other[1] != m_run[1];
-}
-
-// kLazy, after a vote found a difference: brings O, l and the other consumer's P tile rows (in
-// shared memory, read only by this consumer) to m_new = the larger of the two reference maxima;
-// both consumers end on the same m_new. No wgmma on O may be in flight; the tile writes are
-// visible to this warpgroup's wgmma after the barrier `fix_bar` (the caller still issues
-// wgmma_fence before its next wgmma on O).
-__device__ __forceinline__ void lazy_fix(int fix_bar, const float (&m_other)[2], float (&m_run)[2],
-                                         float (&o)[128], float (&l)[2], unsigned char* other_tile,
-                                         int row0, int qd) {
-  float fo[2], fp[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float m = fmaxf(m_run[r], m_other[r]);
-    fo[r] = exp2f(m_run[r] - m);
-    fp[r] = exp2f(m_other[r] - m);
-    m_run[r] = m;
-  }
-  rescale(o, l, fo);
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      auto* pair = reinterpret_cast<__nv_bfloat162*>(other_tile + fragment_off(row0 + 8 * r, i, qd));
-      const float2 v = __bfloat1622float2(*pair);
-      *pair = __floats2bfloat162_rn(v.x * fp[r], v.y * fp[r]);
-    }
-  fence_proxy_async_smem();  // st.shared -> this warpgroup's wgmma
-  named_barrier_sync(fix_bar, 128);
-}
-
 // Persistent: CTA i handles work items i, i + gridDim.x, ... (item = token * head_blocks +
 // head block). The producer runs ahead across items: it builds the next item's key list and
 // streams its tiles while the consumers finish the current item. kStamps (measurement only):
 // clock() at the phase boundaries into `stamps`, laid out as AttentionForwardStamps
-// (kernels.hpp) says. kLazy: the lazy-rescale schedule (below; kernels.hpp).
-template <bool kStamps, bool kLazy>
+// (kernels.hpp) says.
+template <bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
@@ -419,9 +341,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* p1_s = p0_s + kBlockBytes;
   int ring = 0;
   int local = 0;
-  // kLazy: each consumer's P tile starts free for the other (one arrival more than the pairs;
-  // the matching last wait follows the item loop).
-  if constexpr (kLazy) named_barrier_arrive(c == 0 ? kBarP1Free : kBarP0Free, kConsumerThreads);
   for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
     stamp_item(local, 0);
     const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
@@ -461,7 +380,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_wait<1>();
           wgmma_pin(o);
           if (lane == 0) mbar_arrive(free_bar(1, 0));
-          if constexpr (kLazy) named_barrier_arrive(kBarP1Free, kConsumerThreads);  // P_1 tile read
         }
         mbar_wait(ready_bar(0, 1), phase);
         if (pair >= 0) stamp(local, pair, 6);
@@ -475,51 +393,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         wgmma_pin(s);
       }
-      if constexpr (kLazy) {
-        // Lazy rescale: P_0 at consumer 0's own reference max, no max exchanged before it.
-        // (The lazy loops repeat the default ones' tile handling on purpose, leaving the
-        // default schedule's code untouched for the A/B; the losing schedule gets deleted.)
-        for (int pair = 0; pair < pairs; ++pair, ++ring) {
-          if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
-          float mx[2];
-          scale_and_mask(s, 2 * pair * kKeys, n, scale2, qd, mx);
-          lazy_max(mx, m_run, o, l_part);
-          exponentiate(s, m_run, l_part, p);
-          named_barrier_sync(kBarP0Free, kConsumerThreads);  // consumer 1 is done with the last P_0
-          publish_p(p0_s, p, row_max, m_run, row0, qd);
-          named_barrier_arrive(kBarP0, kConsumerThreads);
-
-          // O += P_0 V_0[:, 0:256], then buffer 0's first half is free.
-          wgmma_fence();
-          pv_half_regs(o, p, k0_base, 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          wgmma_pin(o);
-          if (lane == 0) mbar_arrive(free_bar(0, 0));
-
-          // P_1 and m_1 from consumer 1; a differing reference max is settled here.
-          named_barrier_sync(kBarP1, kConsumerThreads);
-          const float m1[2] = {row_max[kRows + row0], row_max[kRows + row1]};
-          if (warpgroup_any(kBarFix0, lazy_differs(m1, m_run)))
-            lazy_fix(kBarFix0, m1, m_run, o, l_part, p1_s, row0, qd);
-
-          // O += P_1 V_1[:, 0:256], overlapped with the next pair's S_0.
-          wgmma_fence();
-          pv_half_smem(o, p1_base, k1_base, 0);
-          wgmma_commit();
-          if (pair + 1 < pairs) {
-            issue_s0((ring + 1) & 1, true, -1);
-          } else {
-            wgmma_wait<0>();
-            wgmma_pin(o);
-            if (lane == 0) mbar_arrive(free_bar(1, 0));  // O += P_1 V_1 is done
-            named_barrier_arrive(kBarP1Free, kConsumerThreads);
-          }
-          wgmma_wait<0>();
-          wgmma_pin(s);
-          wgmma_pin(o);
-        }
-      } else
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
         stamp(local, pair, 0);
         if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
@@ -585,54 +458,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_pin(s);
         wgmma_pin(o);
         stamp(local, pair, 7);
-      }
-    } else if constexpr (kLazy) {
-      // Lazy rescale: P_1 at consumer 1's own reference max, no wait for m_0.
-      for (int pair = 0; pair < pairs; ++pair, ++ring) {
-        const std::uint32_t phase = ring & 1;
-        mbar_wait(ready_bar(1, 1), phase);
-        fence_proxy_async_smem();
-        wgmma_fence();
-        qk_half(s, q_base, k1_base, 1, true);
-        wgmma_commit();
-        mbar_wait(ready_bar(1, 0), phase);
-        fence_proxy_async_smem();
-        wgmma_fence();
-        qk_half(s, q_base, k1_base, 0, false);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_pin(s);
-        if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
-
-        float mx[2];
-        scale_and_mask(s, (2 * pair + 1) * kKeys, n, scale2, qd, mx);
-        lazy_max(mx, m_run, o, l_part);
-        exponentiate(s, m_run, l_part, p);
-        named_barrier_sync(kBarP1Free, kConsumerThreads);  // consumer 0 is done with the last P_1
-        publish_p(p1_s, p, row_max + kRows, m_run, row0, qd);
-        named_barrier_arrive(kBarP1, kConsumerThreads);
-
-        // O += P_1 V_1[:, 256:512] (P_1 from registers), then O += P_0 V_0[:, 256:512] once
-        // P_0 is here and a differing reference max is settled. P_1 V_1 is waited for before
-        // the vote: a wgmma wait inside the (warpgroup-uniform) fix-up branch made ptxas
-        // serialise every wgmma of the kernel (C7520).
-        wgmma_fence();
-        pv_half_regs(o, p, k1_base, 1);
-        wgmma_commit();
-        named_barrier_sync(kBarP0, kConsumerThreads);
-        wgmma_wait<0>();
-        wgmma_pin(o);
-        if (lane == 0) mbar_arrive(free_bar(1, 1));
-        const float m0[2] = {row_max[row0], row_max[row1]};
-        if (warpgroup_any(kBarFix1, lazy_differs(m0, m_run)))
-          lazy_fix(kBarFix1, m0, m_run, o, l_part, p0_s, row0, qd);
-        wgmma_fence();
-        pv_half_smem(o, p0_base, k0_base, 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_pin(o);
-        if (lane == 0) mbar_arrive(free_bar(0, 1));
-        named_barrier_arrive(kBarP0Free, kConsumerThreads);  // the P_0 tile and m_0 are read
       }
     } else {
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
@@ -733,7 +558,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     stamp_item(local, 3);
   }
-  if constexpr (kLazy) named_barrier_sync(c == 0 ? kBarP0Free : kBarP1Free, kConsumerThreads);
 }
 
 }  // namespace
@@ -741,24 +565,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool sparse_attention_wgmma_supported(const LayerDims& d) {
   // Every instance has the same static shared memory (none): the default one speaks for all.
   return d.head_dim == kDim &&
-         wgmma_smem_bytes(d) <= dynamic_smem_limit(sparse_attention_wgmma_kernel<false, false>);
+         wgmma_smem_bytes(d) <= dynamic_smem_limit(sparse_attention_wgmma_kernel<false>);
 }
 
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                    const bf16* kv, const bf16* comp, const float* sink,
                                    const std::int32_t* topk, bf16* out, float* lse,
-                                   cudaStream_t stream, unsigned* phase_stamps,
-                                   WgmmaForwardSchedule schedule) {
+                                   cudaStream_t stream, unsigned* phase_stamps) {
   if (d.rows <= 0) return;
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention kernel needs head_dim 512, got " + std::to_string(d.head_dim));
   const std::size_t smem = wgmma_smem_bytes(d);
-  const bool lazy = schedule == WgmmaForwardSchedule::lazy_rescale;
-  require(!lazy || phase_stamps == nullptr, ErrorKind::InvalidArgument,
-          "the wgmma attention forward's phase stamps are taken with the default schedule only");
-  auto kernel = phase_stamps != nullptr ? sparse_attention_wgmma_kernel<true, false>
-                : lazy                  ? sparse_attention_wgmma_kernel<false, true>
-                                        : sparse_attention_wgmma_kernel<false, false>;
+  auto kernel = phase_stamps != nullptr ? sparse_attention_wgmma_kernel<true>
+                                        : sparse_attention_wgmma_kernel<false>;
   allow_dynamic_smem(kernel, smem, "the wgmma attention kernel (its shared memory grows with index_topk)");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long items = static_cast<long>(d.rows) * head_blocks;

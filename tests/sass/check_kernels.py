@@ -28,9 +28,6 @@ ALLOWED_FRAMES = {
     "rope_table_kernel(": "the RoPE table, once per run: the same double sin / cos",
     "ordered_scatter_kernel<32, false>": "widths above 256 that are not a multiple of 128 (test "
                                          "shapes only)",
-    "sparse_attention_wgmma_kernel<false, true>": "the lazy-rescale forward candidate "
-                                                  "(CSATTN_ATTENTION=wgmma_lazy): its producer "
-                                                  "spills 24 bytes; goes with the losing schedule",
 }
 
 RESOURCE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")

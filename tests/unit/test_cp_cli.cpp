@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "csattn/layer.hpp"
 #include "csattn/safetensors.hpp"
 
 #ifndef CSATTN_CLI_PATH
@@ -137,12 +138,22 @@ TEST(CpCli, BadOptionsExitTwoWithOneLine) {
   for (const std::string& args :
        {small + "--cp-ranks 2", small + "--cp-mode zigzag",
         small + "--cp-mode contiguous --cp-ranks 2 --ratio 128",
-        small + "--cp-mode two_chunk --cp-ranks -1",
-        small + "--cp-mode two_chunk --cp-ranks 2 --device cuda"}) {
+        small + "--cp-mode two_chunk --cp-ranks -1"}) {
     const Result r = run(cli() + args);
     EXPECT_EQ(r.status, 2) << args;
     EXPECT_EQ(r.err.rfind("csattn: error: ", 0), 0u) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  // The GPU context-parallel run: refused with the reason where there is no GPU, and where
+  // there is one (2 ranks as threads on it), it runs.
+  const std::string on_gpu = small + "--cp-mode two_chunk --cp-ranks 2 --device cuda";
+  const Result g = run(cli() + on_gpu);
+  if (csattn::cuda_available()) {
+    EXPECT_EQ(g.status, 0) << on_gpu << ": " << g.err;
+  } else {
+    EXPECT_EQ(g.status, 2) << on_gpu;
+    EXPECT_EQ(g.err.rfind("csattn: error: ", 0), 0u) << on_gpu << ": " << g.err;
+    EXPECT_EQ(std::count(g.err.begin(), g.err.end(), '\n'), 1) << on_gpu << ": " << g.err;
   }
   const Result r = run(cli() + small + "--cp-mode contiguous --cp-ranks 2 --ratio 128");
   EXPECT_NE(r.err.find("pad the batch to at least P*D_w = 256 rows"), std::string::npos) << r.err;
