@@ -76,16 +76,31 @@ __device__ __forceinline__ unsigned take_run(unsigned& todo, const Shared& sh, i
 }
 
 // After the scoring: the radix select of every row in `selecting` from its scores in the
-// slot (row stride row_stride) and its histogram.
+// slot (row stride row_stride) and its histogram. by_rows = 0: the rows one after another,
+// each by the whole CTA (sel[0]); by_rows = 1: side by side, row i by threads
+// [i kThreads / kRows, (i + 1) kThreads / kRows) with sel[i] and their own named barrier -
+// a select is a chain of barriers and L2 reads (four passes over the row's scores), so
+// four of them overlap where one CTA-wide select waits alone. Both give the same ids.
 template <int kThreads>
 __device__ void select_block(const LayerDims& d, unsigned selecting, const Shared& sh, int t0,
                              const float* slot, long row_stride, unsigned* hist,
-                             idxsel::SelectShared& sel, std::int32_t* topk) {
+                             idxsel::SelectShared* sel, std::int32_t* topk, int by_rows) {
   __syncthreads();  // scores and histograms complete
+  if (by_rows != 0) {
+    static_assert(kThreads % (32 * kRows) == 0, "whole warps per row");
+    using G = idxsel::RowGroup<kThreads / kRows>;
+    const int i = static_cast<int>(threadIdx.x) / G::kThreads;
+    if (selecting >> i & 1u)
+      idxsel::select_topk_radix<G>(slot + i * row_stride, sh.n[i], d.topk, hist + i * idxsel::kBins,
+                                   sel[i], topk + static_cast<long>(t0 + i) * d.topk);
+    __syncthreads();  // every row's select is done with hist and sel before the next block
+    return;
+  }
   for (int i = 0; i < kRows; ++i) {
     if (!(selecting >> i & 1u)) continue;
-    idxsel::select_topk_radix<kThreads>(slot + i * row_stride, sh.n[i], d.topk, hist + i * idxsel::kBins,
-                                        sel, topk + static_cast<long>(t0 + i) * d.topk);
+    idxsel::select_topk_radix<idxsel::BlockThreads<kThreads>>(slot + i * row_stride, sh.n[i], d.topk,
+                                                              hist + i * idxsel::kBins, sel[0],
+                                                              topk + static_cast<long>(t0 + i) * d.topk);
   }
 }
 

@@ -23,38 +23,61 @@ struct SelectShared {
   int need;
 };
 
-// Inclusive suffix sums over the block's threads (thread kThreads-1 is the highest) of two
+// Who runs a select: G::kThreads threads, G::tid() the caller's index among them, G::sync()
+// their barrier. BlockThreads: the whole CTA (__syncthreads). RowGroup: kN consecutive threads
+// (whole warps), group threadIdx.x / kN meeting at named barrier kRowGroupBarrier0 + group, so
+// several rows' selects run side by side, their barrier and L2 latencies overlapping.
+template <int kN>
+struct BlockThreads {
+  static constexpr int kThreads = kN;
+  __device__ static int tid() { return static_cast<int>(threadIdx.x); }
+  __device__ static void sync() { __syncthreads(); }
+};
+// Ids 8 and up: the indexer kernels' own named barriers (1-4) are not touched by the selects.
+constexpr int kRowGroupBarrier0 = 8;
+template <int kN>
+struct RowGroup {
+  static_assert(kN % 32 == 0, "a row group is whole warps");
+  static constexpr int kThreads = kN;
+  __device__ static int tid() { return static_cast<int>(threadIdx.x) % kN; }
+  __device__ static void sync() {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(kRowGroupBarrier0 + static_cast<int>(threadIdx.x) / kN), "n"(kN)
+                 : "memory");
+  }
+};
+
+// Inclusive suffix sums over the block's threads (thread G::kThreads - 1 is the highest) of two
 // counts at once; returns the sums of the threads strictly above in x/y of the result.
-template <int kThreads>
+template <class G>
 __device__ __forceinline__ int2 block_suffix_above(int a, int b, SelectShared& sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = G::tid() & 31, warp = G::tid() >> 5;
   int sa = a, sb = b;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const int ua = __shfl_down_sync(0xffffffffu, sa, o), ub = __shfl_down_sync(0xffffffffu, sb, o);
     if (lane + o < 32) { sa += ua; sb += ub; }
   }
-  __syncthreads();
+  G::sync();
   if (lane == 0) { sh.warp_total[warp][0] = sa; sh.warp_total[warp][1] = sb; }
-  __syncthreads();
+  G::sync();
   int wa = 0, wb = 0;
-  for (int w = warp + 1; w < kThreads / 32; ++w) { wa += sh.warp_total[w][0]; wb += sh.warp_total[w][1]; }
+  for (int w = warp + 1; w < G::kThreads / 32; ++w) { wa += sh.warp_total[w][0]; wb += sh.warp_total[w][1]; }
   return make_int2(sa - a + wa, sb - b + wb);
 }
 
 // Exclusive prefix sums (thread 0 first) of two counts at once.
-template <int kThreads>
+template <class G>
 __device__ __forceinline__ int2 block_prefix_before(int a, int b, SelectShared& sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = G::tid() & 31, warp = G::tid() >> 5;
   int sa = a, sb = b;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const int ua = __shfl_up_sync(0xffffffffu, sa, o), ub = __shfl_up_sync(0xffffffffu, sb, o);
     if (lane >= o) { sa += ua; sb += ub; }
   }
-  __syncthreads();
+  G::sync();
   if (lane == 31) { sh.warp_total[warp][0] = sa; sh.warp_total[warp][1] = sb; }
-  __syncthreads();
+  G::sync();
   int wa = 0, wb = 0;
   for (int w = 0; w < warp; ++w) { wa += sh.warp_total[w][0]; wb += sh.warp_total[w][1]; }
   return make_int2(sa - a + wa, sb - b + wb);
@@ -62,14 +85,14 @@ __device__ __forceinline__ int2 block_prefix_before(int a, int b, SelectShared& 
 
 // Finds, in hist[0..bins), the bin holding the need-th largest element (counting from the
 // top bin): sh.bin, and sh.need = how many of that bin still to take. Each thread owns
-// bins/kThreads consecutive bins. Ends with a barrier; sh is valid after it.
-template <int kThreads>
+// bins / G::kThreads consecutive bins. Ends with a barrier; sh is valid after it.
+template <class G>
 __device__ void find_bin(const unsigned* hist, int bins, int need, SelectShared& sh) {
-  const int per = bins / kThreads;
-  const int lo = threadIdx.x * per;
+  const int per = bins / G::kThreads;
+  const int lo = G::tid() * per;
   int local = 0;
   for (int i = 0; i < per; ++i) local += static_cast<int>(hist[lo + i]);
-  int above = block_suffix_above<kThreads>(local, 0, sh).x;
+  int above = block_suffix_above<G>(local, 0, sh).x;
   if (above < need && above + local >= need) {  // exactly one thread
     for (int i = per - 1; i >= 0; --i) {
       const int c = static_cast<int>(hist[lo + i]);
@@ -81,21 +104,21 @@ __device__ void find_bin(const unsigned* hist, int bins, int need, SelectShared&
       above += c;
     }
   }
-  __syncthreads();
+  G::sync();
 }
 
 // Histogram of the digit at `shift` (bits wide) of the keys whose bits above shift + bits
 // equal `prefix`'s; hist (kBins entries) is zeroed here first.
-template <int kThreads>
+template <class G>
 __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int shift, int bits,
                                 unsigned* hist) {
-  for (int i = threadIdx.x; i < kBins; i += kThreads) hist[i] = 0u;
-  __syncthreads();
+  for (int i = G::tid(); i < kBins; i += G::kThreads) hist[i] = 0u;
+  G::sync();
   const unsigned high = shift + bits;  // bits of the key above the digit must match
   const unsigned digit_mask = (1u << bits) - 1u;
   const float4* s4 = reinterpret_cast<const float4*>(scores);
   const int n4 = (n + 3) / 4;
-  for (int i = threadIdx.x; i < n4; i += kThreads) {
+  for (int i = G::tid(); i < n4; i += G::kThreads) {
     const float4 v = s4[i];
     const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -105,33 +128,33 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
       if ((key >> high) == (prefix >> high)) atomicAdd(&hist[(key >> shift) & digit_mask], 1u);
     }
   }
-  __syncthreads();
+  G::sync();
 }
 
 // Selects the top K of scores[0..n) (n > K; scores 16-byte aligned) and writes their ids in
 // ascending order to out[0..K). hist (kBins entries, shared) holds on entry the histogram of
 // digit0 over all n keys (built while scoring); it is overwritten.
-template <int kThreads>
+template <class G>
 __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* hist,
                                   SelectShared& sh, std::int32_t* out) {
-  find_bin<kThreads>(hist, 1 << kDigit0Bits, K, sh);
+  find_bin<G>(hist, 1 << kDigit0Bits, K, sh);
   unsigned prefix = static_cast<unsigned>(sh.bin) << (kDigit1Bits + kDigit2Bits);
   int need = sh.need;
-  __syncthreads();  // everyone has read sh before it is rewritten
-  digit_histogram<kThreads>(scores, n, prefix, kDigit2Bits, kDigit1Bits, hist);
-  find_bin<kThreads>(hist, 1 << kDigit1Bits, need, sh);
+  G::sync();  // everyone has read sh before it is rewritten
+  digit_histogram<G>(scores, n, prefix, kDigit2Bits, kDigit1Bits, hist);
+  find_bin<G>(hist, 1 << kDigit1Bits, need, sh);
   prefix |= static_cast<unsigned>(sh.bin) << kDigit2Bits;
   need = sh.need;
-  __syncthreads();
-  digit_histogram<kThreads>(scores, n, prefix, 0, kDigit2Bits, hist);
-  find_bin<kThreads>(hist, 1 << kDigit2Bits, need, sh);
+  G::sync();
+  digit_histogram<G>(scores, n, prefix, 0, kDigit2Bits, hist);
+  find_bin<G>(hist, 1 << kDigit2Bits, need, sh);
   const unsigned threshold = prefix | static_cast<unsigned>(sh.bin);
   const int need_equal = sh.need;
 
   // Each thread owns a contiguous chunk (a multiple of 4 entries), so ranks follow id order:
   // count the keys above and equal to the threshold, prefix both over the block, write.
-  const int chunk = ((n + kThreads - 1) / kThreads + 3) / 4 * 4;
-  const int lo = min(n, static_cast<int>(threadIdx.x) * chunk), hi = min(n, lo + chunk);
+  const int chunk = ((n + G::kThreads - 1) / G::kThreads + 3) / 4 * 4;
+  const int lo = min(n, G::tid() * chunk), hi = min(n, lo + chunk);
   int greater = 0, equal = 0;
   for (int j = lo; j < hi; j += 4) {
     const float4 v = *reinterpret_cast<const float4*>(scores + j);
@@ -144,7 +167,7 @@ __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* h
       equal += key == threshold;
     }
   }
-  const int2 before = block_prefix_before<kThreads>(greater, equal, sh);
+  const int2 before = block_prefix_before<G>(greater, equal, sh);
   int slot = before.x + min(before.y, need_equal);
   int equal_rank = before.y;
   for (int j = lo; j < hi; j += 4) {
@@ -159,7 +182,7 @@ __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* h
       if (take) out[slot++] = j + c;
     }
   }
-  __syncthreads();  // hist and sh are reused by the next row
+  G::sync();  // hist and sh are reused by the next row
 }
 
 }  // namespace csattn::cuda::idxsel

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   unsigned* hist = reinterpret_cast<unsigned*>(k_s + kStages * kKeys * kRowBytes);  // [kRows, 2048]
   float* part = reinterpret_cast<float*>(hist + kRows * idxsel::kBins);   // [kRows, 3, 64]
   float* w_s = part + kRows * 3 * kKeys;                                  // [kRows, 64]
-  __shared__ idxsel::SelectShared sel;
+  __shared__ idxsel::SelectShared sel[1];
   __shared__ idxblock::Shared sh;
 
   const int HI = d.index_heads;
@@ -163,7 +163,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       cp_async_wait<0>();
     }
-    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk);
+    // The rows one after another (the side-by-side select's code would push this kernel past
+    // its 128 registers: a spill).
+    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk, 0);
   }
 }
 

@@ -68,7 +68,7 @@ template <int DI, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                               const bf16* keys, std::int32_t* topk, unsigned* counter,
-                              float* slots, long row_stride, unsigned* stamps) {
+                              float* slots, long row_stride, unsigned* stamps, int select_rows) {
   using L = Layout<DI>;
   constexpr int kChunks = DI / 8, kSteps = DI / 16;
   extern __shared__ unsigned char smem_raw[];
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t base = smem_addr(smem);
   unsigned* hist = reinterpret_cast<unsigned*>(smem + L::kHistOff);  // [kRows, 2048]
   float* w_s = reinterpret_cast<float*>(smem + L::kWOff);             // [kRows, 64]
-  __shared__ idxsel::SelectShared sel;
+  __shared__ idxsel::SelectShared sel[kRows];
   __shared__ idxblock::Shared sh;
 
   const int HI = d.index_heads;
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       stamp(Stamps::tiles, 2);
       stamping = false;  // the block's first run only
     }
-    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk);
+    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk, select_rows);
     if constexpr (kStamps) stamping = local == Stamps::block;
     stamp(Stamps::tiles, 3);
   }
@@ -224,7 +224,8 @@ void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi
   // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
   auto kernel = stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true> : indexer_topk_wgmma_kernel<DI, false>;
   idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the wgmma indexer", d,
-                                meta, qi, w_eff, keys, topk, scratch, stream, stamps);
+                                meta, qi, w_eff, keys, topk, scratch, stream, stamps,
+                                indexer_select_by_rows() ? 1 : 0);
 }
 
 }  // namespace
