@@ -77,10 +77,11 @@ __device__ __forceinline__ unsigned take_run(unsigned& todo, const Shared& sh, i
 
 // After the scoring: the radix select of every row in `selecting` from its scores in the
 // slot (row stride row_stride) and its histogram. by_rows = 0: the rows one after another,
-// each by the whole CTA (sel[0]); by_rows = 1: side by side, row i by threads
-// [i kThreads / kRows, (i + 1) kThreads / kRows) with sel[i] and their own named barrier -
-// a select is a chain of barriers and L2 reads (four passes over the row's scores), so
-// four of them overlap where one CTA-wide select waits alone. Both give the same ids.
+// each by the whole CTA (sel[0]; the tiled kernel, which has no registers for the other);
+// by_rows = 1: side by side, row i by threads [i kThreads / kRows, (i + 1) kThreads / kRows)
+// with sel[i] and their own named barrier - a select is a chain of barriers and L2 reads
+// (four passes over the row's scores), so four of them overlap where one CTA-wide select
+// waits alone (the wgmma kernel). Both give the same ids.
 template <int kThreads>
 __device__ void select_block(const LayerDims& d, unsigned selecting, const Shared& sh, int t0,
                              const float* slot, long row_stride, unsigned* hist,

@@ -17,14 +17,6 @@ void launch_indexer_topk_wgmma(const LayerDims& d, const DeviceMetadata& meta, c
                                void* scratch, cudaStream_t stream,
                                unsigned* phase_stamps = nullptr);
 
-// How the wgmma kernel selects a block's rows after scoring them (idxblock::select_block):
-// one row after another by the whole CTA (default; the tiled kernel always), or, with
-// CSATTN_INDEXER_SELECT=rows, the rows side by side, a quarter of the CTA each (a candidate
-// written 2026-12-05 for the A/B; the same ids). Read once per process. Likewise
-// CSATTN_INDEXER_SUMS=scatter: the head sums' quad reduction as a reduce-scatter (the same
-// bits).
-bool indexer_select_by_rows();
-
 // Measurement only (benchmarks): the wgmma indexer's phase_stamps, the multiprocessor's
 // 32-bit clock() with its lowest bit set (0 means "not reached"; subtract modulo 2^32),
 // written by the first thread of each warpgroup of CTAs 0 .. ctas - 1 for the CTA's block

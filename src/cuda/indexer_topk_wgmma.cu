@@ -16,12 +16,12 @@
 //
 // Bitwise agreement with the tiled kernel: the accumulator of m64nNk16 holds, per thread,
 // rows (keys) 16w + g and + 8 and columns 8i + 2q + {0, 1}, the layout of the mma.sync C
-// fragment the tiled kernel sums; the epilogue follows its tree exactly (per 16-head group
-// head_pair_term over (h, h + 8) for two adjacent heads, the 4-lane butterfly, then the
-// groups as ((G0 + G1) + G2) + G3), so equal per-head dot products give equal scores.
+// fragment the tiled kernel sums; the epilogue adds in its tree's order (per 16-head group
+// head_pair_term over (h, h + 8) for two adjacent heads, the 4-lane butterfly - here as a
+// reduce-scatter over the quad's four rows: 3 shuffles a group instead of 8, measured 2026-12-05
+// to cut the head sums 1211 -> 830 cycles a tile - then the groups as ((G0 + G1) + G2) + G3),
+// so equal per-head dot products give equal scores.
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "cuda/check.hpp"
 #include "cuda/indexer_block.cuh"
@@ -65,14 +65,12 @@ __device__ __forceinline__ std::uint32_t op_off(int row, int cc, int block_bytes
 }
 
 // kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
-// IndexerStamps (indexer_topk_tiled.hpp) says. kScatterSums: the head sums' quad reduction as
-// a reduce-scatter (3 shuffles per head group instead of 8; a candidate, CSATTN_INDEXER_SUMS=
-// scatter, for the A/B; the same bits).
-template <int DI, bool kStamps, bool kScatterSums>
+// IndexerStamps (indexer_topk_tiled.hpp) says.
+template <int DI, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                               const bf16* keys, std::int32_t* topk, unsigned* counter,
-                              float* slots, long row_stride, unsigned* stamps, int select_rows) {
+                              float* slots, long row_stride, unsigned* stamps) {
   using L = Layout<DI>;
   constexpr int kChunks = DI / 8, kSteps = DI / 16;
   extern __shared__ unsigned char smem_raw[];
@@ -178,54 +176,32 @@ __global__ void __launch_bounds__(kThreads, 1)
         // head h is column 64 r + h, so its group G holds i = 8r + 2G (heads 16G + 2q + e) and
         // i + 1 (heads 16G + 8 + 2q + e). Lane q keeps row q's two scores.
         float mine[2] = {0.0f, 0.0f};
-        if constexpr (kScatterSums) {
-          // Per head group, the four rows' partial sums reduce-scattered over the quad: lane q
-          // keeps row q, adding in the butterfly's order (own + lane ^ 1, then + lane ^ 2's
-          // pair), so the scores keep their bits.
-          const bool odd = (qd & 1) != 0, upper = (qd & 2) != 0;
+        // Per head group, the four rows' partial sums reduce-scattered over the quad: lane q
+        // keeps row q, adding in the butterfly's order (own + lane ^ 1, then + lane ^ 2's
+        // pair), so the scores keep their bits.
+        const bool odd = (qd & 1) != 0, upper = (qd & 2) != 0;
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            float s = 0.0f;
+        for (int half = 0; half < 2; ++half) {
+          float s = 0.0f;
 #pragma unroll
-            for (int G = 0; G < 4; ++G) {
-              float a[kRows];
+          for (int G = 0; G < 4; ++G) {
+            float a[kRows];
 #pragma unroll
-              for (int r = 0; r < kRows; ++r) {
-                const int lo = 4 * (8 * r + 2 * G) + 2 * half, hi = lo + 4;
-                const float2 w0 = *reinterpret_cast<const float2*>(w_s + r * kHeads + 16 * G + 2 * qd);
-                const float2 w8 = *reinterpret_cast<const float2*>(w_s + r * kHeads + 16 * G + 8 + 2 * qd);
-                a[r] = head_pair_term(w0.x, acc[lo], w8.x, acc[hi]) +
-                       head_pair_term(w0.y, acc[lo + 1], w8.y, acc[hi + 1]);
-              }
-              // Step 1 (lane ^ 1): rows odd and 2 + odd stay, the other two go to the partner.
-              const float t0 = (odd ? a[1] : a[0]) + __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[1], 1);
-              const float t1 = (odd ? a[3] : a[2]) + __shfl_xor_sync(0xffffffffu, odd ? a[2] : a[3], 1);
-              // Step 2 (lane ^ 2): row qd stays, row qd ^ 2 goes.
-              const float v = (upper ? t1 : t0) + __shfl_xor_sync(0xffffffffu, upper ? t0 : t1, 2);
-              s = G == 0 ? v : s + v;
+            for (int r = 0; r < kRows; ++r) {
+              const int lo = 4 * (8 * r + 2 * G) + 2 * half, hi = lo + 4;
+              const float2 w0 = *reinterpret_cast<const float2*>(w_s + r * kHeads + 16 * G + 2 * qd);
+              const float2 w8 = *reinterpret_cast<const float2*>(w_s + r * kHeads + 16 * G + 8 + 2 * qd);
+              a[r] = head_pair_term(w0.x, acc[lo], w8.x, acc[hi]) +
+                     head_pair_term(w0.y, acc[lo + 1], w8.y, acc[hi + 1]);
             }
-            mine[half] = s;
+            // Step 1 (lane ^ 1): rows odd and 2 + odd stay, the other two go to the partner.
+            const float t0 = (odd ? a[1] : a[0]) + __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[1], 1);
+            const float t1 = (odd ? a[3] : a[2]) + __shfl_xor_sync(0xffffffffu, odd ? a[2] : a[3], 1);
+            // Step 2 (lane ^ 2): row qd stays, row qd ^ 2 goes.
+            const float v = (upper ? t1 : t0) + __shfl_xor_sync(0xffffffffu, upper ? t0 : t1, 2);
+            s = G == 0 ? v : s + v;
           }
-        } else {
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              float s = 0.0f;
-#pragma unroll
-              for (int G = 0; G < 4; ++G) {
-                const int lo = 4 * (8 * r + 2 * G) + 2 * half, hi = lo + 4;
-                const float2 w0 = *reinterpret_cast<const float2*>(w_s + r * kHeads + 16 * G + 2 * qd);
-                const float2 w8 = *reinterpret_cast<const float2*>(w_s + r * kHeads + 16 * G + 8 + 2 * qd);
-                float v = head_pair_term(w0.x, acc[lo], w8.x, acc[hi]) +
-                          head_pair_term(w0.y, acc[lo + 1], w8.y, acc[hi + 1]);
-                v += __shfl_xor_sync(0xffffffffu, v, 1);
-                v += __shfl_xor_sync(0xffffffffu, v, 2);
-                s = G == 0 ? v : s + v;
-              }
-              if (qd == r) mine[half] = s;
-            }
-          }
+          mine[half] = s;
         }
         stamp_tile(u, 4);
         const int key0 = (2 * u + wg) * kKeys + 16 * (warp & 3) + g;
@@ -245,7 +221,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       stamp(Stamps::tiles, 2);
       stamping = false;  // the block's first run only
     }
-    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk, select_rows);
+    // The four rows side by side, a quarter of the CTA each (measured 2026-12-05: the
+    // block's selection 122K -> 104K cycles at 32K tokens against one row after another).
+    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk, 1);
     if constexpr (kStamps) stamping = local == Stamps::block;
     stamp(Stamps::tiles, 3);
   }
@@ -256,17 +234,9 @@ void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi
                   const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
                   unsigned* stamps) {
   // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
-  static const bool scatter = [] {
-    const char* v = std::getenv("CSATTN_INDEXER_SUMS");
-    return v != nullptr && std::string(v) == "scatter";
-  }();
-  auto kernel = stamps != nullptr ? (scatter ? indexer_topk_wgmma_kernel<DI, true, true>
-                                             : indexer_topk_wgmma_kernel<DI, true, false>)
-                                  : (scatter ? indexer_topk_wgmma_kernel<DI, false, true>
-                                             : indexer_topk_wgmma_kernel<DI, false, false>);
+  auto kernel = stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true> : indexer_topk_wgmma_kernel<DI, false>;
   idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the wgmma indexer", d,
-                                meta, qi, w_eff, keys, topk, scratch, stream, stamps,
-                                indexer_select_by_rows() ? 1 : 0);
+                                meta, qi, w_eff, keys, topk, scratch, stream, stamps);
 }
 
 }  // namespace
