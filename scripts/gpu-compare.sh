@@ -5,7 +5,8 @@
 #     bash scripts/gpu-compare.sh
 # builds csattn (scripts/device-build.sh), runs the gtest cases of COMPARE_FILTER (if set; mind
 # the prefixes of parameterised suites: '*CudaBackward*', not 'CudaBackward.*') and
-# the ctest entries matching COMPARE_CTEST (if set), then `csattn bench --device cuda` once per
+# the ctest entries matching COMPARE_CTEST (if set; with COMPARE_TESTS_PER_VALUE=1 the gtest
+# cases once per value of the variable), then `csattn bench --device cuda` once per
 # value with COMPARE_VAR set to it (the sections of CSATTN_BENCH_SECTIONS), each run's table in
 # $OUT/summary.txt and its JSON in $OUT/bench_<value>.json.
 # The test run and each benchmark run are killed after COMPARE_TEST_TIMEOUT /
@@ -22,11 +23,21 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$SUMMAR
 source scripts/device-build.sh
 
 rc=0
+var=${COMPARE_VAR:-}
 if [ -n "${COMPARE_FILTER:-}" ]; then
-  echo "== tests: $COMPARE_FILTER"
-  timeout -s KILL "${COMPARE_TEST_TIMEOUT:-240}" build-gpu/tests/csattn_tests --gtest_filter="$COMPARE_FILTER" \
-    > "$OUT/tests.log" 2>&1 || { st=$?; rc=1; echo "tests: status $st (137: killed by the timeout)"; }
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:" "$OUT/tests.log" | head -40
+  # COMPARE_TESTS_PER_VALUE=1: the tests once per value of COMPARE_VAR (candidates that only
+  # the variable reaches), all in tests.log; else once, without the variable.
+  values=default
+  [ "${COMPARE_TESTS_PER_VALUE:-0}" = 1 ] && [ -n "$var" ] && values=${COMPARE_VALUES:-default}
+  : > "$OUT/tests.log"
+  for value in $values; do
+    echo "== tests: $COMPARE_FILTER${var:+ ($var=$value)}" | tee -a "$OUT/tests.log"
+    if [ "$value" != default ]; then set_var=("$var=$value"); else set_var=(); fi
+    env ${set_var[@]+"${set_var[@]}"} timeout -s KILL "${COMPARE_TEST_TIMEOUT:-240}" build-gpu/tests/csattn_tests \
+      --gtest_filter="$COMPARE_FILTER" >> "$OUT/tests.log" 2>&1 ||
+      { st=$?; rc=1; echo "tests: status $st (137: killed by the timeout)"; }
+  done
+  grep -E "^== tests|^\[  (FAILED|PASSED|SKIPPED) |Failure|error:" "$OUT/tests.log" | head -60
 fi
 if [ -n "${COMPARE_CTEST:-}" ]; then
   echo "== ctest -R $COMPARE_CTEST"
@@ -34,7 +45,6 @@ if [ -n "${COMPARE_CTEST:-}" ]; then
   grep -E "tests passed|Failed|\*\*\*|Error|error" "$OUT/ctest.log" | head -40
 fi
 
-var=${COMPARE_VAR:-}
 for value in ${COMPARE_VALUES:-default}; do
   echo "== bench: ${var:-(no variable)}=$value" | tee -a "$SUMMARY"
   if [ -n "$var" ] && [ "$value" != default ]; then

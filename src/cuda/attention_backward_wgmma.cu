@@ -37,6 +37,7 @@
 // WG0 and WG1 run separate loops: a loop shared through `if (c == 0)` makes ptxas serialise
 // every wgmma (C7514 / C7515).
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -72,6 +73,10 @@ constexpr int kLseOff = kBarOff + 2 * 8;
 constexpr int kDrowOff = kLseOff + kRows * 4;
 constexpr int kCountOff = kDrowOff + kRows * 4;   // warp counts of the top-k compaction [8]
 constexpr int kSelOff = kCountOff + 8 * 4;
+// kLines: per warp [8 rows x 32] fp32 (1 KB) of staging after the top-k row (16-aligned).
+constexpr int kStageFloats = 8 * 32;
+constexpr int kStageBytes = (kThreads / 32) * kStageFloats * 4;
+static_assert(kSelOff % 16 == 0, "the staging area is read as float4");
 static_assert(kThreads / 32 <= 8, "make_key_list's warp counts");
 
 // Named barriers (0 is __syncthreads), each over both warpgroups.
@@ -82,9 +87,14 @@ constexpr int kBarPdsFree = 3;  // WG1 -> WG0: WG1 no longer reads the P / dS ti
 // Where the key gradients go (mode of the kernel instance).
 enum class KeyGrads { atomic, scratch, discard, even_head_blocks };
 
-std::size_t wgmma_backward_smem_bytes(const LayerDims& d) {
+// Where kLines' staging area starts: after the top-k row, rounded up to 16 bytes.
+__host__ __device__ inline int wgmma_backward_stage_off(const LayerDims& d) {
+  return kSelOff + (d.ratio == 4 ? (4 * d.topk + 15) / 16 * 16 : 0);
+}
+
+std::size_t wgmma_backward_smem_bytes(const LayerDims& d, bool lines) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
-  return 1024 + kSelOff + (d.ratio == 4 ? sizeof(int) * static_cast<std::size_t>(d.topk) : 0);
+  return 1024 + static_cast<std::size_t>(wgmma_backward_stage_off(d)) + (lines ? kStageBytes : 0);
 }
 
 // dK [64 keys x 128 dims from dim0] = P^T dO + dS^T Q over the 64 head rows. A = the [heads x
@@ -155,9 +165,66 @@ __device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, f
   }
 }
 
+// flush_dk's contract (fast and deterministic modes), by whole 128-byte lines: the chunk goes
+// through this warp's staging area `stage` ([8 rows x 32] fp32 of shared memory, its 16-byte
+// pieces XOR-swizzled by 2 x row so the fragment writes take the minimum two wavefronts),
+// 8 rows x 32 dims at a time, and leaves it as 4 rows x 128 contiguous bytes a warp
+// instruction, where flush_dk's fragment layout gives 16 rows x 32 bytes. The reductions
+// benchmark (perf.md, 2026-12-05): 3.75 TB/s in L2 for whole lines against 2.27 for the
+// fragment layout. A candidate (CSATTN_DK_FLUSH=lines) until measured in the kernel: it adds
+// 64 KB of shared-memory traffic per warpgroup and tile.
+template <KeyGrads kMode>
+__device__ __forceinline__ void flush_dk_lines(const float (&dk)[64], const KeyList& keys,
+                                               float* dkv_acc, float* dcomp_acc, float* scratch,
+                                               int slot0, int dim0, float* stage) {
+  static_assert(kMode == KeyGrads::atomic || kMode == KeyGrads::scratch, "the writing modes only");
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, qd = lane & 3;
+  // Out: lane l takes staged rows l / 8 and l / 8 + 4, 16-byte piece l % 8 (dims 4 (l % 8) ..
+  // + 3 of the 32); staged row r of half h is key slot slot0 + 16 w + 8 h + r.
+  const int rr = lane >> 3, piece = lane & 7;
+  float* dst[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int slot = slot0 + 16 * w + 8 * h + rr + 4 * k;
+      float* row = nullptr;
+      if (slot < keys.n)
+        row = (kMode == KeyGrads::scratch ? scratch + static_cast<long>(slot) * kDim
+                                          : key_grad_row(keys.id(slot), dkv_acc, dcomp_acc, kDim)) +
+              dim0 + 4 * piece;
+      dst[h][k] = row;
+    }
+  auto at = [&](int row, int piece16) { return stage + row * 32 + (((piece16 ^ (2 * row)) & 7) << 2); };
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      // In: lane (g, q) holds dims 8 i + 2 q (+1) of row g + 8 h at dk[4 i + 2 h] (i = 4 m + j).
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = 4 * m + j, col = 8 * j + 2 * qd;
+        *reinterpret_cast<float2*>(at(g, col >> 2) + (col & 3)) = make_float2(dk[4 * i + 2 * h], dk[4 * i + 2 * h + 1]);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const float4 v = *reinterpret_cast<const float4*>(at(rr + 4 * k, piece));
+        if (dst[h][k] != nullptr) {
+          if (kMode == KeyGrads::scratch)  // this CTA's own row: a plain store
+            *reinterpret_cast<float4*>(dst[h][k] + 32 * m) = v;
+          else
+            red_add_v4(dst[h][k] + 32 * m, v.x, v.y, v.z, v.w);
+        }
+      }
+      __syncwarp();  // the staging area is rewritten next
+    }
+}
+
 // kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
-// AttentionBackwardStamps (backward_kernels.hpp) says.
-template <KeyGrads kMode, bool kStamps>
+// AttentionBackwardStamps (backward_kernels.hpp) says. kLines: the dK chunks leave through
+// flush_dk_lines (a candidate, CSATTN_DK_FLUSH=lines).
+template <KeyGrads kMode, bool kStamps, bool kLines>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                     const bf16* kv, const bf16* comp, const float* sink,
@@ -273,7 +340,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 256c): once dQ - the last read of the tile's dims [dim0, +256) - is done, the next tile's
   // half is gathered; then both dK chunks are flushed, the second computed after the first's
   // flush. WG1 (frees_pds) frees the P / dS tiles as soon as its last product has read them.
+  float* stage = reinterpret_cast<float*>(smem + wgmma_backward_stage_off(d)) + (threadIdx.x >> 5) * kStageFloats;
   auto finish_tile = [&](int tile, int dim0, bool frees_pds) {
+    auto flush = [&](int dims) {
+      if constexpr (kLines)
+        flush_dk_lines<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dims, stage);
+      else
+        flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dims, hb);
+    };
     wgmma_wait<1>();
     wgmma_pin(dq);
     stamp(tile, 4);
@@ -281,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     wgmma_pin(dk);
     stamp(tile, 5);
-    flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dim0, hb);
+    flush(dim0);
     stamp(tile, 6);
     wgmma_fence();
     dk_chunk(dk, p_base, ds_base, do_base, q_base, dim0 + 128);
@@ -289,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     wgmma_pin(dk);
     if (frees_pds) named_barrier_arrive(kBarPdsFree, kThreads);
-    flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dim0 + 128, hb);
+    flush(dim0 + 128);
     stamp(tile, 7);
   };
 
@@ -375,8 +449,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool attention_backward_wgmma_supported(const LayerDims& d) {
   // Every instance has the same static shared memory (none): the default one speaks for all.
   return d.head_dim == kDim &&
-         wgmma_backward_smem_bytes(d) <=
-             dynamic_smem_limit(attention_backward_wgmma_kernel<KeyGrads::atomic, false>);
+         wgmma_backward_smem_bytes(d, false) <=
+             dynamic_smem_limit(attention_backward_wgmma_kernel<KeyGrads::atomic, false, false>);
 }
 
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
@@ -390,7 +464,17 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   if (rows <= 0) return;
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention backward needs head_dim 512, got " + std::to_string(d.head_dim));
-  const std::size_t smem = wgmma_backward_smem_bytes(d);
+  // CSATTN_DK_FLUSH=lines: the dK chunks leave by whole 128-byte lines (flush_dk_lines; a
+  // candidate until measured), in the modes that write them all.
+  static const bool lines = [] {
+    const char* v = std::getenv("CSATTN_DK_FLUSH");
+    return v != nullptr && std::string(v) == "lines";
+  }();
+  // (Where the staging area does not fit beside a long top-k row, the fragment flush.)
+  const bool by_lines = lines && (phase_stamps != nullptr || writes == KeyGradWrites::all) &&
+                        wgmma_backward_smem_bytes(d, true) <=
+                            dynamic_smem_limit(attention_backward_wgmma_kernel<KeyGrads::atomic, false, true>);
+  const std::size_t smem = wgmma_backward_smem_bytes(d, by_lines);
   const bool measuring = writes != KeyGradWrites::all;
   require(!measuring || (chunk.scratch == nullptr && dkv_acc != nullptr && dcomp_acc != nullptr &&
                          dkv_acc != dcomp_acc),
@@ -401,11 +485,15 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
           ErrorKind::InvalidArgument,
           "the wgmma attention backward's phase stamps are taken in the fast mode only");
   auto kernel =
-      phase_stamps != nullptr                     ? attention_backward_wgmma_kernel<KeyGrads::atomic, true>
-      : writes == KeyGradWrites::none             ? attention_backward_wgmma_kernel<KeyGrads::discard, false>
-      : writes == KeyGradWrites::even_head_blocks ? attention_backward_wgmma_kernel<KeyGrads::even_head_blocks, false>
-      : chunk.scratch                             ? attention_backward_wgmma_kernel<KeyGrads::scratch, false>
-                                                  : attention_backward_wgmma_kernel<KeyGrads::atomic, false>;
+      phase_stamps != nullptr ? (by_lines ? attention_backward_wgmma_kernel<KeyGrads::atomic, true, true>
+                                          : attention_backward_wgmma_kernel<KeyGrads::atomic, true, false>)
+      : writes == KeyGradWrites::none ? attention_backward_wgmma_kernel<KeyGrads::discard, false, false>
+      : writes == KeyGradWrites::even_head_blocks
+          ? attention_backward_wgmma_kernel<KeyGrads::even_head_blocks, false, false>
+      : chunk.scratch ? (by_lines ? attention_backward_wgmma_kernel<KeyGrads::scratch, false, true>
+                                  : attention_backward_wgmma_kernel<KeyGrads::scratch, false, false>)
+      : by_lines ? attention_backward_wgmma_kernel<KeyGrads::atomic, false, true>
+                 : attention_backward_wgmma_kernel<KeyGrads::atomic, false, false>;
   allow_dynamic_smem(kernel, smem,
                      "the wgmma attention backward (its shared memory grows with index_topk)");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
