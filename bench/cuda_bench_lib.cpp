@@ -443,7 +443,8 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       std::printf("%-66s %8s %8s %9s\n", "path", "rows", "ms", "TB/s");
       for (int rows : {16384, 262144})
         for (ReductionPath path : {ReductionPath::red_flush_layout, ReductionPath::red_row_major,
-                                   ReductionPath::bulk_shared, ReductionPath::store_flush_layout}) {
+                                   ReductionPath::red_half_lines, ReductionPath::bulk_shared,
+                                   ReductionPath::store_flush_layout}) {
           std::fprintf(stderr, "cuda_bench: reductions %s rows %d\n", reduction_path_name(path), rows);
           // A path whose sum check fails is reported and the section goes on (a measurement,
           // not an operator: the other paths and sections still mean something).

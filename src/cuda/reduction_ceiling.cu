@@ -54,6 +54,18 @@ __global__ void __launch_bounds__(kThreads) row_major_kernel(float* dst, const s
   }
 }
 
+// A warp instruction on 8 rows x 64 contiguous bytes: warp v takes rows 8 v .. 8 v + 7, lane l
+// dims 4 (l % 4) + 16 k of row 8 v + l / 4.
+__global__ void __launch_bounds__(kThreads) half_lines_kernel(float* dst, const std::int32_t* ids, int tiles) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int slot = 8 * warp + (lane >> 2);
+    float* row = dst + static_cast<long>(ids[static_cast<long>(t) * kTileRows + slot]) * kWidth + 4 * (lane & 3);
+#pragma unroll
+    for (int k = 0; k < 32; ++k) red_add_v4(row + 16 * k, 1.0f, 1.0f, 1.0f, 1.0f);
+  }
+}
+
 // Thread i issues the bulk reduction of piece i % 4 of row i / 4 of the tile, from a
 // shared-memory tile of ones (written once; the TMA unit reads it through the async proxy).
 // Each thread keeps at most 8 bulk groups in flight.
@@ -82,6 +94,7 @@ const char* reduction_path_name(ReductionPath path) {
   switch (path) {
     case ReductionPath::red_flush_layout: return "red.v4, flush_dk layout (16 rows x 32 B a warp instruction)";
     case ReductionPath::red_row_major: return "red.v4, 4 rows x 128 B a warp instruction";
+    case ReductionPath::red_half_lines: return "red.v4, 8 rows x 64 B a warp instruction";
     case ReductionPath::bulk_shared: return "cp.reduce.async.bulk add.f32, 512 B pieces from shared memory";
     case ReductionPath::store_flush_layout: return "st.v4 (not a reduction), flush_dk layout";
   }
@@ -101,6 +114,9 @@ void launch_reduction_ceiling(ReductionPath path, float* dst, const std::int32_t
       break;
     case ReductionPath::red_row_major:
       row_major_kernel<<<grid, kThreads, 0, stream>>>(dst, row_ids, tiles);
+      break;
+    case ReductionPath::red_half_lines:
+      half_lines_kernel<<<grid, kThreads, 0, stream>>>(dst, row_ids, tiles);
       break;
     case ReductionPath::bulk_shared:
       bulk_kernel<<<grid, kThreads, sizeof(float) * kTileRows * kPieceFloats, stream>>>(dst, row_ids, tiles);
