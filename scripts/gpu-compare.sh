@@ -31,11 +31,11 @@ if [ -n "${COMPARE_FILTER:-}" ]; then
   [ "${COMPARE_TESTS_PER_VALUE:-0}" = 1 ] && [ -n "$var" ] && values=${COMPARE_VALUES:-default}
   : > "$OUT/tests.log"
   for value in $values; do
-    echo "== tests: $COMPARE_FILTER${var:+ ($var=$value)}" | tee -a "$OUT/tests.log"
     if [ "$value" != default ]; then set_var=("$var=$value"); else set_var=(); fi
+    echo "== tests: $COMPARE_FILTER${set_var[0]+ (${set_var[0]})}" | tee -a "$OUT/tests.log"
     env ${set_var[@]+"${set_var[@]}"} timeout -s KILL "${COMPARE_TEST_TIMEOUT:-240}" build-gpu/tests/csattn_tests \
       --gtest_filter="$COMPARE_FILTER" >> "$OUT/tests.log" 2>&1 ||
-      { st=$?; rc=1; echo "tests: status $st (137: killed by the timeout)"; }
+      { st=$?; rc=1; echo "tests${set_var[0]+ (${set_var[0]})}: status $st (137: killed by the timeout)"; }
   done
   grep -E "^== tests|^\[  (FAILED|PASSED|SKIPPED) |Failure|error:" "$OUT/tests.log" | head -60
 fi
