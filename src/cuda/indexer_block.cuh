@@ -81,20 +81,34 @@ __device__ __forceinline__ unsigned take_run(unsigned& todo, const Shared& sh, i
 // by_rows = 1: side by side, row i by threads [i kThreads / kRows, (i + 1) kThreads / kRows)
 // with sel[i] and their own named barrier - a select is a chain of barriers and L2 reads
 // (four passes over the row's scores), so four of them overlap where one CTA-wide select
-// waits alone (the wgmma kernel). Both give the same ids.
+// waits alone (the wgmma kernel). Both give the same ids. by_rows only: where `stage` is
+// given (shared memory the scoring no longer uses, stage_floats per row, a multiple of 4), a
+// row of at most stage_floats scores is first copied there in one pass, and the select's
+// four passes read shared memory instead of L2 (a candidate, 2026-12-05).
 template <int kThreads>
 __device__ void select_block(const LayerDims& d, unsigned selecting, const Shared& sh, int t0,
                              const float* slot, long row_stride, unsigned* hist,
-                             idxsel::SelectShared* sel, std::int32_t* topk, int by_rows) {
+                             idxsel::SelectShared* sel, std::int32_t* topk, int by_rows,
+                             float* stage = nullptr, int stage_floats = 0) {
   __syncthreads();  // scores and histograms complete
   if (by_rows != 0) {
     static_assert(kThreads % (32 * kRows) == 0, "whole warps per row");
     using G = idxsel::RowGroup<kThreads / kRows>;
     const int i = static_cast<int>(threadIdx.x) / G::kThreads;
-    if (selecting >> i & 1u)
-      idxsel::select_topk_radix<G>(slot + i * row_stride, sh.n[i], d.topk, hist + i * idxsel::kBins,
-                                   sel[i], topk + static_cast<long>(t0 + i) * d.topk);
-    __syncthreads();  // every row's select is done with hist and sel before the next block
+    if (selecting >> i & 1u) {
+      const float* scores = slot + i * row_stride;
+      const int n = sh.n[i];
+      if (stage != nullptr && n <= stage_floats) {
+        float4* mine = reinterpret_cast<float4*>(stage + static_cast<long>(i) * stage_floats);
+        const float4* from = reinterpret_cast<const float4*>(scores);
+        for (int j = G::tid(); j < (n + 3) / 4; j += G::kThreads) mine[j] = from[j];
+        G::sync();
+        scores = reinterpret_cast<const float*>(mine);
+      }
+      idxsel::select_topk_radix<G>(scores, n, d.topk, hist + i * idxsel::kBins, sel[i],
+                                   topk + static_cast<long>(t0 + i) * d.topk);
+    }
+    __syncthreads();  // every row's select is done with hist, sel and stage before the next block
     return;
   }
   for (int i = 0; i < kRows; ++i) {

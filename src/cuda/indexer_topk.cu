@@ -309,6 +309,14 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 
+bool indexer_select_shared() {
+  static const bool shared = [] {
+    const char* v = std::getenv("CSATTN_INDEXER_SELECT");
+    return v != nullptr && std::string(v) == "shared";
+  }();
+  return shared;
+}
+
 IndexerKernel indexer_kernel_for(const LayerDims& d) {
   static const std::string env = [] {
     const char* v = std::getenv("CSATTN_INDEXER");

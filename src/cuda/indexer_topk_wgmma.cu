@@ -70,7 +70,7 @@ template <int DI, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                               const bf16* keys, std::int32_t* topk, unsigned* counter,
-                              float* slots, long row_stride, unsigned* stamps) {
+                              float* slots, long row_stride, unsigned* stamps, int select_shared) {
   using L = Layout<DI>;
   constexpr int kChunks = DI / 8, kSteps = DI / 16;
   extern __shared__ unsigned char smem_raw[];
@@ -223,7 +223,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // The four rows side by side, a quarter of the CTA each (measured 2026-12-05: the
     // block's selection 122K -> 104K cycles at 32K tokens against one row after another).
-    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk, 1);
+    // select_shared (a candidate, CSATTN_INDEXER_SELECT=shared): rows that fit a quarter of the
+    // Q and key buffers, dead until the next block, are selected from shared memory.
+    constexpr int kStageFloats = L::kHistOff / 4 / kRows / 4 * 4;
+    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk, 1,
+                                     select_shared != 0 ? reinterpret_cast<float*>(smem) : nullptr,
+                                     kStageFloats);
     if constexpr (kStamps) stamping = local == Stamps::block;
     stamp(Stamps::tiles, 3);
   }
@@ -236,7 +241,8 @@ void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi
   // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
   auto kernel = stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true> : indexer_topk_wgmma_kernel<DI, false>;
   idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the wgmma indexer", d,
-                                meta, qi, w_eff, keys, topk, scratch, stream, stamps);
+                                meta, qi, w_eff, keys, topk, scratch, stream, stamps,
+                                indexer_select_shared() ? 1 : 0);
 }
 
 }  // namespace
