@@ -98,15 +98,27 @@ __device__ void select_block(const LayerDims& d, unsigned selecting, const Share
     if (selecting >> i & 1u) {
       const float* scores = slot + i * row_stride;
       const int n = sh.n[i];
-      if (stage != nullptr && n <= stage_floats) {
+      const bool staged = stage != nullptr && n <= stage_floats;
+      if (staged) {
         float4* mine = reinterpret_cast<float4*>(stage + static_cast<long>(i) * stage_floats);
         const float4* from = reinterpret_cast<const float4*>(scores);
-        for (int j = G::tid(); j < (n + 3) / 4; j += G::kThreads) mine[j] = from[j];
+        const int n4 = (n + 3) / 4;
+        // Four loads in flight a thread before their stores (the pointers may alias as far as
+        // the compiler knows: one at a time would cost a whole L2 pass in latency).
+        for (int j = G::tid(); j < n4; j += 4 * G::kThreads) {
+          float4 v[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            if (j + k * G::kThreads < n4) v[k] = from[j + k * G::kThreads];
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            if (j + k * G::kThreads < n4) mine[j + k * G::kThreads] = v[k];
+        }
         G::sync();
         scores = reinterpret_cast<const float*>(mine);
       }
       idxsel::select_topk_radix<G>(scores, n, d.topk, hist + i * idxsel::kBins, sel[i],
-                                   topk + static_cast<long>(t0 + i) * d.topk);
+                                   topk + static_cast<long>(t0 + i) * d.topk, staged);
     }
     __syncthreads();  // every row's select is done with hist, sel and stage before the next block
     return;

@@ -136,7 +136,7 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
 // digit0 over all n keys (built while scoring); it is overwritten.
 template <class G>
 __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* hist,
-                                  SelectShared& sh, std::int32_t* out) {
+                                  SelectShared& sh, std::int32_t* out, bool odd_chunks = false) {
   find_bin<G>(hist, 1 << kDigit0Bits, K, sh);
   unsigned prefix = static_cast<unsigned>(sh.bin) << (kDigit1Bits + kDigit2Bits);
   int need = sh.need;
@@ -153,7 +153,11 @@ __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* h
 
   // Each thread owns a contiguous chunk (a multiple of 4 entries), so ranks follow id order:
   // count the keys above and equal to the threshold, prefix both over the block, write.
-  const int chunk = ((n + G::kThreads - 1) / G::kThreads + 3) / 4 * 4;
+  // odd_chunks (scores in shared memory): an odd number of float4s a chunk, so the 8 threads
+  // of a quarter-warp read 8 distinct bank groups, where an even stride conflicts up to 8-way
+  // (chunk = 32 k floats). The ids do not depend on the split.
+  const int chunk4 = ((n + G::kThreads - 1) / G::kThreads + 3) / 4;
+  const int chunk = (odd_chunks ? chunk4 | 1 : chunk4) * 4;
   const int lo = min(n, G::tid() * chunk), hi = min(n, lo + chunk);
   int greater = 0, equal = 0;
   for (int j = lo; j < hi; j += 4) {
