@@ -186,13 +186,13 @@ json reduction_case(ReductionPath path, int tiles, int rows) {
   for (std::size_t i = 0; i < floats; ++i) {
     const int n = picked[i / 512];
     const float want = path == ReductionPath::store_flush_layout ? (n > 0 ? 1.0f : 0.0f) : static_cast<float>(n);
-    // The message only on a mismatch: built for each of the 134M floats of the 256K-row case,
-    // it took the check minutes (the device run of 2026-12-05 was killed there).
+    // Compared first, the message built only on a mismatch: require's message, built for each
+    // of the 134M floats of the 256K-row case, took minutes (the 2026-12-05 run was killed).
     if (h[i] != want)
-      require(false, ErrorKind::Internal,
-              std::string("reduction ceiling ") + reduction_path_name(path) + ": row " +
-                  std::to_string(i / 512) + " dim " + std::to_string(i % 512) + " holds " +
-                  std::to_string(h[i]) + ", expected " + std::to_string(want));
+      throw Error(ErrorKind::Internal, std::string("reduction ceiling ") + reduction_path_name(path) +
+                                           ": row " + std::to_string(i / 512) + " dim " +
+                                           std::to_string(i % 512) + " holds " + std::to_string(h[i]) +
+                                           ", expected " + std::to_string(want));
   }
   const double ms = median_ms([&] { launch_reduction_ceiling(path, dst, ids_dev, tiles, nullptr); }, 2, 5);
   const double bytes = static_cast<double>(ids.size()) * 512 * 4;

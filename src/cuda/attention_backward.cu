@@ -134,8 +134,7 @@ __global__ void __launch_bounds__(kThreads)
           chunk.scratch[(static_cast<long>(t - chunk.r0) * chunk.slots + tile0 + k) * D + i] = acc[k][r];
           continue;
         }
-        float* dst = id >= 0 ? dkv_acc + static_cast<long>(id) * D : dcomp_acc + static_cast<long>(-id - 1) * D;
-        atomicAdd(dst + i, acc[k][r]);
+        atomicAdd(key_grad_row(id, dkv_acc, dcomp_acc, D) + i, acc[k][r]);
       }
     }
     __syncthreads();  // ktile is rewritten next

@@ -76,22 +76,22 @@ __device__ __forceinline__ unsigned take_run(unsigned& todo, const Shared& sh, i
 }
 
 // After the scoring: the radix select of every row in `selecting` from its scores in the
-// slot (row stride row_stride) and its histogram. by_rows = 0: the rows one after another,
+// slot (row stride row_stride) and its histogram. kByRows false: the rows one after another,
 // each by the whole CTA (sel[0]; the tiled kernel, which has no registers for the other);
-// by_rows = 1: side by side, row i by threads [i kThreads / kRows, (i + 1) kThreads / kRows)
+// kByRows true: side by side, row i by threads [i kThreads / kRows, (i + 1) kThreads / kRows)
 // with sel[i] and their own named barrier - a select is a chain of barriers and L2 reads
 // (four passes over the row's scores), so four of them overlap where one CTA-wide select
-// waits alone (the wgmma kernel). Both give the same ids. by_rows only: where `stage` is
+// waits alone (the wgmma kernel). Both give the same ids. kByRows only: where `stage` is
 // given (shared memory the scoring no longer uses, stage_floats per row, a multiple of 4), a
 // row of at most stage_floats scores is first copied there in one pass, and the select's
 // four passes read shared memory instead of L2 (a candidate, 2026-12-05).
-template <int kThreads>
+template <int kThreads, bool kByRows>
 __device__ void select_block(const LayerDims& d, unsigned selecting, const Shared& sh, int t0,
                              const float* slot, long row_stride, unsigned* hist,
-                             idxsel::SelectShared* sel, std::int32_t* topk, int by_rows,
+                             idxsel::SelectShared* sel, std::int32_t* topk,
                              float* stage = nullptr, int stage_floats = 0) {
   __syncthreads();  // scores and histograms complete
-  if (by_rows != 0) {
+  if constexpr (kByRows) {
     static_assert(kThreads % (32 * kRows) == 0, "whole warps per row");
     using G = idxsel::RowGroup<kThreads / kRows>;
     const int i = static_cast<int>(threadIdx.x) / G::kThreads;
@@ -121,13 +121,13 @@ __device__ void select_block(const LayerDims& d, unsigned selecting, const Share
                                    topk + static_cast<long>(t0 + i) * d.topk, staged);
     }
     __syncthreads();  // every row's select is done with hist, sel and stage before the next block
-    return;
-  }
-  for (int i = 0; i < kRows; ++i) {
-    if (!(selecting >> i & 1u)) continue;
-    idxsel::select_topk_radix<idxsel::BlockThreads<kThreads>>(slot + i * row_stride, sh.n[i], d.topk,
-                                                              hist + i * idxsel::kBins, sel[0],
-                                                              topk + static_cast<long>(t0 + i) * d.topk);
+  } else {
+    for (int i = 0; i < kRows; ++i) {
+      if (!(selecting >> i & 1u)) continue;
+      idxsel::select_topk_radix<idxsel::BlockThreads<kThreads>>(slot + i * row_stride, sh.n[i], d.topk,
+                                                                hist + i * idxsel::kBins, sel[0],
+                                                                topk + static_cast<long>(t0 + i) * d.topk);
+    }
   }
 }
 

@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     // The rows one after another (the side-by-side select's code would push this kernel past
     // its 128 registers: a spill).
-    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk, 0);
+    idxblock::select_block<kThreads, false>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk);
   }
 }
 

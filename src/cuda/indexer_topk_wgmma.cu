@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // select_shared (a candidate, CSATTN_INDEXER_SELECT=shared): rows that fit a quarter of the
     // Q and key buffers, dead until the next block, are selected from shared memory.
     constexpr int kStageFloats = L::kHistOff / 4 / kRows / 4 * 4;
-    idxblock::select_block<kThreads>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk, 1,
+    idxblock::select_block<kThreads, true>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk,
                                      select_shared != 0 ? reinterpret_cast<float*>(smem) : nullptr,
                                      kStageFloats);
     if constexpr (kStamps) stamping = local == Stamps::block;
