@@ -205,9 +205,11 @@ json reduction_case(ReductionPath path, int tiles, int rows) {
 // fit, else random ones), the forward attention's LSE as input. FLOPs per (row, candidate)
 // pair, counted once: teacher 2*H*512 + predictor 2*64*128 + dqI and dK 2 * 2*64*128
 // (114,688 at H = 64; recomputation, the dense loss's window pass and second teacher pass not
-// counted).
+// counted). `kept`: the layer's way - a value launch (the forward's, timed as value_ms) keeps
+// the teacher for the timed gradient launch (launch_indexer_loss's `kept`), which then skips
+// the teacher's work; the same FLOPs are counted, so its TFLOPS compare with the plain row's.
 json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double gemm_tflops,
-                       const std::string& preset) {
+                       const std::string& preset, bool kept = false) {
   AttentionConfig cfg = ModelConfig::preset(preset).base;
   cfg.compress_ratio = 4;
   const int H = cfg.n_heads, D = cfg.head_dim, HI = cfg.index_n_heads, DI = cfg.index_head_dim;
@@ -266,14 +268,19 @@ json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double
   IndexerLossArgs a;
   a.qi = qi; a.w_eff = w_eff; a.keys = keys; a.q = q; a.kv = kv; a.comp = comp; a.sink = sink;
   a.topk = sel; a.lse = lse; a.sparse = sparse; a.scale = scale;
+  auto* kept_buf = kept ? static_cast<float*>(dev(sizeof(float) * 2 * (static_cast<std::size_t>(T) * K + T))) : nullptr;
+  auto* loss = static_cast<float*>(dev(sizeof(float)));
+  const double value_ms = median_ms([&] {
+    launch_indexer_loss(d, m, a, rows, loss, false, 0.0f, nullptr, nullptr, nullptr, kept_buf, nullptr, kernel);
+  }, 1, 3);
   const double ms = median_ms([&] {
     CSATTN_CUDA_CHECK(cudaMemsetAsync(dkeys, 0, sizeof(float) * Nc * DI, nullptr));
-    launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f, dqi, dweff, dkeys, nullptr, kernel);
+    launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f, dqi, dweff, dkeys, kept_buf, nullptr, kernel);
   }, 1, 3);
   const double flops = pairs * (2.0 * H * D + 3 * 2.0 * HI * DI);
   json j{{"preset", preset}, {"heads", H}, {"tokens", T}, {"loss", sparse ? "sparse" : "dense"},
-         {"kernel", kernel == IndexerLossKernel::baseline ? "baseline" : "tensor_core"},
-         {"pairs", pairs}, {"ms", ms}, {"tflops", flops / (ms * 1e-3) / 1e12}};
+         {"kernel", kernel == IndexerLossKernel::baseline ? "baseline" : kept ? "tensor_core_kept" : "tensor_core"},
+         {"pairs", pairs}, {"ms", ms}, {"value_ms", value_ms}, {"tflops", flops / (ms * 1e-3) / 1e12}};
   j["fraction_of_gemm"] = j["tflops"].get<double>() / gemm_tflops;
   for (void* p : bufs) cudaFree(p);
   return j;
@@ -549,20 +556,23 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
     if (want("indexer_loss")) {
       std::printf("\nindexer loss + gradients (CSA, one sequence; FLOPs = 2*H*512 + 3*2*64*128 per pair: "
                   "114,688 at H 64, 180,224 at H 128)\n");
-      std::printf("%6s %7s %7s %12s %12s %10s %9s\n", "preset", "tokens", "loss", "kernel", "pairs", "ms", "TFLOPS");
-      for (auto [preset, tokens, sparse, kernel] :
-           {std::tuple{"flash", 4096, true, IndexerLossKernel::baseline},
-            std::tuple{"flash", 4096, true, IndexerLossKernel::tensor_core},
-            std::tuple{"flash", 16384, true, IndexerLossKernel::tensor_core},
-            std::tuple{"flash", 4096, false, IndexerLossKernel::tensor_core},
-            std::tuple{"pro", 4096, true, IndexerLossKernel::baseline},
-            std::tuple{"pro", 4096, true, IndexerLossKernel::tensor_core},
-            std::tuple{"pro", 4096, false, IndexerLossKernel::tensor_core}}) {
+      std::printf("(ms: the gradient launch; value ms: the value launch alone, the forward's; "
+                  "tensor_core_kept: the layer's path, the gradient launch reusing the value launch's teacher)\n");
+      std::printf("%6s %7s %7s %17s %12s %10s %9s %9s\n", "preset", "tokens", "loss", "kernel", "pairs", "ms",
+                  "TFLOPS", "value ms");
+      constexpr auto base = IndexerLossKernel::baseline;
+      constexpr auto tc = IndexerLossKernel::tensor_core;
+      for (auto [preset, tokens, sparse, kernel, kept] :
+           {std::tuple{"flash", 4096, true, base, false}, std::tuple{"flash", 4096, true, tc, false},
+            std::tuple{"flash", 4096, true, tc, true}, std::tuple{"flash", 16384, true, tc, false},
+            std::tuple{"flash", 16384, true, tc, true}, std::tuple{"flash", 4096, false, tc, false},
+            std::tuple{"pro", 4096, true, base, false}, std::tuple{"pro", 4096, true, tc, false},
+            std::tuple{"pro", 4096, true, tc, true}, std::tuple{"pro", 4096, false, tc, false}}) {
         std::fprintf(stderr, "cuda_bench: indexer loss %s at %d tokens\n", preset, tokens);
-        json j = indexer_loss_case(tokens, sparse, kernel, gemm, preset);
-        std::printf("%6s %7d %7s %12s %12.0f %10.3f %9.1f\n", preset, tokens, j["loss"].get<std::string>().c_str(),
+        json j = indexer_loss_case(tokens, sparse, kernel, gemm, preset, kept);
+        std::printf("%6s %7d %7s %17s %12.0f %10.3f %9.1f %9.3f\n", preset, tokens, j["loss"].get<std::string>().c_str(),
                     j["kernel"].get<std::string>().c_str(), j["pairs"].get<double>(), j["ms"].get<double>(),
-                    j["tflops"].get<double>());
+                    j["tflops"].get<double>(), j["value_ms"].get<double>());
         report["indexer_loss"].push_back(j);
       }
     }

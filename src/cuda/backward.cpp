@@ -28,6 +28,12 @@ int deterministic_chunk_rows(const BackwardBuffers& b, int rows, int slots, int 
   return scatter_chunk_rows(rows, slots, width, b.det_scratch_bytes);
 }
 
+// What the sparse loss's forward launch keeps for its backward launch (launch_indexer_loss's
+// `kept`; planned for the sparse loss only).
+float* loss_kept(const ForwardParams& f, const BackwardParams& b) {
+  return b.sparse_loss ? f.act.loss_kept : nullptr;
+}
+
 IndexerLossArgs loss_args(const ForwardParams& f, const BackwardParams& b) {
   IndexerLossArgs l;
   l.qi = f.act.qi;
@@ -63,7 +69,7 @@ void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, 
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream) {
   const IndexerLossArgs l = loss_args(f, b);
   launch_indexer_loss(f.dims, f.meta, l, f.act.loss_rows, f.act.loss, false, 0.0f, nullptr, nullptr,
-                      nullptr, stream);
+                      nullptr, loss_kept(f, b), stream);
 }
 
 bool mxfp8_predictor(const ForwardParams& f, const BackwardParams& b) {
@@ -216,12 +222,12 @@ void backward_indexer_loss(const ForwardParams& f, const BackwardParams& p, cuda
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
       la.chunk = GradChunk{r0, std::min(chunk_rows, T - r0), b.det_scratch, os.slots, 1};
       launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, grad_loss, b.dqi, b.dweff,
-                          b.dkeys_acc, stream);
+                          b.dkeys_acc, loss_kept(f, p), stream);
       launch_ordered_scatter(d, f.meta, a.topk, os, r0, la.chunk.rows, b.det_scratch, stream);
     }
   } else {
     launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, grad_loss, b.dqi, b.dweff,
-                        b.dkeys_acc, stream);
+                        b.dkeys_acc, loss_kept(f, p), stream);
   }
 }
 

@@ -129,9 +129,19 @@ struct IndexerLossArgs {
 // Which kernel computes the rows: automatic = the tensor-core one where supported, unless
 // CSATTN_INDEXER_LOSS=baseline (the CUDA-core reference; tests name one explicitly).
 enum class IndexerLossKernel { automatic, baseline, tensor_core };
+// `kept`: what the sparse loss's backward reuses from its forward (the tensor-core kernel; the
+// CUDA-core one ignores it), [T, topk, 2] per candidate then [T, 2] per row. For each row
+// whose candidates' teacher masses the kernel keeps (the one-pass teacher with the forward's
+// LSE, or more than 64 heads), a launch without gradients stores each candidate's (teacher
+// mass, predictor logit) and the row's (teacher L1 sum, predictor LSE); a launch with
+// gradients on the same inputs reads them instead of recomputing them - the teacher is the
+// main attention's scores over 512 dims, most of the loss's work - and gives bitwise the
+// same results. Both launches must see the same inputs and pick the same kernel (the
+// automatic choice does). Null: every launch computes everything. (A parameter, not a field
+// of IndexerLossArgs: a larger argument struct makes the 128-head instance spill.)
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
                          float* loss_rows, float* loss, bool grads, float grad_loss, bf16* dqi,
-                         float* dweff, float* dkeys_acc, cudaStream_t stream,
+                         float* dweff, float* dkeys_acc, float* kept, cudaStream_t stream,
                          IndexerLossKernel kernel = IndexerLossKernel::automatic);
 // out[0] = grad_loss[0] * scale[0] on the device: the scale of a backward whose loss gradient
 // is on the device (a framework's autograd tensor, never read back), for IndexerLossArgs::scale
@@ -145,7 +155,7 @@ bool indexer_loss_mma_supported(const LayerDims& d);
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_loss, bf16* dqi, float* dweff, float* dkeys_acc,
-                                  cudaStream_t stream);
+                                  float* kept, cudaStream_t stream);
 
 // dw_raw = bf16(dweff * H_I^-1/2 * D_I^-1/2).
 void launch_indexer_weights_backward(const LayerDims& d, const float* dweff, bf16* dwraw,

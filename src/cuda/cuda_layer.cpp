@@ -52,6 +52,16 @@ struct CudaLayerImpl {
     if (blas) cublasDestroy(blas);
     if (stream) cudaStreamDestroy(stream);
   }
+
+  // The indexer loss's value is part of every forward with lambda > 0: the layer reports it,
+  // and its launch keeps what the loss's backward reuses (launch_indexer_loss's `kept`).
+  bool forward_has_loss() const { return cfg.has_indexer() && cfg.loss_coeff > 0.0; }
+  void forward_loss(const ForwardParams& p, cudaStream_t on) const {
+    BackwardParams bp;  // the loss reads only its mode (its buffers and scale are the forward's)
+    bp.sparse_loss = cfg.sparse_loss;
+    bp.deterministic = deterministic;
+    run_indexer_loss(p, bp, on);
+  }
 };
 
 namespace {
@@ -138,11 +148,8 @@ LayerOutputs CudaLayer::forward(const Tensor& x, const SeqLayout& layout,
   run_forward(p, s.blas, s.stream);
   s.last = p;
   s.has_last = true;
-  const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
-  BackwardParams bp;  // the loss reads only its mode (its buffers and scale are the forward's)
-  bp.sparse_loss = c.sparse_loss;
-  bp.deterministic = s.deterministic;
-  if (with_loss) run_indexer_loss(p, bp, s.stream);
+  const bool with_loss = s.forward_has_loss();
+  if (with_loss) s.forward_loss(p, s.stream);
   float loss_value = 0.0f;
 
   LayerOutputs out;
@@ -247,8 +254,14 @@ StageProfile CudaLayer::profile(int warmup, int iters) {
   CudaLayerImpl& s = *impl_;
   require(s.has_last, ErrorKind::InvalidArgument, "profile() needs a forward() first");
   StageProfile prof = profile_stages(
-      [&](StageTimer* timer) { run_forward(s.last, s.blas, s.stream, timer); }, s.stream, warmup,
-      iters);
+      [&](StageTimer* timer) {
+        run_forward(s.last, s.blas, s.stream, timer);
+        if (s.forward_has_loss()) {  // part of the forward (forward() runs it)
+          s.forward_loss(s.last, s.stream);
+          Stages{timer, s.stream}.mark("indexer loss");
+        }
+      },
+      s.stream, warmup, iters);
   prof.workspace_bytes = s.workspace.capacity;
   return prof;
 }
@@ -403,13 +416,8 @@ void CudaLayer::forward_device(const DeviceBatch& b, void* workspace, std::size_
     p.forced_topk = true;
   }
   run_forward(p, s.blas, stream);
-  const bool with_loss = c.has_indexer() && c.loss_coeff > 0.0;
-  if (with_loss) {
-    BackwardParams bp;
-    bp.sparse_loss = c.sparse_loss;
-    bp.deterministic = s.deterministic;
-    run_indexer_loss(p, bp, stream);
-  }
+  const bool with_loss = s.forward_has_loss();
+  if (with_loss) s.forward_loss(p, stream);
   if (x_bytes) CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.y, p.act.y, x_bytes, cudaMemcpyDeviceToDevice, stream));
   if (out.topk && topk_bytes)
     CSATTN_CUDA_CHECK(cudaMemcpyAsync(out.topk, p.act.topk, topk_bytes, cudaMemcpyDeviceToDevice, stream));

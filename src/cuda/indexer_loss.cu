@@ -316,7 +316,7 @@ __global__ void indexer_weights_backward_kernel(int n, float scale, const float*
 
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
                          float* loss_rows, float* loss, bool grads, float grad_loss, bf16* dqi,
-                         float* dweff, float* dkeys_acc, cudaStream_t stream,
+                         float* dweff, float* dkeys_acc, float* kept, cudaStream_t stream,
                          IndexerLossKernel kernel) {
   require(a.scale != nullptr, ErrorKind::InvalidArgument,
           "the indexer loss needs its scale on the device (IndexerLossArgs::scale: "
@@ -335,7 +335,7 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                     indexer_loss_mma_supported(d));
   if (mma) {
     launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff, dkeys_acc,
-                                 stream);
+                                 kept, stream);
   } else {
     require(a.chunk.scratch == nullptr && a.chunk.r0 == 0 && a.chunk.rows < 0, ErrorKind::Unsupported,
             "deterministic backward: the indexer loss needs its tensor-core kernel (head_dim 512, "

@@ -38,6 +38,12 @@
 //    pass recomputing Z (now normalised: P = exp(Z - LSE_h)) and S for the values and
 //    gradients. The teacher's L1 denominator sum_j sum_h P_h(j) = sum_h exp(LSEc_h - LSE_h)
 //    (LSEc: candidates only) comes from the statistics, so the last pass needs nothing else.
+// Kept values (launch_indexer_loss's `kept`, the layer's forward and backward): a sparse row
+// that stores its masses has, before its final pass, each candidate's teacher mass and
+// predictor logit and the row's two sums - all the final pass reads. The value launch (the
+// forward) stores them; the gradient launch (the backward) loads them and runs the final pass
+// alone, so the backward never recomputes the teacher's Q K^T over 512 dims (1 KB gathered a
+// candidate), only the indexer's scores for the gradients (256 B a candidate).
 #include <cfloat>
 #include <cmath>
 
@@ -159,7 +165,7 @@ template <int kMaxGroups>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_loss_mma_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a,
                             float* loss_rows, bool grads, float grad_loss, bf16* dqi_out,
-                            float* dweff, float* dkeys_acc) {
+                            float* dweff, float* dkeys_acc, float* kept_buf) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* wide_s = smem + SmemLayout::wide;
   unsigned char* ik_s = smem + SmemLayout::ikeys;
@@ -231,6 +237,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool pred_ops = a.sparse && (a.pred_qi != nullptr || a.pred_keys != nullptr);
   const bf16* pred_qi = pred_ops && a.pred_qi ? a.pred_qi : a.qi;
   const bf16* keys_src = pred_ops && a.pred_keys ? a.pred_keys : a.keys;  // predictor tiles
+  // The masses, logits and row sums a forward launch kept (launch_indexer_loss's `kept`):
+  // the value launch stores them, the gradient launch reads them and skips every pass before
+  // the final one.
+  const bool kept = store_mass && kept_buf != nullptr;
+  const bool read_kept = kept && grads;
 
   // Row inputs: qI (cp.async, joined by the first tile's wait), w', the forward LSE, and the
   // teacher's Q as A fragments in registers (rows past H zero).
@@ -244,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     cp_async_commit();
   };
-  load_qi(pred_qi);
+  load_qi(read_kept ? a.qi : pred_qi);  // a kept row's only pass takes the bf16 qI
   for (int h = tid; h < kIdxHeads; h += kThreads) w_s[h] = h < HI ? a.w_eff[static_cast<long>(t) * HI + h] : 0.0f;
   if (use_lse)
     for (int h = tid; h < groups * kHeads; h += kThreads)
@@ -264,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       qf[ks][3] = r1 < H ? *reinterpret_cast<const std::uint32_t*>(q1 + ks * 16 + 8) : 0u;
     }
   };
-  load_qf();
+  if (!read_kept) load_qf();
 
   const int c0 = meta.comp_start[b];
   const QueryWindow win = query_window(d, meta, b, pos);
@@ -522,7 +533,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  if (use_lse) {
+  if (read_kept) {
+    const float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
+    for (int j = tid; j < n; j += kThreads) {
+      const float2 v = *reinterpret_cast<const float2*>(kc + 2 * j);
+      mass_arr[j] = v.x;
+      logit_arr[j] = v.y;
+    }
+    if (tid == 0) {
+      scal[0] = kept_buf[(static_cast<long>(d.rows) * d.topk + t) * 2];
+      scal[1] = kept_buf[(static_cast<long>(d.rows) * d.topk + t) * 2 + 1];
+    }
+    cp_async_wait<0>();  // qI (the final pass's first wait joins it only when it loads keys)
+  } else if (use_lse) {
     for (grp = 0; grp < groups; ++grp) {  // the predictor with the first group
       if (grp > 0) load_qf();
       pass(false, n, Teach::mass, grp == 0, false);
@@ -555,7 +578,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         pass(false, n, Teach::mass, false, false);
       }
   }
-  if (warp == 0) {  // the teacher's L1 denominator and the predictor's LSE (fixed order)
+  if (warp == 0 && !read_kept) {  // the teacher's L1 denominator and the predictor's LSE (fixed order)
     float tsum = 0.0f;
     if (store_mass) {
       tsum = warp_sum(tacc);
@@ -577,11 +600,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
+  if (kept && !grads) {  // kept for the gradient launch (the same order as read above)
+    float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
+    for (int j = tid; j < n; j += kThreads)
+      *reinterpret_cast<float2*>(kc + 2 * j) = make_float2(mass_arr[j], logit_arr[j]);
+    if (tid == 0) {
+      kept_buf[(static_cast<long>(d.rows) * d.topk + t) * 2] = scal[0];
+      kept_buf[(static_cast<long>(d.rows) * d.topk + t) * 2 + 1] = scal[1];
+    }
+  }
   if (pred_ops && want_grads) {  // the final pass's S (gradients) from the bf16 operands
     keys_src = a.keys;
-    load_qi(a.qi);
-    cp_async_wait<0>();
-    __syncthreads();
+    if (!read_kept) {  // (a kept row loaded the bf16 qI at the start)
+      load_qi(a.qi);
+      cp_async_wait<0>();
+      __syncthreads();
+    }
   }
   // The final pass's S: the dense loss's values and gradients, the sparse loss's gradients
   // (its teacher, where it recomputes one, is the single group's: group 0).
@@ -631,7 +665,7 @@ bool indexer_loss_mma_supported(const LayerDims& d) {
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_loss, bf16* dqi, float* dweff, float* dkeys_acc,
-                                  cudaStream_t stream) {
+                                  float* kept, cudaStream_t stream) {
   require(indexer_loss_mma_supported(d), ErrorKind::Unsupported,
           "the tensor-core indexer loss needs head_dim 512, index_head_dim 128, at most 64 index "
           "heads and 128 heads");
@@ -641,7 +675,7 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
   const int rows = a.chunk.launch_rows(d.rows);
   if (rows <= 0) return;
   kernel<<<rows, kThreads, smem, stream>>>(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff,
-                                           dkeys_acc);
+                                           dkeys_acc, kept);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

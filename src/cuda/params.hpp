@@ -111,6 +111,9 @@ struct DeviceActivations {
   void* topk_scratch = nullptr;                // the tiled indexer's (indexer_topk_plan.hpp)
   float* loss_rows = nullptr;                  // [T] per-row indexer KL (CSA)
   float* loss = nullptr;                       // [1] the reduced indexer loss (CSA)
+  // The sparse loss's per-candidate teacher masses and predictor logits, then its per-row
+  // sums, kept by the forward's loss launch for the backward's (launch_indexer_loss's `kept`).
+  float* loss_kept = nullptr;                  // [T, K, 2] then [T, 2]
   bf16* attn = nullptr;                        // [T, H, D]
   float* lse = nullptr;                        // [T, H]
   // The output's inverse RoPE, a chunk of attn_rot_rows rows at a time (forward_output); the

@@ -93,6 +93,9 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
     p.topk_scratch = take(indexer_topk_scratch_bytes(d));  // bounded: see the formula there
     p.loss_rows = take(T * f32);
     p.loss = take(f32);
+    if (cfg.loss_coeff > 0.0 && cfg.sparse_loss) {  // what the loss's backward reuses
+      p.loss_kept = take(T * (d.topk + 1) * 2 * f32);  // per candidate, then per row
+    }
   }
   p.attn = take(T * HD * bf);
   p.lse = take(T * d.heads * f32);
@@ -238,6 +241,7 @@ DeviceActivations WorkspacePlan::activations(void* base) const {
     a.topk_scratch = at<unsigned char>(base, topk_scratch);
     a.loss_rows = at<float>(base, loss_rows);
     a.loss = at<float>(base, loss);
+    if (loss_kept) a.loss_kept = at<float>(base, loss_kept);
   }
   a.attn = at<bf16>(base, attn);
   a.lse = at<float>(base, lse);

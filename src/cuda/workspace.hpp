@@ -22,7 +22,8 @@ struct WorkspacePlan {
   std::size_t x = 0, q_proj = 0, cq = 0, q = 0, q_rstd = 0, kv_proj = 0, kv = 0;
   std::size_t c_a = 0, c_g = 0, c_pooled = 0, comp = 0;
   std::size_t qi_proj = 0, qi = 0, w_raw = 0, w_eff = 0, i_a = 0, i_g = 0, i_pooled = 0,
-              i_keys = 0, i_keys_mx = 0, topk = 0, topk_scratch = 0, loss_rows = 0, loss = 0;
+              i_keys = 0, i_keys_mx = 0, topk = 0, topk_scratch = 0, loss_rows = 0, loss = 0,
+              loss_kept = 0;  // 0: not planned (no sparse loss)
   std::size_t attn = 0, lse = 0, attn_rot = 0, u = 0, y = 0;
   std::size_t blas = 0;  // cuBLAS scratch (kBlasWorkspaceBytes)
   static constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;  // cuBLAS's Hopper guidance

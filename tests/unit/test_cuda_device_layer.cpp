@@ -267,7 +267,9 @@ TEST_P(CudaDeviceLayerGraph, TrainingStepReplaysWithAnotherPacking) {
   use(a);
   step();
   const Result eager_a = result();
-  if (cfg.has_indexer()) EXPECT_NE(eager_a.loss, eager_b.loss);
+  if (cfg.has_indexer()) {
+    EXPECT_NE(eager_a.loss, eager_b.loss);
+  }
 
   cudaGraph_t graph = nullptr;
   CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));

@@ -71,6 +71,7 @@ struct Inputs {
   DeviceMetadata meta;
   IndexerLossArgs args;
   std::vector<int> host_vis;  // candidates per row (0: none)
+  std::vector<char> host_drop;  // the row's top-k holds an id the loss drops (not yet visible)
 
   explicit Inputs(const LossCase& c) {
     const int B = static_cast<int>(c.real.size());
@@ -113,6 +114,7 @@ struct Inputs {
     // ascending, then -1; padding rows all -1.
     std::vector<std::int32_t> sel(static_cast<std::size_t>(T) * c.topk, -1);
     host_vis.assign(T, 0);
+    host_drop.assign(T, 0);
     for (int b = 0; b < B; ++b)
       for (int pos = 0; pos < c.padded[b]; ++pos) {
         const int t = cp[b] + pos;
@@ -132,7 +134,7 @@ struct Inputs {
           --n;
         }
         if (c.future_ids && t % 3 == 0 && vis < count && static_cast<int>(ids.size()) < c.topk)
-          row[ids.size()] = vis;  // a real entry of the segment, not yet visible
+          host_drop[t] = 1, row[ids.size()] = vis;  // a real entry of the segment, not yet visible
         host_vis[t] = n;
       }
     topk.upload(sel);
@@ -164,8 +166,10 @@ struct Outputs {
   float loss = 0.0f;
 };
 
-// One run of `kernel` on NaN-poisoned outputs (dkeys_acc zeroed: it accumulates).
-Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_loss) {
+// One run of `kernel` on NaN-poisoned outputs (dkeys_acc zeroed: it accumulates); `kept`:
+// launch_indexer_loss's (a value run stores into it, a gradient run reads it).
+Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_loss,
+            float* kept = nullptr) {
   const LayerDims& d = in.d;
   const int T = d.rows, HI = d.index_heads;
   DeviceArray<float> loss_rows(T), loss(1), dweff(static_cast<std::size_t>(T) * HI),
@@ -177,7 +181,7 @@ Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_l
   dqi.fill_bytes(0xFF);
   dkeys.fill_bytes(0);
   launch_indexer_loss(d, in.meta, in.args, loss_rows.get(), loss.get(), grads, grad_loss,
-                      dev_cast<bf16>(dqi), dweff.get(), dkeys.get(), nullptr, kernel);
+                      dev_cast<bf16>(dqi), dweff.get(), dkeys.get(), kept, nullptr, kernel);
   check(cudaDeviceSynchronize());
   Outputs o;
   o.loss_rows = loss_rows.download();
@@ -471,6 +475,67 @@ TEST(CudaIndexerLoss, DenseHasNoPerRowCandidateCap) {
   }
   EXPECT_TRUE(std::isfinite(o.loss));
   EXPECT_GT(o.loss, 0.0f);
+}
+
+// The backward's loss launch reuses what the forward's stored (launch_indexer_loss's `kept`):
+// the value launch that stores it gives bitwise its plain value; the gradient launch that
+// reads it gives bitwise the plain launch's value, dqI and dw' (dK^I: atomics, summed in
+// any order), and it reads the kept values of exactly the rows that store their masses - the
+// forward's LSE without a dropped id, or more than 64 heads - which a NaN-poisoned kept buffer
+// shows: those rows' values turn NaN, every other row stays equal. With predictor operands
+// too (the MXFP8 indexer's), whose logits the kept values carry.
+TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
+  SKIP_WITHOUT_GPU();
+  for (int heads : {64, 128})
+  for (bool with_lse : {true, false})
+  for (bool pred_ops : {false, true}) {
+    LossCase c = ragged("kept, H " + std::to_string(heads) + (with_lse ? "" : ", no lse") +
+                            (pred_ops ? ", predictor operands" : ""),
+                        true);
+    c.heads = heads;
+    c.with_lse = with_lse;
+    c.holes = true;
+    c.future_ids = true;
+    SCOPED_TRACE(c.name);
+    Inputs in(c);
+    const int T = in.d.rows, HI = in.d.index_heads, K = in.d.topk, Nc = in.d.comp_capacity;
+    DeviceArray<std::uint16_t> pqi(random_bf16(static_cast<std::size_t>(T) * HI * 128, 34, 1.0f)),
+        pkeys(random_bf16(static_cast<std::size_t>(Nc) * 128, 35, 1.0f));
+    if (pred_ops) {
+      in.args.pred_qi = Inputs::bf(pqi);
+      in.args.pred_keys = Inputs::bf(pkeys);
+    }
+    DeviceArray<float> kept(static_cast<std::size_t>(T) * (K + 1) * 2);
+    kept.fill_bytes(0xFF);
+    const float gs = 0.37f;
+    const IndexerLossKernel tc = IndexerLossKernel::tensor_core;
+    const Outputs ref_v = run(in, tc, false, 0.0f), ref = run(in, tc, true, gs);
+    const Outputs fwd = run(in, tc, false, 0.0f, kept.get());
+    EXPECT_EQ(fwd.loss_rows, ref_v.loss_rows) << "storing changed the value";
+    EXPECT_EQ(fwd.loss, ref_v.loss);
+    const Outputs bwd = run(in, tc, true, gs, kept.get());
+    EXPECT_EQ(bwd.loss_rows, ref.loss_rows);
+    EXPECT_EQ(bwd.dweff, ref.dweff);
+    EXPECT_EQ(bwd.dqi, ref.dqi);
+    expect_rel_l2(bwd.dkeys, ref.dkeys, 1e-5, c.name + " dkeys");
+
+    kept.fill_bytes(0xFF);  // the kept values gone: the rows that read them show it
+    const Outputs poisoned = run(in, tc, true, gs, kept.get());
+    int kept_rows = 0;
+    for (int t = 0; t < T; ++t) {
+      const bool reads = in.host_vis[t] > 0 && ((with_lse && !in.host_drop[t]) || heads > 64);
+      kept_rows += reads;
+      if (reads) {
+        EXPECT_TRUE(std::isnan(poisoned.loss_rows[t])) << "row " << t << " did not read its kept values";
+      } else {
+        EXPECT_EQ(poisoned.loss_rows[t], ref.loss_rows[t]) << "row " << t << " read kept values it has none of";
+      }
+    }
+    if (with_lse || heads > 64) {
+      EXPECT_GT(kept_rows, 0);
+    }
+    EXPECT_GT(T - kept_rows, 0);
+  }
 }
 
 }  // namespace

@@ -93,6 +93,9 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
           fp.push_back({"topk_scratch", f.topk_scratch, cuda::indexer_topk_scratch_bytes(f.dims)});
           fp.push_back({"loss_rows", f.loss_rows, 4 * t});
           fp.push_back({"loss", f.loss, 4});
+          // What the sparse loss's backward reuses from the forward (every preset's loss).
+          ASSERT_TRUE(cfg.loss_coeff > 0.0 && cfg.sparse_loss) << what;
+          fp.push_back({"loss_kept", f.loss_kept, 8 * t * (cfg.index_topk + 1)});
         }
         expect_disjoint_and_aligned(fp, f.bytes, what + " forward");
 
@@ -129,6 +132,23 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
         for (const ParamInfo& p : layer_params(cfg)) params += 4 * static_cast<std::size_t>(shape_numel(p.shape));
         EXPECT_GE(b.grads_bytes, params) << what << ": the weight gradients do not fit";
       }
+}
+
+// The sparse loss's kept values (the backward reuses the forward's teacher) are planned only
+// where a forward computes that loss: lambda > 0 and the sparse loss.
+TEST(CudaPlan, LossKeptOnlyForTheSparseLoss) {
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  cfg.compress_ratio = 4;
+  const cuda::WorkspacePlan with = cuda::plan_forward(cfg, 4096, 1, 4096);
+  EXPECT_NE(with.loss_kept, 0u);
+  const std::size_t kept = 8u * 4096 * cfg.index_topk + 8u * 4096;
+  for (auto [coeff, sparse] : {std::pair{0.0, true}, std::pair{0.01, false}}) {
+    cfg.loss_coeff = coeff;
+    cfg.sparse_loss = sparse;
+    const cuda::WorkspacePlan without = cuda::plan_forward(cfg, 4096, 1, 4096);
+    EXPECT_EQ(without.loss_kept, 0u);
+    EXPECT_EQ(without.bytes + kept, with.bytes) << "lambda " << coeff << ", sparse " << sparse;
+  }
 }
 
 // plan_device_memory is the sum of the layer's allocations: the weight store's layout and the
