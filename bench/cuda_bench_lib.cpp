@@ -522,19 +522,22 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       // What the fixed-order key-gradient sums cost: the same backward in both modes.
       std::printf("\nbackward, fast (atomic) vs deterministic mode (flash shape, one sequence)\n");
       std::printf("%5s %7s %12s %12s %8s %10s\n", "type", "tokens", "fast ms", "determ. ms", "ratio", "peak GiB");
-      for (int tokens : {4096, 16384})
-        for (int ratio : {0, 4, 128}) {
-          std::fprintf(stderr, "cuda_bench: deterministic backward ratio %d tokens %d\n", ratio, tokens);
-          json fast = layer_case("flash", ratio, tokens, true, false);
-          json det = layer_case("flash", ratio, tokens, true, true);
-          const double f = fast["backward_ms"].get<double>(), dt = det["backward_ms"].get<double>();
-          std::printf("%5s %7d %12.2f %12.2f %8.2f %10.2f\n", fast["type"].get<std::string>().c_str(), tokens, f, dt,
-                      dt / f, det["measured_peak_bytes"].get<double>() / (1u << 30));
-          report["deterministic_backward"].push_back(
-              json{{"type", fast["type"]}, {"tokens", tokens}, {"fast_ms", f}, {"deterministic_ms", dt},
-                   {"deterministic_stages_ms", det["backward_stages_ms"]},
-                   {"deterministic_peak_bytes", det["measured_peak_bytes"]}});
-        }
+      // HCA at 128K: long segments' rows carry a slot per visible entry (the scratch's
+      // chunk width, BackwardPlan::kDeterministicMinChunkCtas).
+      for (auto [tokens, ratio] : {std::pair{4096, 0}, std::pair{4096, 4}, std::pair{4096, 128},
+                                   std::pair{16384, 0}, std::pair{16384, 4}, std::pair{16384, 128},
+                                   std::pair{131072, 128}}) {
+        std::fprintf(stderr, "cuda_bench: deterministic backward ratio %d tokens %d\n", ratio, tokens);
+        json fast = layer_case("flash", ratio, tokens, true, false);
+        json det = layer_case("flash", ratio, tokens, true, true);
+        const double f = fast["backward_ms"].get<double>(), dt = det["backward_ms"].get<double>();
+        std::printf("%5s %7d %12.2f %12.2f %8.2f %10.2f\n", fast["type"].get<std::string>().c_str(), tokens, f, dt,
+                    dt / f, det["measured_peak_bytes"].get<double>() / (1u << 30));
+        report["deterministic_backward"].push_back(
+            json{{"type", fast["type"]}, {"tokens", tokens}, {"fast_ms", f}, {"deterministic_ms", dt},
+                 {"deterministic_stages_ms", det["backward_stages_ms"]},
+                 {"deterministic_peak_bytes", det["measured_peak_bytes"]}});
+      }
     }
     if (want("indexer")) {
       std::printf("\nindexer + top-k (flash CSA layer, one sequence; FLOPs = 2*64*128 per valid pair)\n");

@@ -151,16 +151,22 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
   p.loss_grad_scale = take(f32);
   if (deterministic) {
     // The largest per-row need: the attention's (every slot of every head block, D wide) or
-    // the loss's (its candidates, D_I wide); chunks of rows share the scratch in turn.
+    // the loss's (its candidates, D_I wide); chunks of rows share the scratch in turn. A
+    // chunk should launch kDeterministicMinChunkCtas CTAs (the attention's: rows x head
+    // blocks; the loss's: rows), within the cap.
     const std::size_t slots = static_cast<std::size_t>(max_keys_per_query(d));
     const std::size_t copies = static_cast<std::size_t>((d.heads + 63) / 64);
-    std::size_t per_row = slots * copies * d.head_dim * f32;
+    const std::size_t min_ctas = BackwardPlan::kDeterministicMinChunkCtas;
+    const std::size_t attn_row = slots * copies * d.head_dim * f32;
+    std::size_t per_row = attn_row, wave = attn_row * ((min_ctas + copies - 1) / copies);
     if (d.ratio == 4) {
       const std::size_t cands = static_cast<std::size_t>(std::max(d.topk, d.max_seg_len / d.ratio));
       per_row = std::max(per_row, cands * DI * f32);
+      wave = std::max(wave, cands * DI * f32 * min_ctas);
     }
-    p.det_scratch_bytes = std::min(per_row * std::max<std::size_t>(T, 1),
-                                   std::max(per_row, BackwardPlan::kDeterministicScratchBytes));
+    const std::size_t want = std::max(BackwardPlan::kDeterministicScratchBytes,
+                                      std::min(wave, BackwardPlan::kDeterministicMaxScratchBytes));
+    p.det_scratch_bytes = std::min(per_row * std::max<std::size_t>(T, 1), std::max(per_row, want));
     p.det_scratch = take(p.det_scratch_bytes);
   }
   p.grads_offset = at;

@@ -50,14 +50,21 @@ struct BackwardPlan {
               dsink_part = 0, dkv = 0, dnormed = 0, dqb = 0, dcq = 0, rstd = 0, dx = 0,
               dcomp = 0, dpooled = 0, da = 0, dg = 0, dqi = 0, dweff = 0, dwraw = 0,
               dkeys_acc = 0, loss_grad_scale = 0, det_scratch = 0, det_scratch_bytes = 0;
+  // The deterministic scratch: kDeterministicScratchBytes, or more where a chunk of that size
+  // would launch fewer than kDeterministicMinChunkCtas CTAs (~2 waves on an H100 / H200):
+  // rows whose contributions are large - long HCA segments (a slot per visible entry), the
+  // dense loss (a slot per visible entry) - would otherwise run chunks of a few CTAs each.
+  // Never more than kDeterministicMaxScratchBytes, never more than the whole batch needs.
   static constexpr std::size_t kDeterministicScratchBytes = 256u << 20;
+  static constexpr std::size_t kDeterministicMaxScratchBytes = 4ull << 30;
+  static constexpr int kDeterministicMinChunkCtas = 256;
   std::size_t g_wq_a = 0, g_q_norm = 0, g_wq_b = 0, g_wkv = 0, g_kv_norm = 0, g_wo_a = 0,
               g_wo_b = 0, g_sink = 0, g_c_wkv = 0, g_c_wgate = 0, g_c_norm = 0, g_c_ape = 0,
               g_i_wq_b = 0, g_i_wproj = 0, g_ic_wkv = 0, g_ic_wgate = 0, g_ic_norm = 0,
               g_ic_ape = 0;
 };
-// deterministic: also a scratch for the fixed-order key-gradient sums (at most
-// kDeterministicScratchBytes, less when a whole batch needs less).
+// deterministic: also a scratch for the fixed-order key-gradient sums (sized as
+// kDeterministicScratchBytes says).
 BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d,
                            bool deterministic = false);
 

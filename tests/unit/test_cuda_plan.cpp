@@ -18,6 +18,7 @@
 #include "csattn/error.hpp"
 #include "csattn/weights.hpp"
 #include "cuda/indexer_topk_plan.hpp"
+#include "cuda/ordered_scatter.hpp"
 #include "cuda/workspace.hpp"
 
 namespace csattn {
@@ -149,6 +150,52 @@ TEST(CudaPlan, LossKeptOnlyForTheSparseLoss) {
     EXPECT_EQ(without.loss_kept, 0u);
     EXPECT_EQ(without.bytes + kept, with.bytes) << "lambda " << coeff << ", sparse " << sparse;
   }
+}
+
+// The deterministic scratch: chunks of at least kDeterministicMinChunkCtas CTAs (attention:
+// rows x head blocks; the loss: rows) unless the cap or the batch stops it, at least 256 MiB
+// when the batch needs that much, never more than the batch needs or the cap (past one row).
+TEST(CudaPlan, DeterministicScratchKeepsChunksWide) {
+  using cuda::BackwardPlan;
+  for (const std::string preset : {"flash", "pro"})
+    for (int ratio : {0, 4, 128})
+      for (bool dense : {false, true})
+        for (int T : {1, 4096, 65536, 131072, 1048576}) {
+          if (dense && ratio != 4) continue;
+          AttentionConfig cfg = ModelConfig::preset(preset).base;
+          cfg.compress_ratio = ratio;
+          cfg.sparse_loss = !dense;
+          const std::string what = preset + " ratio " + std::to_string(ratio) + (dense ? " dense" : "") +
+                                   " T " + std::to_string(T);
+          const cuda::WorkspacePlan f = cuda::plan_forward(cfg, T, 1, T);
+          const BackwardPlan b = cuda::plan_backward(cfg, f.dims, true);
+          const std::size_t bytes = b.det_scratch_bytes;
+          const int copies = (cfg.n_heads + 63) / 64, slots = cuda::max_keys_per_query(f.dims);
+          const std::size_t attn_row = 4ull * slots * copies * cfg.head_dim;
+          const int attn_rows = cuda::scatter_chunk_rows(T, slots * copies, cfg.head_dim, bytes);
+          const bool capped = bytes >= BackwardPlan::kDeterministicMaxScratchBytes;
+          EXPECT_LE(bytes, std::max<std::size_t>(BackwardPlan::kDeterministicMaxScratchBytes, attn_row)) << what;
+          EXPECT_LE(bytes, std::max<std::size_t>(attn_row, 4ull * T * slots * copies * cfg.head_dim) +
+                               (ratio == 4 ? 4ull * T * std::max(cfg.index_topk, T / 4) * cfg.index_head_dim : 0))
+              << what;
+          if (!capped)
+            EXPECT_GE(attn_rows, std::min(T, (BackwardPlan::kDeterministicMinChunkCtas + copies - 1) / copies)) << what;
+          if (ratio == 4) {
+            const int cands = std::max(cfg.index_topk, T / 4);
+            const int loss_rows = cuda::scatter_chunk_rows(T, cands, cfg.index_head_dim, bytes);
+            if (!capped) EXPECT_GE(loss_rows, std::min(T, BackwardPlan::kDeterministicMinChunkCtas)) << what;
+          }
+        }
+  // The two ends: a long HCA segment fills the cap (was 15 rows a chunk at 256 MiB), a short
+  // SWA batch keeps the 256 MiB floor.
+  AttentionConfig hca = ModelConfig::preset("flash").base;
+  hca.compress_ratio = 128;
+  const BackwardPlan big = cuda::plan_backward(hca, cuda::plan_forward(hca, 1048576, 1, 1048576).dims, true);
+  EXPECT_EQ(big.det_scratch_bytes, BackwardPlan::kDeterministicMaxScratchBytes);
+  AttentionConfig swa = ModelConfig::preset("flash").base;
+  swa.compress_ratio = 0;
+  const BackwardPlan small = cuda::plan_backward(swa, cuda::plan_forward(swa, 4096, 1, 4096).dims, true);
+  EXPECT_EQ(small.det_scratch_bytes, BackwardPlan::kDeterministicScratchBytes);
 }
 
 // plan_device_memory is the sum of the layer's allocations: the weight store's layout and the
