@@ -10,13 +10,13 @@
 //      head block's whole sum too), at the price of computing P and dz twice.
 // d_sink = -P_sink * D_row per (row, head), summed later in a fixed order.
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/attention_keys.cuh"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
+#include "cuda/kernel_switch.hpp"
 
 namespace csattn::cuda {
 
@@ -175,10 +175,7 @@ __global__ void __launch_bounds__(kThreads)
 // CSATTN_ATTENTION_BACKWARD=mma or =baseline forces an older kernel (benchmarks, bisecting).
 enum class BackwardKernel { wgmma, mma, baseline };
 BackwardKernel backward_kernel(const LayerDims& d) {
-  static const std::string forced = [] {
-    const char* v = std::getenv("CSATTN_ATTENTION_BACKWARD");
-    return std::string(v != nullptr ? v : "");
-  }();
+  static const std::string forced = kernel_switch("CSATTN_ATTENTION_BACKWARD", {"mma", "baseline"});
   if (forced != "baseline" && forced != "mma" && attention_backward_wgmma_supported(d))
     return BackwardKernel::wgmma;
   if (forced != "baseline" && attention_backward_mma_supported(d)) return BackwardKernel::mma;

@@ -37,7 +37,6 @@
 // WG0 and WG1 run separate loops: a loop shared through `if (c == 0)` makes ptxas serialise
 // every wgmma (C7514 / C7515).
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -51,6 +50,7 @@
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
 #include "cuda/wgmma_tile.cuh"
+#include "cuda/kernel_switch.hpp"
 
 namespace csattn::cuda {
 
@@ -466,10 +466,7 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
           "the wgmma attention backward needs head_dim 512, got " + std::to_string(d.head_dim));
   // CSATTN_DK_FLUSH=lines: the dK chunks leave by whole 128-byte lines (flush_dk_lines; a
   // candidate until measured), in the modes that write them all.
-  static const bool lines = [] {
-    const char* v = std::getenv("CSATTN_DK_FLUSH");
-    return v != nullptr && std::string(v) == "lines";
-  }();
+  static const bool lines = kernel_switch("CSATTN_DK_FLUSH", {"lines"}) == "lines";
   // (Where the staging area does not fit beside a long top-k row, the fragment flush.)
   const bool by_lines = lines && (phase_stamps != nullptr || writes == KeyGradWrites::all) &&
                         wgmma_backward_smem_bytes(d, true) <=

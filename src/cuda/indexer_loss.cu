@@ -10,12 +10,12 @@
 // I, hence p, from those; the gradient's ReLU masks and products from qI / K.
 #include <cfloat>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
+#include "cuda/kernel_switch.hpp"
 
 namespace csattn::cuda {
 
@@ -326,10 +326,7 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
     return;
   }
   // CSATTN_INDEXER_LOSS=baseline asks for the CUDA-core kernel (benchmarks, bisecting).
-  static const bool force_baseline = [] {
-    const char* v = std::getenv("CSATTN_INDEXER_LOSS");
-    return v != nullptr && std::string(v) == "baseline";
-  }();
+  static const bool force_baseline = kernel_switch("CSATTN_INDEXER_LOSS", {"baseline"}) == "baseline";
   const bool mma = kernel == IndexerLossKernel::tensor_core ||
                    (kernel == IndexerLossKernel::automatic && !force_baseline &&
                     indexer_loss_mma_supported(d));

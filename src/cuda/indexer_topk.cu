@@ -7,7 +7,6 @@
 // default is the wgmma kernel (indexer_topk_wgmma.cu; its mma.sync reference is
 // indexer_topk_tiled.cu): several rows per CTA, scores in a bounded global scratch, any length.
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/check.hpp"
@@ -17,6 +16,7 @@
 #include "cuda/indexer_topk_tiled.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/mma_util.cuh"
+#include "cuda/kernel_switch.hpp"
 
 namespace csattn::cuda {
 
@@ -310,18 +310,12 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
 }
 
 bool indexer_select_shared() {
-  static const bool shared = [] {
-    const char* v = std::getenv("CSATTN_INDEXER_SELECT");
-    return v != nullptr && std::string(v) == "shared";
-  }();
+  static const bool shared = kernel_switch("CSATTN_INDEXER_SELECT", {"shared"}) == "shared";
   return shared;
 }
 
 IndexerKernel indexer_kernel_for(const LayerDims& d) {
-  static const std::string env = [] {
-    const char* v = std::getenv("CSATTN_INDEXER");
-    return std::string(v ? v : "");
-  }();
+  static const std::string env = kernel_switch("CSATTN_INDEXER", {"tiled", "mma1", "baseline"});
   if (env == "baseline") return IndexerKernel::baseline;
   if (env == "mma1") return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
   if (env == "tiled" && indexer_tiled_supported(d)) return IndexerKernel::tiled;

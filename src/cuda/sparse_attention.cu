@@ -6,13 +6,13 @@
 // tensor-core kernels (sparse_attention_wgmma.cu, sparse_attention_mma.cu); docs/perf.md
 // measures them.
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
 #include "cuda/attention_keys.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/kernel_switch.hpp"
 
 namespace csattn::cuda {
 
@@ -99,8 +99,7 @@ void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, con
   // (benchmarks, bisecting).
   enum class Choice { wgmma, mma, baseline };
   static const Choice choice = [] {
-    const char* v = std::getenv("CSATTN_ATTENTION");
-    const std::string s = v != nullptr ? v : "";
+    const std::string s = kernel_switch("CSATTN_ATTENTION", {"mma", "baseline"});
     return s == "baseline" ? Choice::baseline : s == "mma" ? Choice::mma : Choice::wgmma;
   }();
   if (choice == Choice::wgmma && sparse_attention_wgmma_supported(d)) {
