@@ -205,9 +205,11 @@ json reduction_case(ReductionPath path, int tiles, int rows) {
 // fit, else random ones), the forward attention's LSE as input. FLOPs per (row, candidate)
 // pair, counted once: teacher 2*H*512 + predictor 2*64*128 + dqI and dK 2 * 2*64*128
 // (114,688 at H = 64; recomputation, the dense loss's window pass and second teacher pass not
-// counted). `kept`: the layer's way - a value launch (the forward's, timed as value_ms) keeps
-// the teacher for the timed gradient launch (launch_indexer_loss's `kept`), which then skips
-// the teacher's work; the same FLOPs are counted, so its TFLOPS compare with the plain row's.
+// counted). `kept`: the layer's way (the automatic kernel choice) - the value launch (the
+// forward's, timed as value_ms: the wgmma teacher, then the rows kernel's predictor pass)
+// keeps the teacher for the timed gradient launch (launch_indexer_loss's `kept`), which then
+// skips the teacher's work; the same FLOPs are counted, so its TFLOPS compare with the plain
+// row's (the tensor-core rows kernel alone, its value launch with its own mma.sync teacher).
 json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double gemm_tflops,
                        const std::string& preset, bool kept = false) {
   AttentionConfig cfg = ModelConfig::preset(preset).base;
@@ -270,12 +272,14 @@ json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double
   a.topk = sel; a.lse = lse; a.sparse = sparse; a.scale = scale;
   auto* kept_buf = kept ? static_cast<float*>(dev(sizeof(float) * 2 * (static_cast<std::size_t>(T) * K + T))) : nullptr;
   auto* loss = static_cast<float*>(dev(sizeof(float)));
+  const IndexerLossKernel launch_kernel = kept ? IndexerLossKernel::automatic : kernel;
   const double value_ms = median_ms([&] {
-    launch_indexer_loss(d, m, a, rows, loss, false, 0.0f, nullptr, nullptr, nullptr, kept_buf, nullptr, kernel);
+    launch_indexer_loss(d, m, a, rows, loss, false, 0.0f, nullptr, nullptr, nullptr, kept_buf, nullptr,
+                        launch_kernel);
   }, 1, 3);
   const double ms = median_ms([&] {
     CSATTN_CUDA_CHECK(cudaMemsetAsync(dkeys, 0, sizeof(float) * Nc * DI, nullptr));
-    launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f, dqi, dweff, dkeys, kept_buf, nullptr, kernel);
+    launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f, dqi, dweff, dkeys, kept_buf, nullptr, launch_kernel);
   }, 1, 3);
   const double flops = pairs * (2.0 * H * D + 3 * 2.0 * HI * DI);
   json j{{"preset", preset}, {"heads", H}, {"tokens", T}, {"loss", sparse ? "sparse" : "dense"},

@@ -126,8 +126,10 @@ struct IndexerLossArgs {
   // candidates of a row, d.topk sparse or max_seg_len / ratio dense).
   GradChunk chunk;
 };
-// Which kernel computes the rows: automatic = the tensor-core one where supported, unless
-// CSATTN_INDEXER_LOSS=baseline (the CUDA-core reference; tests name one explicitly).
+// Which kernel computes the rows: automatic = the tensor-core one where supported (and, for
+// the sparse loss's value launch with `kept` and the forward's LSE, the wgmma teacher before
+// it), unless CSATTN_INDEXER_LOSS=baseline (the CUDA-core reference). tensor_core: the
+// tensor-core rows kernel alone (its own mma.sync teacher); tests name one explicitly.
 enum class IndexerLossKernel { automatic, baseline, tensor_core };
 // `kept`: what the sparse loss's backward reuses from its forward (the tensor-core kernel; the
 // CUDA-core one ignores it), [T, topk, 2] per candidate then [T, 2] per row. For each row
@@ -155,7 +157,15 @@ bool indexer_loss_mma_supported(const LayerDims& d);
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_loss, bf16* dqi, float* dweff, float* dkeys_acc,
-                                  float* kept, cudaStream_t stream);
+                                  float* kept, bool masses_given, cudaStream_t stream);
+// The sparse loss's teacher masses on wgmma (indexer_loss_teacher.cu): for every row whose
+// valid top-k ids are all visible, mass_j = sum_h exp(scale q_h . K_j - LSE_h) of its valid ids
+// j (in order) into kept[(t * topk + j) * 2], the entries launch_indexer_loss_rows_mma reads
+// with masses_given. Needs a.sparse, a.lse, head_dim 512. The value launch of
+// launch_indexer_loss runs it first where supported (CSATTN_INDEXER_TEACHER=mma: not).
+bool indexer_teacher_wgmma_supported(const LayerDims& d);
+void launch_indexer_teacher_wgmma(const LayerDims& d, const DeviceMetadata& meta,
+                                  const IndexerLossArgs& a, float* kept, cudaStream_t stream);
 
 // dw_raw = bf16(dweff * H_I^-1/2 * D_I^-1/2).
 void launch_indexer_weights_backward(const LayerDims& d, const float* dweff, bf16* dwraw,

@@ -331,8 +331,15 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                    (kernel == IndexerLossKernel::automatic && !force_baseline &&
                     indexer_loss_mma_supported(d));
   if (mma) {
+    // The sparse value launch that keeps its teacher: the masses from the wgmma teacher, the
+    // rest from the rows kernel (CSATTN_INDEXER_TEACHER=mma: the rows kernel's own teacher).
+    static const bool teacher_mma = kernel_switch("CSATTN_INDEXER_TEACHER", {"mma"}) == "mma";
+    const bool teacher = kernel == IndexerLossKernel::automatic && !teacher_mma && !grads &&
+                         a.sparse && a.lse != nullptr && kept != nullptr &&
+                         indexer_teacher_wgmma_supported(d);
+    if (teacher) launch_indexer_teacher_wgmma(d, meta, a, kept, stream);
     launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff, dkeys_acc,
-                                 kept, stream);
+                                 kept, teacher, stream);
   } else {
     require(a.chunk.scratch == nullptr && a.chunk.r0 == 0 && a.chunk.rows < 0, ErrorKind::Unsupported,
             "deterministic backward: the indexer loss needs its tensor-core kernel (head_dim 512, "

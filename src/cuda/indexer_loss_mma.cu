@@ -165,7 +165,7 @@ template <int kMaxGroups>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_loss_mma_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a,
                             float* loss_rows, bool grads, float grad_loss, bf16* dqi_out,
-                            float* dweff, float* dkeys_acc, float* kept_buf) {
+                            float* dweff, float* dkeys_acc, float* kept_buf, bool masses_given) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* wide_s = smem + SmemLayout::wide;
   unsigned char* ik_s = smem + SmemLayout::ikeys;
@@ -242,6 +242,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the final one.
   const bool kept = store_mass && kept_buf != nullptr;
   const bool read_kept = kept && grads;
+  // The value launch after the wgmma teacher (indexer_loss_teacher.cu): a row with the
+  // forward's LSE finds its masses in kept_buf and runs only the predictor's pass.
+  const bool given = masses_given && use_lse && kept_buf != nullptr && !grads;
 
   // Row inputs: qI (cp.async, joined by the first tile's wait), w', the forward LSE, and the
   // teacher's Q as A fragments in registers (rows past H zero).
@@ -275,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       qf[ks][3] = r1 < H ? *reinterpret_cast<const std::uint32_t*>(q1 + ks * 16 + 8) : 0u;
     }
   };
-  if (!read_kept) load_qf();
+  if (!read_kept && !given) load_qf();
 
   const int c0 = meta.comp_start[b];
   const QueryWindow win = query_window(d, meta, b, pos);
@@ -545,6 +548,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       scal[1] = kept_buf[(static_cast<long>(d.rows) * d.topk + t) * 2 + 1];
     }
     cp_async_wait<0>();  // qI (the final pass's first wait joins it only when it loads keys)
+  } else if (given) {
+    const float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
+    for (int j = tid; j < n; j += kThreads) mass_arr[j] = kc[2 * j];
+    __syncthreads();
+    pass(false, n, Teach::none, true, false);  // the predictor's logits and LSE
+    if (warp == 0)  // the masses' sum in the order the teacher pass takes (key j: lane j % 32)
+      for (int j = lane; j < n; j += 32) tacc += mass_arr[j];
   } else if (use_lse) {
     for (grp = 0; grp < groups; ++grp) {  // the predictor with the first group
       if (grp > 0) load_qf();
@@ -665,7 +675,7 @@ bool indexer_loss_mma_supported(const LayerDims& d) {
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_loss, bf16* dqi, float* dweff, float* dkeys_acc,
-                                  float* kept, cudaStream_t stream) {
+                                  float* kept, bool masses_given, cudaStream_t stream) {
   require(indexer_loss_mma_supported(d), ErrorKind::Unsupported,
           "the tensor-core indexer loss needs head_dim 512, index_head_dim 128, at most 64 index "
           "heads and 128 heads");
@@ -675,7 +685,7 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
   const int rows = a.chunk.launch_rows(d.rows);
   if (rows <= 0) return;
   kernel<<<rows, kThreads, smem, stream>>>(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff,
-                                           dkeys_acc, kept);
+                                           dkeys_acc, kept, masses_given);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

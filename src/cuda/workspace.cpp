@@ -159,8 +159,9 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
     const std::size_t min_ctas = BackwardPlan::kDeterministicMinChunkCtas;
     const std::size_t attn_row = slots * copies * d.head_dim * f32;
     std::size_t per_row = attn_row, wave = attn_row * ((min_ctas + copies - 1) / copies);
-    if (d.ratio == 4) {
-      const std::size_t cands = static_cast<std::size_t>(std::max(d.topk, d.max_seg_len / d.ratio));
+    if (d.ratio == 4 && cfg.loss_coeff > 0.0) {  // the loss's slots: sparse d.topk, dense visible
+      const std::size_t cands = static_cast<std::size_t>(
+          cfg.sparse_loss ? d.topk : std::max(1, d.max_seg_len / d.ratio));
       per_row = std::max(per_row, cands * DI * f32);
       wave = std::max(wave, cands * DI * f32 * min_ctas);
     }

@@ -505,7 +505,8 @@ TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
       in.args.pred_qi = Inputs::bf(pqi);
       in.args.pred_keys = Inputs::bf(pkeys);
     }
-    DeviceArray<float> kept(static_cast<std::size_t>(T) * (K + 1) * 2);
+    const std::size_t kept_floats = static_cast<std::size_t>(T) * (K + 1) * 2;
+    DeviceArray<float> kept(kept_floats + 64);  // + a canary no launch may write
     kept.fill_bytes(0xFF);
     const float gs = 0.37f;
     const IndexerLossKernel tc = IndexerLossKernel::tensor_core;
@@ -518,6 +519,43 @@ TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
     EXPECT_EQ(bwd.dweff, ref.dweff);
     EXPECT_EQ(bwd.dqi, ref.dqi);
     expect_rel_l2(bwd.dkeys, ref.dkeys, 1e-5, c.name + " dkeys");
+    // Row chunks (the deterministic mode's launches, here with atomics) read the rows' own
+    // kept values: two launches give the one launch's values.
+    {
+      Inputs& io = in;
+      const Outputs whole = bwd;
+      DeviceArray<float> lr(T), l1(1), dwe(static_cast<std::size_t>(T) * HI),
+          dk(static_cast<std::size_t>(Nc) * 128);
+      DeviceArray<std::uint16_t> dqi(static_cast<std::size_t>(T) * HI * 128);
+      lr.fill_bytes(0xFF);
+      dwe.fill_bytes(0xFF);
+      dqi.fill_bytes(0xFF);
+      dk.fill_bytes(0);
+      for (auto [r0, rows_n] : {std::pair{0, T / 2}, std::pair{T / 2, T - T / 2}}) {
+        io.args.chunk = GradChunk{r0, rows_n, nullptr, 0, 1};
+        launch_indexer_loss(io.d, io.meta, io.args, lr.get(), l1.get(), true, gs, dev_cast<bf16>(dqi),
+                            dwe.get(), dk.get(), kept.get(), nullptr, tc);
+      }
+      io.args.chunk = GradChunk{};
+      check(cudaDeviceSynchronize());
+      EXPECT_EQ(lr.download(), whole.loss_rows) << "chunked";
+      EXPECT_EQ(dwe.download(), whole.dweff) << "chunked";
+      const std::vector<std::uint16_t> raw = dqi.download();
+      for (std::size_t i = 0; i < raw.size(); ++i)
+        ASSERT_EQ(bf16_bits_to_float(raw[i]), whole.dqi[i]) << "chunked dqi [" << i << "]";
+      expect_rel_l2(dk.download(), whole.dkeys, 1e-5, c.name + " chunked dkeys");
+    }
+    // A zero upstream gradient on the kept path: the value, exact zero gradients.
+    const Outputs zero = run(in, tc, true, 0.0f, kept.get());
+    EXPECT_EQ(zero.loss_rows, ref.loss_rows);
+    for (float v : zero.dweff) ASSERT_EQ(v, 0.0f);
+    for (float v : zero.dqi) ASSERT_EQ(v, 0.0f);
+    for (float v : zero.dkeys) ASSERT_EQ(v, 0.0f);
+    {
+      const std::vector<float> all = kept.download();
+      for (std::size_t i = kept_floats; i < all.size(); ++i)
+        ASSERT_TRUE(std::isnan(all[i])) << "a launch wrote past the kept values [" << i << "]";
+    }
 
     kept.fill_bytes(0xFF);  // the kept values gone: the rows that read them show it
     const Outputs poisoned = run(in, tc, true, gs, kept.get());
@@ -535,6 +573,81 @@ TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
       EXPECT_GT(kept_rows, 0);
     }
     EXPECT_GT(T - kept_rows, 0);
+  }
+}
+
+// The wgmma teacher (indexer_loss_teacher.cu) against the rows kernel's own mma.sync teacher:
+// the masses it writes for every served row - the forward's LSE applies: no dropped id, at
+// least one candidate - match (to fp32 summation order), it writes nothing else (NaN-poisoned
+// entries stay NaN; with 128 heads its launcher zeroes the buffer for the two head blocks'
+// sums), and the layer's value launch (automatic: the teacher, then the rows kernel with
+// masses_given) gives the rows kernel's loss - bitwise on the rows it does not serve - and is
+// bitwise repeatable, the 128-head atomics included. 16 heads: a partial head block.
+TEST(CudaIndexerLoss, WgmmaTeacherMatchesTheRowsKernel) {
+  SKIP_WITHOUT_GPU();
+  for (int heads : {16, 64, 128}) {
+    LossCase c = ragged("wgmma teacher, H " + std::to_string(heads), true);
+    c.real[4] = 600;  // up to 150 visible entries: rows of 100 candidates, two tiles of 64
+    c.padded[4] = 604;
+    c.topk = 100;
+    c.heads = heads;
+    c.holes = true;
+    c.future_ids = true;
+    SCOPED_TRACE(c.name);
+    const Inputs in(c);
+    const int T = in.d.rows, K = in.d.topk;
+    const std::size_t kept_floats = static_cast<std::size_t>(T) * (K + 1) * 2;
+    DeviceArray<float> ref(kept_floats), got(kept_floats);
+    ref.fill_bytes(0xFF);
+    got.fill_bytes(0xFF);
+    const Outputs plain = run(in, IndexerLossKernel::tensor_core, false, 0.0f, ref.get());
+    launch_indexer_teacher_wgmma(in.d, in.meta, in.args, got.get(), nullptr);
+    check(cudaDeviceSynchronize());
+    const std::vector<float> r = ref.download(), m = got.download();
+    int served = 0;
+    for (int t = 0; t < T; ++t) {
+      const int n = in.host_vis[t];
+      const bool serves = n > 0 && !in.host_drop[t];
+      served += serves;
+      for (int j = 0; j < K; ++j) {
+        const float v = m[(static_cast<std::size_t>(t) * K + j) * 2];
+        if (serves && j < n) {
+          const float want = r[(static_cast<std::size_t>(t) * K + j) * 2];
+          ASSERT_TRUE(std::isfinite(v) && v >= 0.0f) << "row " << t << " candidate " << j << ": " << v;
+          ASSERT_NEAR(v, want, 1e-4f * want + 1e-7f) << "row " << t << " candidate " << j;
+        } else if (heads > 64) {
+          ASSERT_EQ(v, 0.0f) << "row " << t << " entry " << j << " (zeroed, never added to)";
+        } else {
+          ASSERT_TRUE(std::isnan(v)) << "row " << t << " entry " << j << " was written";
+        }
+      }
+    }
+    ASSERT_GT(served, 0);
+    ASSERT_LT(served, T);
+
+    DeviceArray<float> kept(kept_floats), again(kept_floats);
+    kept.fill_bytes(0);  // (entries no launch writes compare equal)
+    again.fill_bytes(0);
+    const Outputs v1 = run(in, IndexerLossKernel::automatic, false, 0.0f, kept.get());
+    const Outputs v2 = run(in, IndexerLossKernel::automatic, false, 0.0f, again.get());
+    EXPECT_EQ(v1.loss_rows, v2.loss_rows) << "not repeatable";
+    EXPECT_EQ(kept.download(), again.download()) << "kept values not repeatable";
+    for (int t = 0; t < T; ++t) {
+      const bool serves = in.host_vis[t] > 0 && !in.host_drop[t];
+      if (serves) {
+        EXPECT_NEAR(v1.loss_rows[t], plain.loss_rows[t], 2e-4 * std::fabs(plain.loss_rows[t]) + 2e-6)
+            << "row " << t;
+      } else {
+        EXPECT_EQ(v1.loss_rows[t], plain.loss_rows[t]) << "row " << t << " (not served: the same code)";
+      }
+    }
+    // The backward on those kept values: the rows kernel's gradients to the masses' rounding.
+    const float gs = 0.37f;
+    const Outputs b1 = run(in, IndexerLossKernel::automatic, true, gs, kept.get());
+    const Outputs b0 = run(in, IndexerLossKernel::tensor_core, true, gs);
+    expect_rel_l2(b1.dweff, b0.dweff, 1e-4, c.name + " dweff");
+    expect_rel_l2(b1.dqi, b0.dqi, 2e-3, c.name + " dqi");
+    expect_rel_l2(b1.dkeys, b0.dkeys, 1e-4, c.name + " dkeys");
   }
 }
 

@@ -153,8 +153,9 @@ TEST(CudaPlan, LossKeptOnlyForTheSparseLoss) {
 }
 
 // The deterministic scratch: chunks of at least kDeterministicMinChunkCtas CTAs (attention:
-// rows x head blocks; the loss: rows) unless the cap or the batch stops it, at least 256 MiB
-// when the batch needs that much, never more than the batch needs or the cap (past one row).
+// rows x head blocks; the loss: rows, its slots top-k sparse, every visible entry dense) unless
+// the cap or the batch stops it; 256 MiB when the batch needs that much; never more than the
+// batch's whole need, the cap (past one row), or the widest of the two needs' chunk.
 TEST(CudaPlan, DeterministicScratchKeepsChunksWide) {
   using cuda::BackwardPlan;
   for (const std::string preset : {"flash", "pro"})
@@ -169,33 +170,40 @@ TEST(CudaPlan, DeterministicScratchKeepsChunksWide) {
                                    " T " + std::to_string(T);
           const cuda::WorkspacePlan f = cuda::plan_forward(cfg, T, 1, T);
           const BackwardPlan b = cuda::plan_backward(cfg, f.dims, true);
-          const std::size_t bytes = b.det_scratch_bytes;
-          const int copies = (cfg.n_heads + 63) / 64, slots = cuda::max_keys_per_query(f.dims);
+          const std::size_t bytes = b.det_scratch_bytes, ctas = BackwardPlan::kDeterministicMinChunkCtas;
+          const std::size_t copies = (cfg.n_heads + 63) / 64;
+          const int slots = cuda::max_keys_per_query(f.dims);
           const std::size_t attn_row = 4ull * slots * copies * cfg.head_dim;
-          const int attn_rows = cuda::scatter_chunk_rows(T, slots * copies, cfg.head_dim, bytes);
+          const int cands = ratio != 4 ? 0 : dense ? T / 4 : cfg.index_topk;
+          const std::size_t loss_row = 4ull * cands * cfg.index_head_dim;
+          const std::size_t row = std::max(attn_row, loss_row);
+          const std::size_t widest = std::max(attn_row * ((ctas + copies - 1) / copies), loss_row * ctas);
           const bool capped = bytes >= BackwardPlan::kDeterministicMaxScratchBytes;
-          EXPECT_LE(bytes, std::max<std::size_t>(BackwardPlan::kDeterministicMaxScratchBytes, attn_row)) << what;
-          EXPECT_LE(bytes, std::max<std::size_t>(attn_row, 4ull * T * slots * copies * cfg.head_dim) +
-                               (ratio == 4 ? 4ull * T * std::max(cfg.index_topk, T / 4) * cfg.index_head_dim : 0))
-              << what;
-          if (!capped)
-            EXPECT_GE(attn_rows, std::min(T, (BackwardPlan::kDeterministicMinChunkCtas + copies - 1) / copies)) << what;
-          if (ratio == 4) {
-            const int cands = std::max(cfg.index_topk, T / 4);
-            const int loss_rows = cuda::scatter_chunk_rows(T, cands, cfg.index_head_dim, bytes);
-            if (!capped) EXPECT_GE(loss_rows, std::min(T, BackwardPlan::kDeterministicMinChunkCtas)) << what;
+          EXPECT_LE(bytes, std::max(BackwardPlan::kDeterministicMaxScratchBytes, row)) << what;
+          EXPECT_LE(bytes, std::max(row * T, row)) << what;
+          EXPECT_LE(bytes, std::max({BackwardPlan::kDeterministicScratchBytes, widest, row})) << what;
+          EXPECT_GE(bytes, std::min(row * T, BackwardPlan::kDeterministicScratchBytes)) << what;
+          if (!capped) {
+            EXPECT_GE(cuda::scatter_chunk_rows(T, slots * static_cast<int>(copies), cfg.head_dim, bytes),
+                      std::min<int>(T, static_cast<int>((ctas + copies - 1) / copies))) << what;
+            if (ratio == 4)
+              EXPECT_GE(cuda::scatter_chunk_rows(T, cands, cfg.index_head_dim, bytes),
+                        std::min<int>(T, static_cast<int>(ctas))) << what;
           }
         }
-  // The two ends: a long HCA segment fills the cap (was 15 rows a chunk at 256 MiB), a short
-  // SWA batch keeps the 256 MiB floor.
-  AttentionConfig hca = ModelConfig::preset("flash").base;
-  hca.compress_ratio = 128;
-  const BackwardPlan big = cuda::plan_backward(hca, cuda::plan_forward(hca, 1048576, 1, 1048576).dims, true);
-  EXPECT_EQ(big.det_scratch_bytes, BackwardPlan::kDeterministicMaxScratchBytes);
-  AttentionConfig swa = ModelConfig::preset("flash").base;
-  swa.compress_ratio = 0;
-  const BackwardPlan small = cuda::plan_backward(swa, cuda::plan_forward(swa, 4096, 1, 4096).dims, true);
-  EXPECT_EQ(small.det_scratch_bytes, BackwardPlan::kDeterministicScratchBytes);
+  // The ends: a long HCA segment fills the cap (was 15 rows a chunk at 256 MiB), a short SWA
+  // batch keeps the 256 MiB floor, and the sparse loss at 64K tokens needs no more than the
+  // attention's chunk (its slots are its top-k, not every visible entry).
+  auto scratch = [](int ratio, int T, bool sparse) {
+    AttentionConfig cfg = ModelConfig::preset("flash").base;
+    cfg.compress_ratio = ratio;
+    cfg.sparse_loss = sparse;
+    return cuda::plan_backward(cfg, cuda::plan_forward(cfg, T, 1, T).dims, true).det_scratch_bytes;
+  };
+  EXPECT_EQ(scratch(128, 1048576, true), BackwardPlan::kDeterministicMaxScratchBytes);
+  EXPECT_EQ(scratch(0, 4096, true), BackwardPlan::kDeterministicScratchBytes);
+  EXPECT_EQ(scratch(4, 65536, true), 4ull * (128 + 512) * 512 * BackwardPlan::kDeterministicMinChunkCtas);
+  EXPECT_EQ(scratch(4, 65536, false), 4ull * (65536 / 4) * 128 * BackwardPlan::kDeterministicMinChunkCtas);
 }
 
 // plan_device_memory is the sum of the layer's allocations: the weight store's layout and the
