@@ -334,9 +334,10 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
     // The sparse value launch that keeps its teacher: the masses from the wgmma teacher, the
     // rest from the rows kernel (CSATTN_INDEXER_TEACHER=mma: the rows kernel's own teacher).
     static const bool teacher_mma = kernel_switch("CSATTN_INDEXER_TEACHER", {"mma"}) == "mma";
+    // (A whole launch only: the teacher serves every row at once.)
     const bool teacher = kernel == IndexerLossKernel::automatic && !teacher_mma && !grads &&
-                         a.sparse && a.lse != nullptr && kept != nullptr &&
-                         indexer_teacher_wgmma_supported(d);
+                         a.sparse && a.lse != nullptr && kept != nullptr && a.chunk.r0 == 0 &&
+                         a.chunk.rows < 0 && indexer_teacher_wgmma_supported(d);
     if (teacher) launch_indexer_teacher_wgmma(d, meta, a, kept, stream);
     launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff, dkeys_acc,
                                  kept, teacher, stream);

@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   load_qi(read_kept ? a.qi : pred_qi);  // a kept row's only pass takes the bf16 qI
   for (int h = tid; h < kIdxHeads; h += kThreads) w_s[h] = h < HI ? a.w_eff[static_cast<long>(t) * HI + h] : 0.0f;
-  if (use_lse)
+  if (use_lse && !given)
     for (int h = tid; h < groups * kHeads; h += kThreads)
       lse2_s[h] = h < H ? a.lse[static_cast<long>(t) * H + h] * kLog2e : INFINITY;
   // The teacher's Q of head group `grp` as A fragments in registers (rows past H zero).
@@ -553,7 +553,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = tid; j < n; j += kThreads) mass_arr[j] = kc[2 * j];
     __syncthreads();
     pass(false, n, Teach::none, true, false);  // the predictor's logits and LSE
-    if (warp == 0)  // the masses' sum in the order the teacher pass takes (key j: lane j % 32)
+    // The masses' sum, key j on lane j % 32 as the teacher pass adds them (with two head
+    // groups that pass adds group 0's masses, then group 1's; here each key's total: the same
+    // sum in another order - the value launch and the backward both read what this stores).
+    if (warp == 0)
       for (int j = lane; j < n; j += 32) tacc += mass_arr[j];
   } else if (use_lse) {
     for (grp = 0; grp < groups; ++grp) {  // the predictor with the first group

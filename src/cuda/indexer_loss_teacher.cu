@@ -101,6 +101,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
       const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
+      // The next item's Q rows and top-k row into L2 while this one runs (its compaction and
+      // Q load then wait on L2, not device memory).
+      if (item + static_cast<int>(gridDim.x) < items) {
+        const int nt = (item + gridDim.x) / head_blocks, nh = ((item + gridDim.x) % head_blocks) * kRows;
+        const char* qn = reinterpret_cast<const char*>(q + (static_cast<long>(nt) * H + nh) * kDim);
+        const int q_lines = min(kRows, H - nh) * (kDim * 2 / 128);
+        for (int i = tid; i < q_lines; i += kProducerThreads) prefetch_l2(qn + i * 128);
+        const char* tn = reinterpret_cast<const char*>(topk + static_cast<long>(nt) * K);
+        for (int i = tid; i < (K * 4 + 127) / 128; i += kProducerThreads) prefetch_l2(tn + i * 128);
+      }
       const int b = meta.row_segment[t], pos = meta.row_position[t];
       const int comp0 = meta.comp_start[b];
       const int vis = meta.row_is_padding[t] ? 0 : min((pos + 1) / d.ratio, meta.comp_start[b + 1] - comp0);
@@ -250,15 +260,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool indexer_teacher_wgmma_supported(const LayerDims& d) {
-  return d.head_dim == kDim && d.ratio == 4 && d.topk > 0 &&
+  // At most two head blocks: two partial masses added onto zeros give the same float in
+  // either order, three would not.
+  return d.head_dim == kDim && d.ratio == 4 && d.topk > 0 && d.heads <= 2 * kRows &&
          teacher_smem_bytes(d) <= dynamic_smem_limit(indexer_teacher_wgmma_kernel);
 }
 
 void launch_indexer_teacher_wgmma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* kept, cudaStream_t stream) {
   if (d.rows <= 0) return;
-  require(d.head_dim == kDim && d.ratio == 4, ErrorKind::Unsupported,
-          "the wgmma indexer-loss teacher needs head_dim 512 and the CSA ratio 4");
+  require(d.head_dim == kDim && d.ratio == 4 && d.heads <= 2 * kRows, ErrorKind::Unsupported,
+          "the wgmma indexer-loss teacher needs head_dim 512, the CSA ratio 4 and at most 128 heads");
   require(a.sparse && a.lse != nullptr && kept != nullptr, ErrorKind::InvalidArgument,
           "the wgmma indexer-loss teacher serves the sparse loss with the forward's LSE, into `kept`");
   const std::size_t smem = teacher_smem_bytes(d);

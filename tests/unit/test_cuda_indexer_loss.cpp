@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <numeric>
 #include <string>
@@ -582,14 +583,21 @@ TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
 // entries stay NaN; with 128 heads its launcher zeroes the buffer for the two head blocks'
 // sums), and the layer's value launch (automatic: the teacher, then the rows kernel with
 // masses_given) gives the rows kernel's loss - bitwise on the rows it does not serve - and is
-// bitwise repeatable, the 128-head atomics included. 16 heads: a partial head block.
+// bitwise repeatable, the 128-head atomics included; the rows kernel keeps the teacher's
+// masses as they are. 16 heads: a partial head block. (Under CSATTN_INDEXER_TEACHER=mma, an
+// A/B run's other arm, the automatic launch takes the rows kernel's own teacher: only the
+// teacher's own checks apply.)
 TEST(CudaIndexerLoss, WgmmaTeacherMatchesTheRowsKernel) {
   SKIP_WITHOUT_GPU();
+  const char* forced = std::getenv("CSATTN_INDEXER_TEACHER");
+  const bool automatic_is_teacher = forced == nullptr || std::string(forced).empty();
   for (int heads : {16, 64, 128}) {
     LossCase c = ragged("wgmma teacher, H " + std::to_string(heads), true);
-    c.real[4] = 600;  // up to 150 visible entries: rows of 100 candidates, two tiles of 64
-    c.padded[4] = 604;
-    c.topk = 100;
+    // A segment of 1200 tokens: rows of 1 to 256 candidates (top-256), so items of one to
+    // four 64-key tiles - a consumer refills its buffer within an item - and n = 129.
+    c.real[4] = 1200;
+    c.padded[4] = 1204;
+    c.topk = 256;
     c.heads = heads;
     c.holes = true;
     c.future_ids = true;
@@ -625,13 +633,26 @@ TEST(CudaIndexerLoss, WgmmaTeacherMatchesTheRowsKernel) {
     ASSERT_GT(served, 0);
     ASSERT_LT(served, T);
 
+    int multi_tile = 0;
+    for (int t = 0; t < T; ++t) multi_tile += in.host_vis[t] > 128 && !in.host_drop[t];
+    ASSERT_GT(multi_tile, 0) << "no row of three or more tiles";
+    if (!automatic_is_teacher) continue;
+
     DeviceArray<float> kept(kept_floats), again(kept_floats);
     kept.fill_bytes(0);  // (entries no launch writes compare equal)
     again.fill_bytes(0);
     const Outputs v1 = run(in, IndexerLossKernel::automatic, false, 0.0f, kept.get());
     const Outputs v2 = run(in, IndexerLossKernel::automatic, false, 0.0f, again.get());
     EXPECT_EQ(v1.loss_rows, v2.loss_rows) << "not repeatable";
-    EXPECT_EQ(kept.download(), again.download()) << "kept values not repeatable";
+    const std::vector<float> k1 = kept.download();
+    EXPECT_EQ(k1, again.download()) << "kept values not repeatable";
+    for (int t = 0; t < T; ++t) {  // the automatic launch kept the teacher's masses as they are
+      if (in.host_vis[t] == 0 || in.host_drop[t]) continue;
+      for (int j = 0; j < in.host_vis[t]; ++j) {
+        ASSERT_EQ(k1[(static_cast<std::size_t>(t) * K + j) * 2], m[(static_cast<std::size_t>(t) * K + j) * 2])
+            << "row " << t << " candidate " << j << ": not the teacher's mass";
+      }
+    }
     for (int t = 0; t < T; ++t) {
       const bool serves = in.host_vis[t] > 0 && !in.host_drop[t];
       if (serves) {
