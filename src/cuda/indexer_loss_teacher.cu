@@ -103,14 +103,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
       // The next item's Q rows and top-k row into L2 while this one runs (its compaction and
       // Q load then wait on L2, not device memory).
-      if (item + static_cast<int>(gridDim.x) < items) {
-        const int nt = (item + gridDim.x) / head_blocks, nh = ((item + gridDim.x) % head_blocks) * kRows;
-        const char* qn = reinterpret_cast<const char*>(q + (static_cast<long>(nt) * H + nh) * kDim);
-        const int q_lines = min(kRows, H - nh) * (kDim * 2 / 128);
-        for (int i = tid; i < q_lines; i += kProducerThreads) prefetch_l2(qn + i * 128);
-        const char* tn = reinterpret_cast<const char*>(topk + static_cast<long>(nt) * K);
-        for (int i = tid; i < (K * 4 + 127) / 128; i += kProducerThreads) prefetch_l2(tn + i * 128);
-      }
+      if (item + static_cast<int>(gridDim.x) < items)
+        prefetch_item_l2<kProducerThreads>(q, topk, K, (item + gridDim.x) / head_blocks, H,
+                                           ((item + gridDim.x) % head_blocks) * kRows, tid);
       const int b = meta.row_segment[t], pos = meta.row_position[t];
       const int comp0 = meta.comp_start[b];
       const int vis = meta.row_is_padding[t] ? 0 : min((pos + 1) / d.ratio, meta.comp_start[b + 1] - comp0);
@@ -132,13 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // item's first tile, so that gather overlaps the wait); rows past H zero.
       auto load_q = [&]() {
         mbar_wait(q_empty_bar, (local & 1) ^ 1);
-        if (n > 0)
-          for (int i = tid; i < kRows * 64; i += kProducerThreads) {
-            const int r = i >> 6, c = i & 63;
-            const bool real = h0 + r < H;
-            cp_async_16_zfill(base + kQOff + tile_off(r, c),
-                              q + (static_cast<long>(t) * H + (real ? h0 + r : 0)) * kDim + c * 8, real);
-          }
+        if (n > 0) load_q_tile<kProducerThreads>(base + kQOff, q, t, H, h0, tid);
         cp_async_mbar_arrive(q_full_bar);
         if (tid == 0) {
           item_keys[local & 1] = n;

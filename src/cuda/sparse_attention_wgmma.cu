@@ -220,16 +220,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
       // The next item's Q rows (64 KB, contiguous) and top-k row into L2 while this one runs:
       // its set-up then waits on L2, not device memory.
-      if (item + static_cast<int>(gridDim.x) < items) {
-        const int nt = (item + gridDim.x) / head_blocks, nh = ((item + gridDim.x) % head_blocks) * kRows;
-        const char* qn = reinterpret_cast<const char*>(q + (static_cast<long>(nt) * H + nh) * kDim);
-        const int q_lines = min(kRows, H - nh) * (kDim * 2 / 128);
-        for (int i = tid; i < q_lines; i += kProducerThreads) prefetch_l2(qn + i * 128);
-        if (csa) {
-          const char* tn = reinterpret_cast<const char*>(topk + static_cast<long>(nt) * d.topk);
-          for (int i = tid; i < (d.topk * 4 + 127) / 128; i += kProducerThreads) prefetch_l2(tn + i * 128);
-        }
-      }
+      if (item + static_cast<int>(gridDim.x) < items)
+        prefetch_item_l2<kProducerThreads>(q, csa ? topk : nullptr, d.topk, (item + gridDim.x) / head_blocks, H,
+                                           ((item + gridDim.x) % head_blocks) * kRows, tid);
       // The key list (same order as build_key_list): window rows, then compressed rows.
       const int b = meta.row_segment[t], pos = meta.row_position[t];
       const QueryWindow win = query_window(d, meta, b, pos);
@@ -253,13 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // zero-filled by the copy itself (source size 0).
       auto load_q = [&]() {
         mbar_wait(q_empty_bar, (local & 1) ^ 1);
-        for (int i = tid; i < kRows * 64; i += kProducerThreads) {
-          const int r = i >> 6, c = i & 63;
-          const bool real = h0 + r < H;
-          cp_async_16_zfill(base + kQOff + tile_off(r, c),
-                            q + (static_cast<long>(t) * H + (real ? h0 + r : 0)) * kDim + c * 8,
-                            real);
-        }
+        load_q_tile<kProducerThreads>(base + kQOff, q, t, H, h0, tid);
         cp_async_mbar_arrive(q_full_bar);
         if (tid == 0) {
           item_keys[local & 1] = n;

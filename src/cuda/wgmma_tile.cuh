@@ -4,9 +4,12 @@
 // A [64 x 64] bf16 tile (P, dS) is one such block. Also the two products the attention kernels
 // build from such tiles, forward and backward: S = A K^T and O += P V (V = the key tile).
 #pragma once
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "cuda/wgmma.cuh"
+#include "cuda/wgmma_sync.cuh"
 
 namespace csattn::cuda {
 
@@ -17,6 +20,35 @@ constexpr int kSwizzleHalfBytes = 4 * kSwizzleBlockBytes;  // dims 0-255 or 256-
 __device__ __forceinline__ std::uint32_t tile_off(int row, int chunk) {
   return static_cast<std::uint32_t>((chunk >> 3) * kSwizzleBlockBytes + row * 128 +
                                     (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+// The Q tile of a work item (token t, head rows h0 .. h0 + 63 of H, 512 dims each) into a
+// [64 x 512] tile at shared address `dst` by 16-byte cp.async over kThreads threads (`tid`);
+// rows past H are zero-filled by the copy itself (source size 0). The caller commits / tracks.
+template <int kThreads>
+__device__ __forceinline__ void load_q_tile(std::uint32_t dst, const __nv_bfloat16* q, int t,
+                                            int H, int h0, int tid) {
+  for (int i = tid; i < 64 * 64; i += kThreads) {
+    const int r = i >> 6, c = i & 63;
+    const bool real = h0 + r < H;
+    cp_async_16_zfill(dst + tile_off(r, c), q + (static_cast<long>(t) * H + (real ? h0 + r : 0)) * 512 + c * 8,
+                      real);
+  }
+}
+
+// A persistent kernel's next work item into L2 while this one runs (its set-up then waits on
+// L2, not device memory): the Q rows of token nt, head rows nh .. (up to 64 of H), and, with
+// a top-k (K ids a row, null: none), its top-k row.
+template <int kThreads>
+__device__ __forceinline__ void prefetch_item_l2(const __nv_bfloat16* q, const std::int32_t* topk,
+                                                 int K, int nt, int H, int nh, int tid) {
+  const char* qn = reinterpret_cast<const char*>(q + (static_cast<long>(nt) * H + nh) * 512);
+  const int q_lines = min(64, H - nh) * (512 * 2 / 128);
+  for (int i = tid; i < q_lines; i += kThreads) prefetch_l2(qn + i * 128);
+  if (topk != nullptr) {
+    const char* tn = reinterpret_cast<const char*>(topk + static_cast<long>(nt) * K);
+    for (int i = tid; i < (K * 4 + 127) / 128; i += kThreads) prefetch_l2(tn + i * 128);
+  }
 }
 
 // Byte offset of the bf16 pair at row `row`, columns 8 i + 2 qd, +1 of a [64 x 64] tile: where
