@@ -18,6 +18,7 @@
 #include "csattn/config.hpp"
 #include "csattn/layer.hpp"
 #include "core/rope_table.hpp"
+#include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/timing.hpp"
@@ -148,6 +149,33 @@ json elementwise_benchmarks(double copy_tbps) {
     a.norm = true;
     a.weight = weight;
   });
+  // RMSNorm backward rows: read x (or the norm's output) and dy once, write dx once (the
+  // weight and rstd are a few KB / rows x 4 bytes). The reference: one block a row.
+  bf16* dx = device_alloc<bf16>(big);
+  float* rstd = device_alloc<float>(std::size_t{1} << 20);
+  {
+    const std::vector<float> ones(std::size_t{1} << 20, 1.0f);
+    CSATTN_CUDA_CHECK(cudaMemcpy(rstd, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
+  }
+  auto norm_backward_case = [&](const std::string& name, int per_token, int n, bool from_output) {
+    const int T = tokens_for(3.0 * 2.0 * per_token * n);
+    const int rows = T * per_token;
+    const double bytes = 3.0 * 2.0 * rows * static_cast<double>(n);
+    auto run = [&](bool reference) {
+      if (from_output)
+        launch_rmsnorm_backward_from_output(in, rstd, out, rows, n, dx, nullptr, reference);
+      else
+        launch_rmsnorm_backward(in, weight, out, rows, n, static_cast<float>(cfg.norm_eps), dx, nullptr, rstd,
+                                nullptr, 0, nullptr,
+                                reference);
+    };
+    const double ms = median_event_ms([&] { run(false); }, nullptr, 3, 20);
+    const double ref = median_event_ms([&] { run(true); }, nullptr, 3, 20);
+    report(name, T, bytes, ms, ref);
+  };
+  norm_backward_case("q backward: norm from output [T*H, 512]", H, D, true);
+  norm_backward_case("kv backward: norm [T, 512]", 1, D, false);
+  norm_backward_case("cq backward: norm [T, 1024]", 1, cfg.q_lora_rank, false);
   // Gated pooling: reads the A / G projections once, writes the pooled rows (ape is a few
   // KB and cached).
   for (auto [ratio, width_d, name] : {std::tuple{4, D, "compressor pool m=4 (D 512)"},
@@ -167,7 +195,7 @@ json elementwise_benchmarks(double copy_tbps) {
     report(name, T, bytes, ms, ref);
   }
   for (void* p : {static_cast<void*>(in), static_cast<void*>(out), static_cast<void*>(weight),
-                  static_cast<void*>(ape)})
+                  static_cast<void*>(ape), static_cast<void*>(dx), static_cast<void*>(rstd)})
     cudaFree(p);
   return cases;
 }

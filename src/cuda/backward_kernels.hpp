@@ -11,10 +11,13 @@ namespace csattn::cuda {
 // RMSNorm backward over rows of width n: dx (bf16) from x (bf16, the norm's input), the
 // weight (null: weightless) and dy (bf16); with dweight, also dweight += sum over rows of
 // dy * x * rstd (a fixed-order column sum). rstd is [rows] scratch. Rows past
-// comp_start[segments] are skipped when comp_start is set (compressed rows).
+// comp_start[segments] are skipped when comp_start is set (compressed rows). The rows are
+// 16-byte aligned (n a multiple of 8). reference: the one-block-per-row kernel whatever n (the
+// bench's comparison; the default takes a warp a row where n = 32 V, V in 4 .. 48).
 void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, int rows, int n,
                              float eps, bf16* dx, float* dweight, float* rstd,
-                             const std::int32_t* comp_start, int segments, cudaStream_t stream);
+                             const std::int32_t* comp_start, int segments, cudaStream_t stream,
+                             bool reference = false);
 
 // The weightless RMSNorm's backward from its output y = r x (bf16) and the r the forward
 // stored (NormRopeArgs::rstd): dx = r (dy - y <dy, y> / n) - the input x is not needed. The
@@ -22,7 +25,7 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
 // RoPE'd q and dq and undoes RoPE after (exact up to the bf16 cos / sin, whose rotation is
 // orthogonal to ~2^-8).
 void launch_rmsnorm_backward_from_output(const bf16* y, const float* rstd, const bf16* dy, int rows,
-                                         int n, bf16* dx, cudaStream_t stream);
+                                         int n, bf16* dx, cudaStream_t stream, bool reference = false);
 
 // Sparse attention backward: dq (bf16, overwritten: each (row, head) summed in fp32 by one
 // CTA, then rounded to nearest), dkv_acc / dcomp_acc (atomic accumulation),

@@ -1,5 +1,12 @@
-// RMSNorm backward (row kernel for dx, fixed-order column kernel for the weight), plus the
-// small reductions and conversions the backward shares.
+// RMSNorm backward (row kernels for dx, fixed-order column kernel for the weight), plus the
+// small reductions and conversions the backward shares. Two row kernels: a warp a row with
+// vector loads, the row in registers between its sums and its output (widths n = 32 V, V in
+// 4, 8, 16, 24, 32, 48: every DeepSeek-V4 norm - heads 512, the q rank 1024 / 1536, the
+// indexer's 128); a block a row for any other width (and the reference the bench compares
+// with: scalar 2-byte loads, two block reductions, x and dy read twice).
+#include <algorithm>
+#include <type_traits>
+
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
@@ -40,6 +47,78 @@ __global__ void __launch_bounds__(kThreads)
   if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;
 }
 
+// The same, a warp a row: lane l holds elements (32 k + l) kVec .. + kVec - 1 of load k (16- or
+// 8-byte loads, coalesced across the warp), sums by warp_sum (a fixed order).
+template <int kV>
+__global__ void __launch_bounds__(256)
+    rmsnorm_backward_warp_kernel(const bf16* x, const bf16* weight, const bf16* dy, int rows, int n,
+                                 float eps, bf16* dx, float* rstd, const float* given_rstd,
+                                 const std::int32_t* comp_start, int segments) {
+  constexpr int kVec = kV % 8 == 0 ? 8 : 4;  // bf16 a load
+  constexpr int kLoads = kV / kVec;
+  using Vec = std::conditional_t<kVec == 8, uint4, uint2>;
+  union Pack {
+    Vec v;
+    __nv_bfloat162 h[kVec / 2];
+  };
+  const int lane = threadIdx.x & 31;
+  const int used = comp_start ? min(rows, comp_start[segments]) : rows;
+  float w[kV];
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    Pack p;
+    if (weight) p.v = reinterpret_cast<const Vec*>(weight)[k * 32 + lane];
+#pragma unroll
+    for (int e = 0; e < kVec / 2; ++e) {
+      const float2 f = weight ? __bfloat1622float2(p.h[e]) : make_float2(1.0f, 1.0f);
+      w[k * kVec + 2 * e] = f.x;
+      w[k * kVec + 2 * e + 1] = f.y;
+    }
+  }
+  const int warps = blockDim.x / 32;
+  for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < used; row += gridDim.x * warps) {
+    const Vec* xr = reinterpret_cast<const Vec*>(x + static_cast<long>(row) * n);
+    const Vec* gr = reinterpret_cast<const Vec*>(dy + static_cast<long>(row) * n);
+    float xv[kV], gv[kV];
+    float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      Pack a, b;
+      a.v = xr[k * 32 + lane];
+      b.v = gr[k * 32 + lane];
+#pragma unroll
+      for (int e = 0; e < kVec / 2; ++e) {
+        const float2 fa = __bfloat1622float2(a.h[e]), fb = __bfloat1622float2(b.h[e]);
+        xv[k * kVec + 2 * e] = fa.x;
+        xv[k * kVec + 2 * e + 1] = fa.y;
+        gv[k * kVec + 2 * e] = fb.x;
+        gv[k * kVec + 2 * e + 1] = fb.y;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kV; ++i) {
+      ss += xv[i] * xv[i];
+      dot += gv[i] * w[i] * xv[i];
+    }
+    ss = warp_sum(ss);
+    dot = warp_sum(dot);
+    const float r = given_rstd ? given_rstd[row] : 1.0f / sqrtf(ss / n + eps);
+    const float c = given_rstd ? r * dot / n : r * r * r * dot / n;
+    Vec* out = reinterpret_cast<Vec*>(dx + static_cast<long>(row) * n);
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      Pack o;
+#pragma unroll
+      for (int e = 0; e < kVec / 2; ++e) {
+        const int i = k * kVec + 2 * e;
+        o.h[e] = __floats2bfloat162_rn(r * gv[i] * w[i] - c * xv[i], r * gv[i + 1] * w[i + 1] - c * xv[i + 1]);
+      }
+      out[k * 32 + lane] = o.v;
+    }
+    if (rstd != nullptr && lane == 0) rstd[row] = r;
+  }
+}
+
 // dweight[i] += sum_rows dy[r, i] x[r, i] rstd[r], rows in order.
 __global__ void rmsnorm_weight_grad_kernel(const bf16* x, const bf16* dy, const float* rstd,
                                            int rows, int n, float* dweight,
@@ -68,15 +147,43 @@ __global__ void f32_to_bf16_kernel(const float* src, bf16* dst, long n) {
   if (i < n) dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+// The row kernel for width n: the warp kernel where it has an instance (and `reference` is
+// false), else the block kernel.
+void launch_rows(const bf16* x, const bf16* weight, const bf16* dy, int rows, int n, float eps,
+                 bf16* dx, float* rstd, const float* given_rstd, const std::int32_t* comp_start,
+                 int segments, bool reference, cudaStream_t stream) {
+  auto warp_kernel = [&]() -> decltype(&rmsnorm_backward_warp_kernel<4>) {
+    if (reference || n % 128 != 0) return nullptr;
+    switch (n / 32) {
+      case 4: return rmsnorm_backward_warp_kernel<4>;
+      case 8: return rmsnorm_backward_warp_kernel<8>;
+      case 16: return rmsnorm_backward_warp_kernel<16>;
+      case 24: return rmsnorm_backward_warp_kernel<24>;
+      case 32: return rmsnorm_backward_warp_kernel<32>;
+      case 48: return rmsnorm_backward_warp_kernel<48>;
+      default: return nullptr;
+    }
+  }();
+  if (warp_kernel != nullptr) {
+    // 8 rows a block; a few blocks an SM, each walking rows with a grid stride.
+    const long blocks = std::min<long>((rows + 7) / 8, 8l * multiprocessor_count());
+    warp_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, weight, dy, rows, n, eps, dx, rstd,
+                                                                  given_rstd, comp_start, segments);
+  } else {
+    rmsnorm_backward_kernel<<<rows, kThreads, 0, stream>>>(x, weight, dy, n, eps, dx, rstd, given_rstd,
+                                                           comp_start, segments);
+  }
+  CSATTN_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, int rows, int n,
                              float eps, bf16* dx, float* dweight, float* rstd,
-                             const std::int32_t* comp_start, int segments, cudaStream_t stream) {
+                             const std::int32_t* comp_start, int segments, cudaStream_t stream,
+                             bool reference) {
   if (rows <= 0) return;
-  rmsnorm_backward_kernel<<<rows, kThreads, 0, stream>>>(x, weight, dy, n, eps, dx, rstd, nullptr,
-                                                         comp_start, segments);
-  CSATTN_CUDA_LAUNCH_CHECK();
+  launch_rows(x, weight, dy, rows, n, eps, dx, rstd, nullptr, comp_start, segments, reference, stream);
   if (dweight) {
     rmsnorm_weight_grad_kernel<<<(n + 127) / 128, 128, 0, stream>>>(x, dy, rstd, rows, n, dweight,
                                                                     comp_start, segments);
@@ -85,11 +192,9 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
 }
 
 void launch_rmsnorm_backward_from_output(const bf16* y, const float* rstd, const bf16* dy, int rows,
-                                         int n, bf16* dx, cudaStream_t stream) {
+                                         int n, bf16* dx, cudaStream_t stream, bool reference) {
   if (rows <= 0) return;
-  rmsnorm_backward_kernel<<<rows, kThreads, 0, stream>>>(y, nullptr, dy, n, 0.0f, dx, nullptr, rstd,
-                                                         nullptr, 0);
-  CSATTN_CUDA_LAUNCH_CHECK();
+  launch_rows(y, nullptr, dy, rows, n, 0.0f, dx, nullptr, rstd, nullptr, 0, reference, stream);
 }
 
 void launch_column_sum(const float* part, int rows, int cols, float* dst, cudaStream_t stream) {

@@ -232,6 +232,86 @@ TEST(CudaNormBackward, FromTheOutputInRopesFrameMatchesFromTheInput) {
   EXPECT_LT(std::sqrt(err2 / ref2), 1e-2);
 }
 
+// The RMSNorm backward's row kernels (norm_backward.cu) against the formula in fp64 on the
+// host: from the input (with and without a weight, rstd stored) and from the output (the
+// stored rstd given), at every width the warp kernel has (128 .. 1536) and one it has not
+// (96: the block kernel), rows past comp_start[segments] skipped (their outputs stay NaN),
+// more rows than one grid covers (the warp kernel's grid stride). Each output within one
+// bf16 rounding of the fp64 value (plus the fp32 sums' error); the weight's gradient too.
+// The block kernel (reference = true) on the same inputs passes the same checks.
+TEST(CudaNormBackward, RowKernelsMatchTheFormula) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  for (int n : {128, 256, 512, 768, 1024, 1536, 96})
+    for (int mode : {0, 1, 2})  // 0: from the input, weighted; 1: unweighted; 2: from the output
+      for (bool reference : {false, true}) {
+        const int rows = n == 128 ? 9001 : 301;  // 9001 rows of 128: past one grid of the warp kernel
+        const int used = mode == 2 ? rows : rows - 5;  // comp_start: the last rows are not entries
+        SCOPED_TRACE("n " + std::to_string(n) + " mode " + std::to_string(mode) +
+                     (reference ? " (block kernel)" : ""));
+        const std::size_t count = static_cast<std::size_t>(rows) * n;
+        const std::vector<std::uint16_t> xh = testing_util::random_bf16(count, 31 + n, 2.0f),
+                                         gh = testing_util::random_bf16(count, 32 + n, 1.0f),
+                                         wh = testing_util::random_bf16(n, 33 + n, 1.0f);
+        std::vector<float> given(rows);
+        for (int r = 0; r < rows; ++r) given[r] = 0.5f + 0.001f * static_cast<float>(r % 997);
+        const DeviceArray<std::uint16_t> x(xh), g(gh), w(wh);
+        DeviceArray<std::uint16_t> dx(count);
+        DeviceArray<float> rstd(static_cast<std::size_t>(rows)), given_d(given), dweight(static_cast<std::size_t>(n));
+        const DeviceArray<std::int32_t> comp_start(std::vector<std::int32_t>{0, used});
+        dx.fill_bytes(0xFF);
+        rstd.fill_bytes(0xFF);
+        dweight.fill_bytes(0);
+        const float eps = 1e-6f;
+        if (mode == 2) {
+          cuda::launch_rmsnorm_backward_from_output(dev_cast<cuda::bf16>(x), given_d.get(), dev_cast<cuda::bf16>(g),
+                                                    rows, n, dev_cast<cuda::bf16>(dx), nullptr, reference);
+        } else {
+          cuda::launch_rmsnorm_backward(dev_cast<cuda::bf16>(x), mode == 0 ? dev_cast<cuda::bf16>(w) : nullptr,
+                                        dev_cast<cuda::bf16>(g), rows, n, eps, dev_cast<cuda::bf16>(dx),
+                                        mode == 0 ? dweight.get() : nullptr, rstd.get(), comp_start.get(), 1,
+                                        nullptr, reference);
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<std::uint16_t> got = dx.download();
+        const std::vector<float> rs = rstd.download(), dw = dweight.download();
+        std::vector<double> dw_ref(n, 0.0);
+        for (int r = 0; r < rows; ++r) {
+          const std::size_t o = static_cast<std::size_t>(r) * n;
+          if (r >= used) {
+            for (int i = 0; i < n; ++i) ASSERT_TRUE(std::isnan(bf16_bits_to_float(got[o + i]))) << "row " << r << " written";
+            continue;
+          }
+          double ss = 0.0, dot = 0.0, scale = 0.0;
+          for (int i = 0; i < n; ++i) {
+            const double xv = bf16_bits_to_float(xh[o + i]), gv = bf16_bits_to_float(gh[o + i]);
+            const double wv = mode == 0 ? bf16_bits_to_float(wh[i]) : 1.0;
+            ss += xv * xv;
+            dot += gv * wv * xv;
+            scale = std::max(scale, std::fabs(gv * wv));
+          }
+          const double rr = mode == 2 ? given[r] : 1.0 / std::sqrt(ss / n + eps);
+          const double c = mode == 2 ? rr * dot / n : rr * rr * rr * dot / n;
+          if (mode != 2) {
+            ASSERT_NEAR(rs[r], rr, 1e-5 * rr) << "rstd row " << r;
+          }
+          for (int i = 0; i < n; ++i) {
+            const double xv = bf16_bits_to_float(xh[o + i]), gv = bf16_bits_to_float(gh[o + i]);
+            const double wv = mode == 0 ? bf16_bits_to_float(wh[i]) : 1.0;
+            const double want = rr * gv * wv - c * xv;
+            const double v = bf16_bits_to_float(got[o + i]);
+            ASSERT_NEAR(v, want, std::fabs(want) / 128.0 + 1e-4 * rr * scale) << "row " << r << " [" << i << "]";
+            dw_ref[i] += gv * xv * rr;
+          }
+        }
+        if (mode == 0) {
+          for (int i = 0; i < n; ++i) {
+            ASSERT_NEAR(dw[i], dw_ref[i], 1e-3 * (1.0 + std::fabs(dw_ref[i]))) << "dweight [" << i << "]";
+          }
+        }
+      }
+}
+
 }  // namespace
 }  // namespace csattn
 #endif
