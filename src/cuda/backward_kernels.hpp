@@ -10,10 +10,16 @@ namespace csattn::cuda {
 
 // RMSNorm backward over rows of width n: dx (bf16) from x (bf16, the norm's input), the
 // weight (null: weightless) and dy (bf16); with dweight, also dweight += sum over rows of
-// dy * x * rstd (a fixed-order column sum). rstd is [rows] scratch. Rows past
+// dy * x * rstd (a fixed-order column sum: each of kNormWeightChunks row chunks summed in row
+// order, then the chunks in order). rstd is scratch of rmsnorm_backward_scratch_floats(rows,
+// n) floats: the rows' 1 / rms, then (with dweight) the chunks' partial sums. Rows past
 // comp_start[segments] are skipped when comp_start is set (compressed rows). The rows are
 // 16-byte aligned (n a multiple of 8). reference: the one-block-per-row kernel whatever n (the
 // bench's comparison; the default takes a warp a row where n = 32 V, V in 4 .. 48).
+constexpr int kNormWeightChunks = 256;
+inline std::size_t rmsnorm_backward_scratch_floats(int rows, int n) {
+  return static_cast<std::size_t>(rows > 0 ? rows : 1) + static_cast<std::size_t>(kNormWeightChunks) * n;
+}
 void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, int rows, int n,
                              float eps, bf16* dx, float* dweight, float* rstd,
                              const std::int32_t* comp_start, int segments, cudaStream_t stream,

@@ -25,7 +25,7 @@ struct BackwardBuffers {
   bf16* dnormed = nullptr;     // [T, max(D, r_q)] scratch: gradient after a norm's backward
   bf16* dqb = nullptr;         // [T, H*D], in dattn's bytes (plan_backward)
   bf16* dcq = nullptr;         // [T, r_q]
-  float* rstd = nullptr;       // [max(T, Nc)] scratch of the norm backward
+  float* rstd = nullptr;       // scratch of the norm backward (rmsnorm_backward_scratch_floats)
   float* dx = nullptr;         // [T, d_model], in dq's bytes where it fits (plan_backward)
   bf16* dcomp = nullptr;       // [Nc, max(D, D_I)]
   bf16* dpooled = nullptr;     // [Nc, max(D, D_I)]

@@ -119,7 +119,47 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// dweight[i] += sum_rows dy[r, i] x[r, i] rstd[r], rows in order.
+// The weight gradient's first stage: partial[chunk][i] = sum over the rows of row chunk
+// blockIdx.y of dy[r, i] x[r, i] rstd[r] for the 64 columns of block x (a lane two of them,
+// 4-byte loads: a warp reads 128 contiguous bytes of a row). Warp w sums rows w, w + 8, ... of
+// the chunk in order, then the 8 warps' sums in order. The chunks split the rows in use
+// (device-side: comp_start) evenly.
+__global__ void __launch_bounds__(256)
+    rmsnorm_weight_partial_kernel(const bf16* x, const bf16* dy, const float* rstd, int rows, int n,
+                                  float* partial, const std::int32_t* comp_start, int segments) {
+  __shared__ float2 warp_part[8][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int col = blockIdx.x * 64 + 2 * lane;
+  const int used = comp_start ? min(rows, comp_start[segments]) : rows;
+  const int per = (used + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+  const int r0 = static_cast<int>(blockIdx.y) * per, r1 = min(used, r0 + per);
+  float2 acc = make_float2(0.0f, 0.0f);
+  if (col < n)
+    for (int r = r0 + warp; r < r1; r += 8) {
+      const float rs = rstd[r];
+      const long k = static_cast<long>(r) * n + col;
+      const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dy + k));
+      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + k));
+      acc.x += g.x * v.x * rs;
+      acc.y += g.y * v.y * rs;
+    }
+  warp_part[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && col < n) {
+    float2 s = warp_part[0][lane];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) {
+      s.x += warp_part[w][lane].x;
+      s.y += warp_part[w][lane].y;
+    }
+    float* dst = partial + static_cast<long>(blockIdx.y) * n + col;
+    dst[0] = s.x;
+    dst[1] = s.y;
+  }
+}
+
+// dweight[i] += sum_rows dy[r, i] x[r, i] rstd[r], rows in order (one thread a column: the
+// reference's weight gradient, and the fallback for odd widths).
 __global__ void rmsnorm_weight_grad_kernel(const bf16* x, const bf16* dy, const float* rstd,
                                            int rows, int n, float* dweight,
                                            const std::int32_t* comp_start, int segments) {
@@ -184,7 +224,13 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
                              bool reference) {
   if (rows <= 0) return;
   launch_rows(x, weight, dy, rows, n, eps, dx, rstd, nullptr, comp_start, segments, reference, stream);
-  if (dweight) {
+  if (dweight && !reference && n % 2 == 0) {  // chunk partials, then the chunks in order
+    float* partial = rstd + rows;
+    const dim3 grid(static_cast<unsigned>((n + 63) / 64), kNormWeightChunks);
+    rmsnorm_weight_partial_kernel<<<grid, 256, 0, stream>>>(x, dy, rstd, rows, n, partial, comp_start, segments);
+    CSATTN_CUDA_LAUNCH_CHECK();
+    launch_column_sum(partial, kNormWeightChunks, n, dweight, stream);
+  } else if (dweight) {
     rmsnorm_weight_grad_kernel<<<(n + 127) / 128, 128, 0, stream>>>(x, dy, rstd, rows, n, dweight,
                                                                     comp_start, segments);
     CSATTN_CUDA_LAUNCH_CHECK();

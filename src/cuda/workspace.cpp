@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "csattn/weights.hpp"
+#include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/indexer_topk_plan.hpp"
 
@@ -134,7 +135,9 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
   // writer the query path after it (backward.hpp's stage order, the CP layer's too).
   p.dqb = p.dattn;
   p.dcq = take(T * d.q_lora_rank * bf);
-  p.rstd = take(std::max<std::size_t>(std::max(T, Nc), 1) * f32);  // one norm's rows at a time
+  // One norm's rows at a time, and its weight gradient's partial sums.
+  const int widest_norm = std::max({d.q_lora_rank, d.head_dim, d.index_dim});
+  p.rstd = take(rmsnorm_backward_scratch_floats(static_cast<int>(std::max(T, Nc)), widest_norm) * f32);
   // dx (fp32) shares dq's bytes where it fits (every DeepSeek-V4 shape): dq's last reader, the
   // query path's norm backward, runs before the query path first writes dx.
   p.dx = d.d_model * f32 <= HD * bf ? p.dq : take(T * d.d_model * f32);

@@ -257,7 +257,8 @@ TEST(CudaNormBackward, RowKernelsMatchTheFormula) {
         for (int r = 0; r < rows; ++r) given[r] = 0.5f + 0.001f * static_cast<float>(r % 997);
         const DeviceArray<std::uint16_t> x(xh), g(gh), w(wh);
         DeviceArray<std::uint16_t> dx(count);
-        DeviceArray<float> rstd(static_cast<std::size_t>(rows)), given_d(given), dweight(static_cast<std::size_t>(n));
+        DeviceArray<float> rstd(cuda::rmsnorm_backward_scratch_floats(rows, n)), given_d(given),
+            dweight(static_cast<std::size_t>(n));
         const DeviceArray<std::int32_t> comp_start(std::vector<std::int32_t>{0, used});
         dx.fill_bytes(0xFF);
         rstd.fill_bytes(0xFF);

@@ -17,6 +17,7 @@
 #include "csattn/device_memory.hpp"
 #include "csattn/error.hpp"
 #include "csattn/weights.hpp"
+#include "cuda/backward_kernels.hpp"
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/ordered_scatter.hpp"
 #include "cuda/workspace.hpp"
@@ -111,7 +112,10 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
             {"dsink_part", b.dsink_part, 4 * t * cfg.n_heads}, {"dkv", b.dkv, 2 * t * cfg.head_dim},
             {"dnormed", b.dnormed, 2 * t * std::max(cfg.head_dim, cfg.q_lora_rank)},
             {"dcq", b.dcq, 2 * t * cfg.q_lora_rank},
-            {"rstd", b.rstd, 4 * std::max(t, nc)},
+            {"rstd", b.rstd,
+             4 * cuda::rmsnorm_backward_scratch_floats(
+                     static_cast<int>(std::max(t, nc)),
+                     std::max({cfg.q_lora_rank, cfg.head_dim, cfg.has_indexer() ? cfg.index_head_dim : 0}))},
             {"dcomp", b.dcomp, 2 * nc * std::max<std::size_t>(cfg.head_dim, di)},
             {"dpooled", b.dpooled, 2 * nc * std::max<std::size_t>(cfg.head_dim, di)},
             {"da", b.da, 2 * t * pw}, {"dg", b.dg, 2 * t * pw}, {"dqi", b.dqi, 2 * t * hi * di},
@@ -186,9 +190,10 @@ TEST(CudaPlan, DeterministicScratchKeepsChunksWide) {
           if (!capped) {
             EXPECT_GE(cuda::scatter_chunk_rows(T, slots * static_cast<int>(copies), cfg.head_dim, bytes),
                       std::min<int>(T, static_cast<int>((ctas + copies - 1) / copies))) << what;
-            if (ratio == 4)
+            if (ratio == 4) {
               EXPECT_GE(cuda::scatter_chunk_rows(T, cands, cfg.index_head_dim, bytes),
                         std::min<int>(T, static_cast<int>(ctas))) << what;
+            }
           }
         }
   // The ends: a long HCA segment fills the cap (was 15 rows a chunk at 256 MiB), a short SWA
