@@ -96,8 +96,13 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
                                    float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                    const GradChunk& chunk = {});
 
-// dst[i] (+)= sum over rows of part[row, i] in row order (deterministic).
-void launch_column_sum(const float* part, int rows, int cols, float* dst, cudaStream_t stream);
+// dst[i] += sum over rows of part[row, i] in a fixed order (deterministic): up to
+// kColumnSumChunks row chunks, each summed in row order (8 warps interleaved, then the warps
+// in order) into its own first row - part is scratch and is overwritten - then the chunks
+// in order. (One thread a column over every row left the GPU idle: 64 threads for the sink's
+// gradient over all T rows.)
+constexpr int kColumnSumChunks = 256;
+void launch_column_sum(float* part, int rows, int cols, float* dst, cudaStream_t stream);
 void launch_f32_to_bf16(const float* src, bf16* dst, long n, cudaStream_t stream);
 
 // Compressor pooling backward: da, dg (zeroed first) from dpooled; dape += per-slot sums.

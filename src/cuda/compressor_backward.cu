@@ -1,7 +1,9 @@
 // Compressor pooling backward: one thread per (compressed row, channel) recomputes the
 // softmax over its candidates; each (token, column) of the projections feeds exactly one
 // entry, so da / dg are written without conflicts. The ape gradient is a fixed-order sum
-// over entries of the score gradients of each slot.
+// over entries of the score gradients of each slot: a block per 32 (slot, column) pairs, its
+// 16 warps taking every 16th entry in order, then the warps in order (one thread a pair over
+// every entry left the GPU idle: 1024 threads for the indexer compressor's, over Nc entries).
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
@@ -50,25 +52,36 @@ __global__ void pool_backward_kernel(int capacity, CompEntries entries, int d, c
 // (slot, col): dg of e's block row `slot` (m = 4: the B half), or for the A half (m = 4) of
 // its previous block's row. Summed per entry, so a context-parallel rank adds exactly its
 // owned entries' terms (a block's A half feeds the next entry, which another rank may own).
-__global__ void ape_grad_kernel(int capacity, CompEntries entries, int width, const bf16* dg,
-                                float* dape) {
+constexpr int kApeWarps = 16;
+__global__ void __launch_bounds__(kApeWarps * 32)
+    ape_grad_kernel(int capacity, CompEntries entries, int width, const bf16* dg, float* dape) {
+  __shared__ float warp_part[kApeWarps][32];
   const int m = entries.ratio;
-  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= m * width) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int idx = blockIdx.x * 32 + lane;
+  const bool real = idx < m * width;
   const int slot = idx / width, col = idx % width;
   const bool prev_half = m == 4 && col < width / 2;
   float acc = 0.0f;
-  for (int e = 0; e < capacity; ++e) {
-    const CompEntry ent = compressed_entry(entries, e);
-    if (ent.row0 < 0) {
-      if (entries.row0 == nullptr) break;  // one GPU: the entries end here
-      continue;                            // a table: unused slots anywhere
+  if (real)
+    for (int e = warp; e < capacity; e += kApeWarps) {
+      const CompEntry ent = compressed_entry(entries, e);
+      if (ent.row0 < 0) {
+        if (entries.row0 == nullptr) break;  // one GPU: the entries end here (all later too)
+        continue;                            // a table: unused slots anywhere
+      }
+      if (prev_half && ent.pos == 0) continue;  // the first block has no previous candidates
+      const long row = prev_half ? ent.row0 - m + slot : ent.row0 + slot;
+      acc += __bfloat162float(dg[row * width + col]);
     }
-    if (prev_half && ent.pos == 0) continue;  // the first block has no previous candidates
-    const long row = prev_half ? ent.row0 - m + slot : ent.row0 + slot;
-    acc += __bfloat162float(dg[row * width + col]);
+  warp_part[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && real) {
+    float s = warp_part[0][lane];
+#pragma unroll
+    for (int w = 1; w < kApeWarps; ++w) s += warp_part[w][lane];
+    dape[idx] += s;
   }
-  dape[idx] += acc;
 }
 
 }  // namespace
@@ -87,8 +100,8 @@ void launch_compressor_pool_backward(const LayerDims& d, const DeviceMetadata& m
     CSATTN_CUDA_LAUNCH_CHECK();
   }
   const int n = d.ratio * width;
-  ape_grad_kernel<<<(n + 127) / 128, 128, 0, stream>>>(d.comp_capacity, comp_entries(d, meta),
-                                                       width, dg, dape);
+  ape_grad_kernel<<<(n + 31) / 32, kApeWarps * 32, 0, stream>>>(d.comp_capacity, comp_entries(d, meta),
+                                                               width, dg, dape);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

@@ -174,11 +174,33 @@ __global__ void rmsnorm_weight_grad_kernel(const bf16* x, const bf16* dy, const 
   dweight[i] += acc;
 }
 
-__global__ void column_sum_kernel(const float* part, int rows, int cols, float* dst) {
+// launch_column_sum's first stage: block (x, y) sums columns 32 x .. 32 x + 31 over the rows
+// of chunk y (warp w: rows w, w + 8, ... in order; then the 8 warps in order) and writes the
+// sum into the chunk's first row (after every warp of the block has read the chunk).
+__global__ void __launch_bounds__(256) column_chunk_sum_kernel(float* part, int rows, int cols, int per) {
+  __shared__ float warp_part[8][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int col = blockIdx.x * 32 + lane;
+  const int r0 = static_cast<int>(blockIdx.y) * per, r1 = min(rows, r0 + per);
+  float acc = 0.0f;
+  if (col < cols)
+    for (int r = r0 + warp; r < r1; r += 8) acc += part[static_cast<long>(r) * cols + col];
+  warp_part[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && col < cols && r0 < rows) {
+    float s = warp_part[0][lane];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) s += warp_part[w][lane];
+    part[static_cast<long>(r0) * cols + col] = s;
+  }
+}
+
+// The second stage: dst[i] += the chunks' sums in chunk order.
+__global__ void column_sum_kernel(const float* part, int rows, int cols, int per, float* dst) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= cols) return;
   float acc = 0.0f;
-  for (int r = 0; r < rows; ++r) acc += part[static_cast<long>(r) * cols + i];
+  for (int r = 0; r < rows; r += per) acc += part[static_cast<long>(r) * cols + i];
   dst[i] += acc;
 }
 
@@ -243,9 +265,13 @@ void launch_rmsnorm_backward_from_output(const bf16* y, const float* rstd, const
   launch_rows(y, nullptr, dy, rows, n, 0.0f, dx, nullptr, rstd, nullptr, 0, reference, stream);
 }
 
-void launch_column_sum(const float* part, int rows, int cols, float* dst, cudaStream_t stream) {
-  if (cols <= 0) return;
-  column_sum_kernel<<<(cols + 127) / 128, 128, 0, stream>>>(part, rows, cols, dst);
+void launch_column_sum(float* part, int rows, int cols, float* dst, cudaStream_t stream) {
+  if (cols <= 0 || rows <= 0) return;
+  const int chunks = std::min(rows, kColumnSumChunks), per = (rows + chunks - 1) / chunks;
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + per - 1) / per));
+  column_chunk_sum_kernel<<<grid, 256, 0, stream>>>(part, rows, cols, per);
+  CSATTN_CUDA_LAUNCH_CHECK();
+  column_sum_kernel<<<(cols + 127) / 128, 128, 0, stream>>>(part, rows, cols, per, dst);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

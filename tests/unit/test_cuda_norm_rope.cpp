@@ -4,7 +4,8 @@
 // norm the results must be bitwise equal; the norm's sum of squares is reduced in another
 // order, so with it a few elements may differ by one bf16 step. The table must reproduce the
 // reference's per-row cos / sin exactly. Outputs are NaN-poisoned first; compressed rows
-// without an entry must stay untouched. Skips where no GPU is present.
+// without an entry must stay untouched. Also the backward's norm kernels and column sums
+// (norm_backward.cu) against their formulas in fp64. Skips where no GPU is present.
 #ifdef CSATTN_HAVE_CUDA
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
@@ -311,6 +312,40 @@ TEST(CudaNormBackward, RowKernelsMatchTheFormula) {
           }
         }
       }
+}
+
+// launch_column_sum (the sink's gradient over all rows, the norm weights' chunk partials):
+// dst += the column sums of part, against fp64 on the host, at row counts below, at and past
+// the chunk count (one row a chunk, a short last chunk, many rows a chunk) and column counts
+// that leave a block's lanes idle; bitwise repeatable; dst accumulates (+=).
+TEST(CudaColumnSum, AddsTheColumnSums) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  for (int rows : {1, 7, 255, 256, 257, 70001})
+    for (int cols : {1, 33, 64}) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + " cols " + std::to_string(cols));
+      std::mt19937 rng(static_cast<unsigned>(rows * 131 + cols));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> part(static_cast<std::size_t>(rows) * cols), start(cols);
+      for (auto& v : part) v = nd(rng);
+      for (auto& v : start) v = nd(rng);
+      std::vector<float> got[2];
+      for (int run = 0; run < 2; ++run) {
+        DeviceArray<float> p(part), dst(start);
+        cuda::launch_column_sum(p.get(), rows, cols, dst.get(), nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        got[run] = dst.download();
+      }
+      EXPECT_EQ(got[0], got[1]) << "not repeatable";
+      for (int c = 0; c < cols; ++c) {
+        double want = start[c], mag = std::fabs(start[c]);
+        for (int r = 0; r < rows; ++r) {
+          want += part[static_cast<std::size_t>(r) * cols + c];
+          mag += std::fabs(part[static_cast<std::size_t>(r) * cols + c]);
+        }
+        ASSERT_NEAR(got[0][c], want, 1e-6 * mag + 1e-6) << "column " << c;
+      }
+    }
 }
 
 }  // namespace
