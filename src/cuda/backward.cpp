@@ -13,12 +13,15 @@ namespace csattn::cuda {
 namespace {
 
 // RoPE^T (sign -1) or the transpose of the inverse RoPE (sign +1) on token rows, in place.
-void rope_rows(const ForwardParams& f, bf16* v, int rows, int n, int per_token, int sign,
-               cudaStream_t stream) {
+NormRopeArgs rope_rows_args(const ForwardParams& f, bf16* v, int rows, int n, int per_token, int sign) {
   NormRopeArgs a = token_rows_args(f.dims, f.w, f.meta, v, v, rows, n, per_token);
   a.rope_dim = f.dims.rope_dim;
   a.rope_sign = sign;
-  launch_norm_rope(a, stream);
+  return a;
+}
+void rope_rows(const ForwardParams& f, bf16* v, int rows, int n, int per_token, int sign,
+               cudaStream_t stream) {
+  launch_norm_rope(rope_rows_args(f, v, rows, n, per_token, sign), stream);
 }
 
 // Rows per deterministic chunk: as many as the scratch holds (plan_backward sized it).
@@ -136,9 +139,9 @@ void backward_query_path(const ForwardParams& f, const BackwardParams& p, cublas
   const DeviceGradients& g = p.grad;
   const int T = d.rows, H = d.heads, D = d.head_dim, HD = H * D, dm = d.d_model;
   // dq (bf16 from the attention backward) through the per-head norm in RoPE's frame, from the
-  // norm's output q and its stored 1 / rms; then RoPE undone.
-  launch_rmsnorm_backward_from_output(a.q, a.q_rstd, b.dq, T * H, D, b.dqb, stream);
-  rope_rows(f, b.dqb, T * H, D, H, -1, stream);
+  // norm's output q and its stored 1 / rms; then RoPE undone (in the same pass).
+  const NormRopeArgs undo = rope_rows_args(f, b.dqb, T * H, D, H, -1);
+  launch_rmsnorm_backward_from_output(a.q, a.q_rstd, b.dq, T * H, D, b.dqb, stream, false, &undo);
   linear_grad_input(blas, b.dqb, T, HD, w.wq_b, d.q_lora_rank, b.dcq);
   linear_grad_weight(blas, b.dqb, T, HD, a.cq, d.q_lora_rank, g.wq_b);
   launch_rmsnorm_backward(a.q_proj, w.q_norm, b.dcq, T, d.q_lora_rank, d.eps, b.dnormed, g.q_norm,

@@ -30,8 +30,13 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
 // formula commutes with a rotation of y, dy and dx alike, so the query path runs it on the
 // RoPE'd q and dq and undoes RoPE after (exact up to the bf16 cos / sin, whose rotation is
 // orthogonal to ~2^-8).
+// rope_after (token rows; its in / out are ignored): then dx rotated as launch_norm_rope
+// would rotate it - in the same pass where the warp kernel runs (the same bits as a second
+// pass), else a second pass. The query path's RoPE^T.
+struct NormRopeArgs;
 void launch_rmsnorm_backward_from_output(const bf16* y, const float* rstd, const bf16* dy, int rows,
-                                         int n, bf16* dx, cudaStream_t stream, bool reference = false);
+                                         int n, bf16* dx, cudaStream_t stream, bool reference = false,
+                                         const NormRopeArgs* rope_after = nullptr);
 
 // Sparse attention backward: dq (bf16, overwritten: each (row, head) summed in fp32 by one
 // CTA, then rounded to nearest), dkv_acc / dcomp_acc (atomic accumulation),

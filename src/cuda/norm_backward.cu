@@ -10,6 +10,7 @@
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
+#include "cuda/kernels.hpp"
 
 namespace csattn::cuda {
 
@@ -48,12 +49,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The same, a warp a row: lane l holds elements (32 k + l) kVec .. + kVec - 1 of load k (16- or
-// 8-byte loads, coalesced across the warp), sums by warp_sum (a fixed order).
+// 8-byte loads, coalesced across the warp), sums by warp_sum (a fixed order). With
+// rope.rope_dim > 0 (token rows, a table), dx is then rotated like launch_norm_rope would
+// rotate it in a second pass - the same bf16 rounding of dx first, the same products - so
+// the fused pass gives that pass's bits without writing and reading dx in between.
 template <int kV>
 __global__ void __launch_bounds__(256)
     rmsnorm_backward_warp_kernel(const bf16* x, const bf16* weight, const bf16* dy, int rows, int n,
                                  float eps, bf16* dx, float* rstd, const float* given_rstd,
-                                 const std::int32_t* comp_start, int segments) {
+                                 const std::int32_t* comp_start, int segments, NormRopeArgs rope) {
   constexpr int kVec = kV % 8 == 0 ? 8 : 4;  // bf16 a load
   constexpr int kLoads = kV / kVec;
   using Vec = std::conditional_t<kVec == 8, uint4, uint2>;
@@ -105,13 +109,27 @@ __global__ void __launch_bounds__(256)
     const float r = given_rstd ? given_rstd[row] : 1.0f / sqrtf(ss / n + eps);
     const float c = given_rstd ? r * dot / n : r * r * r * dot / n;
     Vec* out = reinterpret_cast<Vec*>(dx + static_cast<long>(row) * n);
+    const int base = n - rope.rope_dim;  // the rotated dims: [base, n) (none: n)
+    const __nv_bfloat162* table =
+        rope.rope_dim > 0 ? rope.rope_table + static_cast<long>(rope.row_position[row / rope.rows_per_token]) *
+                                                  (rope.rope_dim / 2)
+                          : nullptr;
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       Pack o;
 #pragma unroll
       for (int e = 0; e < kVec / 2; ++e) {
         const int i = k * kVec + 2 * e;
-        o.h[e] = __floats2bfloat162_rn(r * gv[i] * w[i] - c * xv[i], r * gv[i + 1] * w[i + 1] - c * xv[i + 1]);
+        float d0 = r * gv[i] * w[i] - c * xv[i], d1 = r * gv[i + 1] * w[i + 1] - c * xv[i + 1];
+        const int elem = (k * 32 + lane) * kVec + 2 * e;
+        if (table != nullptr && elem >= base) {
+          const float2 cs = __bfloat1622float2(table[(elem - base) / 2]);
+          const float co = cs.x, si = cs.y * static_cast<float>(rope.rope_sign);
+          const float x0 = round_bf16(d0), x1 = round_bf16(d1);
+          d0 = round_bf16(x0 * co - x1 * si);
+          d1 = round_bf16(x0 * si + x1 * co);
+        }
+        o.h[e] = __floats2bfloat162_rn(d0, d1);
       }
       out[k * 32 + lane] = o.v;
     }
@@ -211,9 +229,11 @@ __global__ void f32_to_bf16_kernel(const float* src, bf16* dst, long n) {
 
 // The row kernel for width n: the warp kernel where it has an instance (and `reference` is
 // false), else the block kernel.
+// rope (rope_dim > 0): rotate dx after, fused into the warp kernel where it can take it (token
+// rows with a table), else by launch_norm_rope on dx.
 void launch_rows(const bf16* x, const bf16* weight, const bf16* dy, int rows, int n, float eps,
                  bf16* dx, float* rstd, const float* given_rstd, const std::int32_t* comp_start,
-                 int segments, bool reference, cudaStream_t stream) {
+                 int segments, bool reference, cudaStream_t stream, NormRopeArgs rope = {}) {
   auto warp_kernel = [&]() -> decltype(&rmsnorm_backward_warp_kernel<4>) {
     if (reference || n % 128 != 0) return nullptr;
     switch (n / 32) {
@@ -226,16 +246,26 @@ void launch_rows(const bf16* x, const bf16* weight, const bf16* dy, int rows, in
       default: return nullptr;
     }
   }();
+  const bool fuse_rope = rope.rope_dim > 0 && rope.rope_table != nullptr && !rope.compressed &&
+                         rope.row_position != nullptr && rope.hadamard == false && !rope.norm &&
+                         rope.rope_dim % 2 == 0 && rope.rope_dim <= n && n % 2 == 0;
   if (warp_kernel != nullptr) {
+    NormRopeArgs fused;  // rope_dim 0: none
+    if (fuse_rope) fused = rope;
     // 8 rows a block; a few blocks an SM, each walking rows with a grid stride.
     const long blocks = std::min<long>((rows + 7) / 8, 8l * multiprocessor_count());
     warp_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, weight, dy, rows, n, eps, dx, rstd,
-                                                                  given_rstd, comp_start, segments);
+                                                                  given_rstd, comp_start, segments, fused);
   } else {
     rmsnorm_backward_kernel<<<rows, kThreads, 0, stream>>>(x, weight, dy, n, eps, dx, rstd, given_rstd,
                                                            comp_start, segments);
   }
   CSATTN_CUDA_LAUNCH_CHECK();
+  if (rope.rope_dim > 0 && (warp_kernel == nullptr || !fuse_rope)) {  // a pass of its own
+    rope.in = dx;
+    rope.out = dx;
+    launch_norm_rope(rope, stream);
+  }
 }
 
 }  // namespace
@@ -260,9 +290,11 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
 }
 
 void launch_rmsnorm_backward_from_output(const bf16* y, const float* rstd, const bf16* dy, int rows,
-                                         int n, bf16* dx, cudaStream_t stream, bool reference) {
+                                         int n, bf16* dx, cudaStream_t stream, bool reference,
+                                         const NormRopeArgs* rope_after) {
   if (rows <= 0) return;
-  launch_rows(y, nullptr, dy, rows, n, 0.0f, dx, nullptr, rstd, nullptr, 0, reference, stream);
+  launch_rows(y, nullptr, dy, rows, n, 0.0f, dx, nullptr, rstd, nullptr, 0, reference, stream,
+              rope_after != nullptr ? *rope_after : NormRopeArgs{});
 }
 
 void launch_column_sum(float* part, int rows, int cols, float* dst, cudaStream_t stream) {

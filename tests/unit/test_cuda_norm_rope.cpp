@@ -216,12 +216,30 @@ TEST(CudaNormBackward, FromTheOutputInRopesFrameMatchesFromTheInput) {
   cuda::launch_rmsnorm_backward(dev_cast<cuda::bf16>(x), nullptr, dev_cast<cuda::bf16>(dq_pre), rows, n,
                                 static_cast<float>(h.cfg.norm_eps), dev_cast<cuda::bf16>(dx_ref), nullptr,
                                 scratch.get(), nullptr, 0, nullptr);
-  // The query path: from the output in RoPE's frame, then RoPE undone (in place).
+  // From the output in RoPE's frame, then RoPE undone (in place): as two passes, and as the
+  // query path runs it, fused into the norm's pass (the same roundings and products: the
+  // same bits, up to a differently contracted multiply-add).
   cuda::launch_rmsnorm_backward_from_output(dev_cast<cuda::bf16>(q), rstd.get(), dev_cast<cuda::bf16>(dq),
                                             rows, n, dev_cast<cuda::bf16>(dx_new), nullptr);
   rope(dx_new, dx_new, false, -1);
+  DeviceArray<std::uint16_t> dx_fused(count);
+  dx_fused.fill_bytes(0xFF);
+  cuda::NormRopeArgs undo = cuda::token_rows_args(h.batch.dims, h.w, h.batch.meta, dev_cast<cuda::bf16>(dx_fused),
+                                                  dev_cast<cuda::bf16>(dx_fused), rows, n, kHeads);
+  undo.rope_dim = h.cfg.rope_dim;
+  undo.rope_sign = -1;
+  cuda::launch_rmsnorm_backward_from_output(dev_cast<cuda::bf16>(q), rstd.get(), dev_cast<cuda::bf16>(dq),
+                                            rows, n, dev_cast<cuda::bf16>(dx_fused), nullptr, false, &undo);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<std::uint16_t> ref = dx_ref.download(), got = dx_new.download();
+  const std::vector<std::uint16_t> ref = dx_ref.download(), got = dx_new.download(), fused = dx_fused.download();
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (fused[i] == got[i]) continue;
+    ++differ;
+    const float a = bf16_bits_to_float(fused[i]), b = bf16_bits_to_float(got[i]);
+    ASSERT_LE(std::fabs(a - b), std::fabs(b) / 128.0f + 1e-30f) << "fused RoPE^T [" << i << "]: " << a << " vs " << b;
+  }
+  EXPECT_LE(differ, count / 1000) << "the fused pass is not the two passes";
   double err2 = 0.0, ref2 = 0.0;
   for (std::size_t i = 0; i < count; ++i) {
     const double a = bf16_bits_to_float(got[i]), b = bf16_bits_to_float(ref[i]);
