@@ -59,14 +59,14 @@ struct KeyList {
   }
 };
 
-// The valid (>= 0) entries of sel[0 .. K) in their order into out; returns their count.
-// Called by the kThreads threads (tid = threadIdx.x, warps 0 .. kThreads / 32 - 1) that
-// sync() synchronises - a block or a named barrier; warp_counts: [kThreads / 32] ints of
+// The entries of sel[0 .. K) that keep(id) accepts, in their order, into out; returns their
+// count. Called by the kThreads threads (tid = threadIdx.x, warps 0 .. kThreads / 32 - 1)
+// that sync() synchronises - a block or a named barrier; warp_counts: [kThreads / 32] ints of
 // shared memory. kBatch entries a thread per round (one global round trip per
 // kBatch x kThreads entries), a ballot and a scan over the warps' counts per entry.
-template <int kThreads, class Sync>
-__device__ __forceinline__ int compact_valid_ids(const std::int32_t* sel, int K, int* out,
-                                                 int* warp_counts, Sync sync) {
+template <int kThreads, class Sync, class Keep>
+__device__ __forceinline__ int compact_ids_if(const std::int32_t* sel, int K, int* out,
+                                              int* warp_counts, Sync sync, Keep keep) {
   constexpr int kBatch = 4;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int total = 0;
@@ -80,7 +80,7 @@ __device__ __forceinline__ int compact_valid_ids(const std::int32_t* sel, int K,
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       if (base + j * kThreads >= K) break;  // uniform
-      const bool ok = v[j] >= 0;
+      const bool ok = base + j * kThreads + tid < K && keep(v[j]);
       const unsigned ballot = __ballot_sync(0xffffffffu, ok);
       if (lane == 0) warp_counts[warp] = __popc(ballot);
       sync();
@@ -96,6 +96,13 @@ __device__ __forceinline__ int compact_valid_ids(const std::int32_t* sel, int K,
     }
   }
   return total;
+}
+
+// The valid (>= 0) ids: the top-k contract's selection, -1 where a row has fewer.
+template <int kThreads, class Sync>
+__device__ __forceinline__ int compact_valid_ids(const std::int32_t* sel, int K, int* out,
+                                                 int* warp_counts, Sync sync) {
+  return compact_ids_if<kThreads>(sel, K, out, warp_counts, sync, [](int id) { return id >= 0; });
 }
 
 // The KeyList of row t. Called by every thread of a block of kThreads threads; for CSA it

@@ -47,6 +47,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "cuda/attention_keys.cuh"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
@@ -185,6 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* mass_arr = reinterpret_cast<float*>(cand_s + (a.sparse ? d.topk : 0));
   float* logit_arr = mass_arr + (a.sparse ? d.topk : 0);
   __shared__ int n_shared, drop_shared;
+  __shared__ int warp_counts[kThreads / 32];
   __shared__ float grad_scale_s;
   __shared__ float scal[2];  // tsum, ilse
 
@@ -195,24 +197,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int vis = meta.row_is_padding[t]
                       ? 0
                       : min((pos + 1) / d.ratio, meta.comp_start[b + 1] - meta.comp_start[b]);
-  if (tid == 0) {
-    int c = 0, drop = 0;
-    if (a.sparse) {
-      const std::int32_t* sel = a.topk + static_cast<long>(t) * d.topk;
-      for (int k = 0; k < d.topk; ++k) {
-        const int id = sel[k];
-        if (id >= 0 && id < vis) cand_s[c++] = id;
-        else if (id >= vis) drop = 1;  // in the attention's denominator, not in this loss's
-      }
-    } else {
-      c = vis;
+  // The candidates: the top-k row's visible ids in order (a block-wide ballot compaction; a
+  // thread-0 loop over the row cost microseconds a row); `drop`: the row holds an id the
+  // loss drops - in the attention's denominator, not in this loss's.
+  if (a.sparse) {
+    const std::int32_t* sel = a.topk + static_cast<long>(t) * d.topk;
+    int drop = 0;
+    for (int k = tid; k < d.topk; k += kThreads) drop |= sel[k] >= vis;
+    drop = __syncthreads_or(drop);
+    const int c = compact_ids_if<kThreads>(sel, d.topk, cand_s, warp_counts, [] { __syncthreads(); },
+                                           [vis](int id) { return id >= 0 && id < vis; });
+    if (tid == 0) {
+      n_shared = c;
+      drop_shared = drop;
     }
-    n_shared = c;
-    drop_shared = drop;
-    // The scale of this batch (device: a graph replay's own), kept in shared memory and read
-    // where the gradients are formed: a register for it across the kernel spills instance <2>.
-    grad_scale_s = grads ? grad_loss * *a.scale : 0.0f;
+  } else if (tid == 0) {
+    n_shared = vis;
+    drop_shared = 0;
   }
+  if (tid == 0)  // the batch's scale (device: a graph replay's own), kept in shared memory and
+                 // read where the gradients are formed: a register for it spills instance <2>
+    grad_scale_s = grads ? grad_loss * *a.scale : 0.0f;
   __syncthreads();
   const int n = n_shared;
   // From the parameters (a register-free predicate; instance <2> has no register to spare):
