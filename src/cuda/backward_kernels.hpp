@@ -13,9 +13,10 @@ namespace csattn::cuda {
 // dy * x * rstd (a fixed-order column sum: each of kNormWeightChunks row chunks summed in row
 // order, then the chunks in order). rstd is scratch of rmsnorm_backward_scratch_floats(rows,
 // n) floats: the rows' 1 / rms, then (with dweight) the chunks' partial sums. Rows past
-// comp_start[segments] are skipped when comp_start is set (compressed rows). The rows are
-// 16-byte aligned (n a multiple of 8). reference: the one-block-per-row kernel whatever n (the
-// bench's comparison; the default takes a warp a row where n = 32 V, V in 4 .. 48).
+// comp_start[segments] are skipped when comp_start is set (compressed rows). n is even (the
+// bf16 pairs). reference: the one-block-per-row kernel whatever n (the bench's comparison; the
+// default takes a warp a row where n = 32 V, V in {4, 8, 16, 24, 32, 48}, and x, weight, dy and
+// dx are aligned to its 8- or 16-byte loads; otherwise the block kernel).
 constexpr int kNormWeightChunks = 256;
 inline std::size_t rmsnorm_backward_scratch_floats(int rows, int n) {
   return static_cast<std::size_t>(rows > 0 ? rows : 1) + static_cast<std::size_t>(kNormWeightChunks) * n;

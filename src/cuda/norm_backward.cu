@@ -5,6 +5,7 @@
 // indexer's 128); a block a row for any other width (and the reference the bench compares
 // with: scalar 2-byte loads, two block reductions, x and dy read twice).
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda/backward_kernels.hpp"
@@ -234,8 +235,15 @@ __global__ void f32_to_bf16_kernel(const float* src, bf16* dst, long n) {
 void launch_rows(const bf16* x, const bf16* weight, const bf16* dy, int rows, int n, float eps,
                  bf16* dx, float* rstd, const float* given_rstd, const std::int32_t* comp_start,
                  int segments, bool reference, cudaStream_t stream, NormRopeArgs rope = {}) {
+  // The warp kernel's loads are 16 bytes where n / 32 is a multiple of 8, else 8 bytes: a
+  // caller's pointer (a view into a larger tensor) off that alignment takes the block kernel.
+  const auto aligned = [&](const void* p) {
+    const std::uintptr_t a = (n / 32) % 8 == 0 ? 16 : 8;
+    return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % a == 0;
+  };
   auto warp_kernel = [&]() -> decltype(&rmsnorm_backward_warp_kernel<4>) {
     if (reference || n % 128 != 0) return nullptr;
+    if (!aligned(x) || !aligned(weight) || !aligned(dy) || !aligned(dx)) return nullptr;
     switch (n / 32) {
       case 4: return rmsnorm_backward_warp_kernel<4>;
       case 8: return rmsnorm_backward_warp_kernel<8>;
@@ -275,6 +283,7 @@ void launch_rmsnorm_backward(const bf16* x, const bf16* weight, const bf16* dy, 
                              const std::int32_t* comp_start, int segments, cudaStream_t stream,
                              bool reference) {
   if (rows <= 0) return;
+  require(rstd != nullptr, ErrorKind::InvalidArgument, "launch_rmsnorm_backward: the rstd scratch is required");
   launch_rows(x, weight, dy, rows, n, eps, dx, rstd, nullptr, comp_start, segments, reference, stream);
   if (dweight && !reference && n % 2 == 0) {  // chunk partials, then the chunks in order
     float* partial = rstd + rows;

@@ -276,12 +276,12 @@ TEST(CudaNormBackward, RowKernelsMatchTheFormula) {
         for (int r = 0; r < rows; ++r) given[r] = 0.5f + 0.001f * static_cast<float>(r % 997);
         const DeviceArray<std::uint16_t> x(xh), g(gh), w(wh);
         DeviceArray<std::uint16_t> dx(count);
-        DeviceArray<float> rstd(cuda::rmsnorm_backward_scratch_floats(rows, n)), given_d(given),
-            dweight(static_cast<std::size_t>(n));
+        std::vector<float> dw_start(n);  // dweight accumulates (+=) onto these
+        for (int i = 0; i < n; ++i) dw_start[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+        DeviceArray<float> rstd(cuda::rmsnorm_backward_scratch_floats(rows, n)), given_d(given), dweight(dw_start);
         const DeviceArray<std::int32_t> comp_start(std::vector<std::int32_t>{0, used});
         dx.fill_bytes(0xFF);
         rstd.fill_bytes(0xFF);
-        dweight.fill_bytes(0);
         const float eps = 1e-6f;
         if (mode == 2) {
           cuda::launch_rmsnorm_backward_from_output(dev_cast<cuda::bf16>(x), given_d.get(), dev_cast<cuda::bf16>(g),
@@ -295,7 +295,7 @@ TEST(CudaNormBackward, RowKernelsMatchTheFormula) {
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const std::vector<std::uint16_t> got = dx.download();
         const std::vector<float> rs = rstd.download(), dw = dweight.download();
-        std::vector<double> dw_ref(n, 0.0);
+        std::vector<double> dw_ref(dw_start.begin(), dw_start.end());
         for (int r = 0; r < rows; ++r) {
           const std::size_t o = static_cast<std::size_t>(r) * n;
           if (r >= used) {
@@ -328,8 +328,43 @@ TEST(CudaNormBackward, RowKernelsMatchTheFormula) {
           for (int i = 0; i < n; ++i) {
             ASSERT_NEAR(dw[i], dw_ref[i], 1e-3 * (1.0 + std::fabs(dw_ref[i]))) << "dweight [" << i << "]";
           }
+          // A second run from the same start: the same bits (fixed-order sums).
+          const DeviceArray<float> dweight2(dw_start);
+          cuda::launch_rmsnorm_backward(dev_cast<cuda::bf16>(x), dev_cast<cuda::bf16>(w), dev_cast<cuda::bf16>(g),
+                                        rows, n, eps, dev_cast<cuda::bf16>(dx), dweight2.get(), rstd.get(),
+                                        comp_start.get(), 1, nullptr, reference);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          EXPECT_EQ(dweight2.download(), dw) << "dweight not repeatable";
         }
       }
+}
+
+// Rows that are views off the warp kernel's load alignment (a caller's tensor offset by 4 or
+// 2 bf16) take the block kernel: no misaligned-address fault, and the block kernel's bits.
+TEST(CudaNormBackward, UnalignedRowsTakeTheBlockKernel) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  for (int n : {512, 128})  // 16-byte loads, 8-byte loads
+    for (int shift : {4, 2}) {
+      SCOPED_TRACE("n " + std::to_string(n) + " shift " + std::to_string(shift));
+      const int rows = 77;
+      const std::size_t count = static_cast<std::size_t>(rows) * n + 8;
+      const DeviceArray<std::uint16_t> x(testing_util::random_bf16(count, 41, 2.0f)),
+          g(testing_util::random_bf16(count, 42, 1.0f)), w(testing_util::random_bf16(n + 8, 43, 1.0f));
+      std::vector<std::uint16_t> out[2];
+      for (bool reference : {false, true}) {
+        DeviceArray<std::uint16_t> dx(count);
+        DeviceArray<float> rstd(cuda::rmsnorm_backward_scratch_floats(rows, n));
+        dx.fill_bytes(0xFF);
+        const auto at = [&](const DeviceArray<std::uint16_t>& a) { return dev_cast<cuda::bf16>(a) + shift; };
+        cuda::launch_rmsnorm_backward(at(x), at(w), at(g), rows, n, 1e-6f, dev_cast<cuda::bf16>(dx) + shift,
+                                      nullptr, rstd.get(), nullptr, 0, nullptr, reference);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        out[reference ? 1 : 0] = dx.download();
+      }
+      EXPECT_EQ(out[0], out[1]);
+      EXPECT_FALSE(std::isnan(bf16_bits_to_float(out[0][shift]))) << "not written";
+    }
 }
 
 // launch_column_sum (the sink's gradient over all rows, the norm weights' chunk partials):
