@@ -309,9 +309,11 @@ void launch_rmsnorm_backward_from_output(const bf16* y, const float* rstd, const
 void launch_column_sum(float* part, int rows, int cols, float* dst, cudaStream_t stream) {
   if (cols <= 0 || rows <= 0) return;
   const int chunks = std::min(rows, kColumnSumChunks), per = (rows + chunks - 1) / chunks;
-  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + per - 1) / per));
-  column_chunk_sum_kernel<<<grid, 256, 0, stream>>>(part, rows, cols, per);
-  CSATTN_CUDA_LAUNCH_CHECK();
+  if (per > 1) {  // one row a chunk: the rows are the chunks' sums already
+    const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + per - 1) / per));
+    column_chunk_sum_kernel<<<grid, 256, 0, stream>>>(part, rows, cols, per);
+    CSATTN_CUDA_LAUNCH_CHECK();
+  }
   column_sum_kernel<<<(cols + 127) / 128, 128, 0, stream>>>(part, rows, cols, per, dst);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
