@@ -46,6 +46,11 @@ __global__ void __launch_bounds__(kThreads)
   const int t = chunk.r0 + static_cast<int>(blockIdx.x);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = build_key_list(d, meta, topk, t, ids, &count);
+  // Pass 1's keys: all, or (GradChunk::window_only: the compressed rows' gradients are
+  // summed key-stationary, launch_comp_grad_keyed) the window's.
+  const int n_dk = chunk.scratch && chunk.window_only
+                       ? query_window(d, meta, meta.row_segment[t], meta.row_position[t]).n
+                       : n;
 
   // D_row = dO . o per head, and the sink gradient.
   for (int h = warp; h < H; h += kWarps) {
@@ -97,8 +102,8 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   // Pass 1: the key gradients, summed over the heads in registers per tile.
-  for (int tile0 = 0; tile0 < n; tile0 += kTile) {
-    const int nk = min(kTile, n - tile0);
+  for (int tile0 = 0; tile0 < n_dk; tile0 += kTile) {
+    const int nk = min(kTile, n_dk - tile0);
     load_tile(tile0, nk);
     float acc[kTile][kMaxDimPerThread];
 #pragma unroll

@@ -76,7 +76,7 @@ struct DkTarget {
   float* dkv_acc;    // [T, 512] raw kv rows (ids >= 0)
   float* dcomp_acc;  // [Nc, 512] compressed rows (ids < 0)
   const int* ids;    // the query's key list (shared memory)
-  int n;             // its length
+  int n;             // the slots written: its length (or, GradChunk::window_only, the window's)
 };
 
 // The one writer of key gradients. Adds one warp's slice of the dK tile of query `query`,
@@ -185,7 +185,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* scratch = nullptr;
   if (kScratch)  // rows (query, head block, slot) of the chunk's scratch
     scratch = chunk.scratch + static_cast<long>((t - chunk.r0) * chunk.copies + hb) * chunk.slots * kDim;
-  const DkTarget target{dkv_acc, dcomp_acc, ids, n};
+  // The slots whose dK leave the CTA: all, or (GradChunk::window_only) the window's.
+  const int flush_n = kScratch && chunk.window_only
+                          ? query_window(d, meta, meta.row_segment[t], meta.row_position[t]).n
+                          : n;
+  const DkTarget target{dkv_acc, dcomp_acc, ids, flush_n};
 
   float dq[32][4];
 #pragma unroll

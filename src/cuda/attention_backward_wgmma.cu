@@ -120,12 +120,13 @@ __device__ __forceinline__ void dk_chunk(float (&dk)[64], std::uint32_t p_base,
 // list, dims dim0 + 8 i + 2 (lane % 4) (+1) for i < 16 (the m64n128 accumulator layout). Lane
 // pairs (q, q ^ 1) first swap halves in place, so that dk[4i .. 4i + 3] of the even lane are
 // dims 8 i + 2 q .. + 3 of row g and those of the odd lane dims 8 i + 2 (q - 1) .. + 3 of row
-// g + 8; then one 16-byte reduction (or store) per column group. Slots past the key list
-// (the last tile's tail) are skipped. dk is consumed.
+// g + 8; then one 16-byte reduction (or store) per column group. Slots from `limit` on (the
+// last tile's tail past the key list; with GradChunk::window_only the compressed slots) are
+// skipped. dk is consumed.
 template <KeyGrads kMode>
-__device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, float* dkv_acc,
-                                         float* dcomp_acc, float* scratch, int slot0, int dim0,
-                                         int hb) {
+__device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, int limit,
+                                         float* dkv_acc, float* dcomp_acc, float* scratch,
+                                         int slot0, int dim0, int hb) {
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, qd = lane & 3;
   const bool odd = (qd & 1) != 0;
 #pragma unroll
@@ -151,7 +152,7 @@ __device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, f
       dkv_acc != dcomp_acc)
     return;
   const int slot = slot0 + 16 * w + g + (odd ? 8 : 0);
-  if (slot >= keys.n) return;
+  if (slot >= limit) return;
   float* row = kMode == KeyGrads::scratch ? scratch + static_cast<long>(slot) * kDim
                                           : key_grad_row(keys.id(slot), dkv_acc, dcomp_acc, kDim);
   row += dim0 + 2 * (qd & ~1);
@@ -175,8 +176,8 @@ __device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, f
 // 64 KB of shared-memory traffic per warpgroup and tile.
 template <KeyGrads kMode>
 __device__ __forceinline__ void flush_dk_lines(const float (&dk)[64], const KeyList& keys,
-                                               float* dkv_acc, float* dcomp_acc, float* scratch,
-                                               int slot0, int dim0, float* stage) {
+                                               int limit, float* dkv_acc, float* dcomp_acc,
+                                               float* scratch, int slot0, int dim0, float* stage) {
   static_assert(kMode == KeyGrads::atomic || kMode == KeyGrads::scratch, "the writing modes only");
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, qd = lane & 3;
   // Out: lane l takes staged rows l / 8 and l / 8 + 4, 16-byte piece l % 8 (dims 4 (l % 8) ..
@@ -189,7 +190,7 @@ __device__ __forceinline__ void flush_dk_lines(const float (&dk)[64], const KeyL
     for (int k = 0; k < 2; ++k) {
       const int slot = slot0 + 16 * w + 8 * h + rr + 4 * k;
       float* row = nullptr;
-      if (slot < keys.n)
+      if (slot < limit)
         row = (kMode == KeyGrads::scratch ? scratch + static_cast<long>(slot) * kDim
                                           : key_grad_row(keys.id(slot), dkv_acc, dcomp_acc, kDim)) +
               dim0 + 4 * piece;
@@ -271,6 +272,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                      reinterpret_cast<int*>(smem + kCountOff));
   const int n = keys.n;
   const int tiles = (n + kKeys - 1) / kKeys;
+  // The slots whose dK leave the CTA: all, or (GradChunk::window_only) the window's.
+  const int flush_limit = kMode == KeyGrads::scratch && chunk.window_only ? keys.n_win : n;
 
   // Q and dO rows h0 .. h0 + 63 (zero-filled past H).
   for (int i = tid; i < kRows * 64; i += kThreads) {
@@ -344,9 +347,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto finish_tile = [&](int tile, int dim0, bool frees_pds) {
     auto flush = [&](int dims) {
       if constexpr (kLines)
-        flush_dk_lines<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dims, stage);
+        flush_dk_lines<kMode>(dk, keys, flush_limit, dkv_acc, dcomp_acc, scratch, tile * kKeys, dims, stage);
       else
-        flush_dk<kMode>(dk, keys, dkv_acc, dcomp_acc, scratch, tile * kKeys, dims, hb);
+        flush_dk<kMode>(dk, keys, flush_limit, dkv_acc, dcomp_acc, scratch, tile * kKeys, dims, hb);
     };
     wgmma_wait<1>();
     wgmma_pin(dq);

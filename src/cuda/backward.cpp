@@ -107,26 +107,36 @@ void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStr
     CSATTN_CUDA_CHECK(cudaMemsetAsync(b.dcomp_acc, 0, sizeof(float) * static_cast<std::size_t>(Nc) * D, stream));
   if (p.deterministic) {
     // Row chunks write their key-gradient contributions to the scratch; the ordered scatter
-    // adds them per key row in row order (grad_chunk.hpp, ordered_scatter.hpp).
-    const int copies = attention_backward_copies(d), slots = max_keys_per_query(d);
+    // adds them per key row in row order (grad_chunk.hpp, ordered_scatter.hpp). HCA's
+    // compressed rows instead: key-stationary, after the chunks (one scratch row per (query,
+    // compressed key) would grow as T x L / 128).
+    const bool keyed = comp_grad_keyed_applies(d);
+    const int copies = attention_backward_copies(d);
+    const int slots = keyed ? d.window : max_keys_per_query(d);
     OrderedScatter os;
     os.layout = SlotLayout::attention;
     os.slots = slots;
     os.width = D;
     os.dst_window = b.dkv_acc;
-    os.dst_comp = b.dcomp_acc;
+    os.dst_comp = keyed ? nullptr : b.dcomp_acc;
     os.copies = copies;
     const int chunk_rows = deterministic_chunk_rows(b, T, slots * copies, D);
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
-      const GradChunk c{r0, std::min(chunk_rows, T - r0), b.det_scratch, slots, copies};
+      GradChunk c{r0, std::min(chunk_rows, T - r0), b.det_scratch, slots, copies};
+      c.window_only = keyed;
       launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse,
                                 b.dattn, b.dq, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream, c);
       launch_ordered_scatter(d, f.meta, a.topk, os, c.r0, c.rows, b.det_scratch, stream);
     }
-  } else {
-    launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, b.dattn,
-                              b.dq, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
+    launch_column_sum(b.dsink_part, T, d.heads, p.grad.sink, stream);
+    // dsink_part is dead after its column sum: it holds the keyed pass's D_row.
+    if (keyed)
+      launch_comp_grad_keyed(d, f.meta, a.q, a.comp, a.attn, a.lse, b.dattn, b.dsink_part,
+                             b.dcomp_acc, b.det_scratch, b.det_scratch_bytes, stream);
+    return;
   }
+  launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, b.dattn,
+                            b.dq, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
   launch_column_sum(b.dsink_part, T, d.heads, p.grad.sink, stream);
 }
 

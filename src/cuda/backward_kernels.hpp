@@ -102,6 +102,22 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
                                    float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                    const GradChunk& chunk = {});
 
+// The deterministic mode's gradients of HCA's compressed rows, key-stationary
+// (attention_backward_keyed.cu): dcomp_acc[e] = sum over the rows that see entry e, in
+// ascending row order, and their heads, of P^T dO + dS^T Q (P, dS recomputed from lse and
+// D_row = dO . O, which this writes into drow [rows x heads floats]), by chunks of rows whose
+// partial sums (scratch, comp_grad_keyed_scratch_bytes) are then added in chunk order. Rows
+// of dcomp_acc with an entry are overwritten, the others left alone. Bitwise repeatable; the
+// attention backward's deterministic chunks then write only their window slots
+// (GradChunk::window_only). Applies to HCA layers with head_dim 512.
+bool comp_grad_keyed_applies(const LayerDims& d);
+int comp_grad_keyed_chunks(const LayerDims& d);
+std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d);
+void launch_comp_grad_keyed(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
+                            const bf16* comp, const bf16* out, const float* lse,
+                            const bf16* dout, float* drow, float* dcomp_acc, float* scratch,
+                            std::size_t scratch_bytes, cudaStream_t stream);
+
 // dst[i] += sum over rows of part[row, i] in a fixed order (deterministic): up to
 // kColumnSumChunks row chunks, each summed in row order (8 warps interleaved, then the warps
 // in order) into its own first row - part is scratch and is overwritten - then the chunks

@@ -13,6 +13,9 @@ struct GradChunk {
   float* scratch = nullptr;  // null: atomics; else [rows, copies, slots, width] fp32
   int slots = 0;             // scratch slots per (row, copy)
   int copies = 1;
+  // Deterministic mode only: the compressed slots are not written (slots covers the window);
+  // launch_comp_grad_keyed sums the compressed rows' gradients key-stationary (HCA).
+  bool window_only = false;
 
   int launch_rows(int total) const { return rows < 0 ? total - r0 : rows; }
 };

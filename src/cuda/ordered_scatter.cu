@@ -173,7 +173,7 @@ void launch_ordered_scatter(const LayerDims& d, const DeviceMetadata& meta,
   const bool window = s.layout == SlotLayout::attention && d.window > 0;
   const int window_lo = window ? std::max(0, r0 - d.window + 1) : 0;
   const int window_targets = window ? std::min(r0 + rows, d.rows) - window_lo : 0;
-  const int comp_targets = d.ratio > 1 ? d.comp_capacity : 0;
+  const int comp_targets = d.ratio > 1 && s.dst_comp != nullptr ? d.comp_capacity : 0;
   const long targets = static_cast<long>(window_targets) + comp_targets;
   if (targets <= 0) return;
   const unsigned blocks = static_cast<unsigned>((targets + kWarps - 1) / kWarps);

@@ -30,7 +30,8 @@ struct OrderedScatter {
   int slots = 0;   // slots per row in the scratch (its row stride / width)
   int width = 0;   // floats per contribution: a multiple of 32, at most 1024
   float* dst_window = nullptr;  // [T, width] raw key rows (attention only)
-  float* dst_comp = nullptr;    // [Nc, width] compressed rows
+  float* dst_comp = nullptr;    // [Nc, width] compressed rows (null: none - the attention's
+                                // window-only chunks, GradChunk::window_only)
   int copies = 1;  // contributions per (row, slot), summed in order: scratch rows
                    // ((r - r0) * copies + c) * slots + slot (the attention's head blocks)
 };

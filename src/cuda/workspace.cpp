@@ -156,8 +156,11 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
     // The largest per-row need: the attention's (every slot of every head block, D wide) or
     // the loss's (its candidates, D_I wide); chunks of rows share the scratch in turn. A
     // chunk should launch kDeterministicMinChunkCtas CTAs (the attention's: rows x head
-    // blocks; the loss's: rows), within the cap.
-    const std::size_t slots = static_cast<std::size_t>(max_keys_per_query(d));
+    // blocks; the loss's: rows), within the cap. HCA's compressed rows (head_dim 512) take
+    // the key-stationary pass instead: the attention's slots are the window's, and the
+    // scratch also holds that pass's partial sums.
+    const bool keyed = comp_grad_keyed_applies(d);
+    const std::size_t slots = static_cast<std::size_t>(keyed ? d.window : max_keys_per_query(d));
     const std::size_t copies = static_cast<std::size_t>((d.heads + 63) / 64);
     const std::size_t min_ctas = BackwardPlan::kDeterministicMinChunkCtas;
     const std::size_t attn_row = slots * copies * d.head_dim * f32;
@@ -170,7 +173,9 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
     }
     const std::size_t want = std::max(BackwardPlan::kDeterministicScratchBytes,
                                       std::min(wave, BackwardPlan::kDeterministicMaxScratchBytes));
-    p.det_scratch_bytes = std::min(per_row * std::max<std::size_t>(T, 1), std::max(per_row, want));
+    p.det_scratch_bytes = std::max({std::min(per_row * std::max<std::size_t>(T, 1), std::max(per_row, want)),
+                                    keyed ? comp_grad_keyed_scratch_bytes(d) : std::size_t{0},
+                                    std::size_t{256}});
     p.det_scratch = take(p.det_scratch_bytes);
   }
   p.grads_offset = at;

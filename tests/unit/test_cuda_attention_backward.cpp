@@ -263,6 +263,64 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
     EXPECT_EQ(a.dcomp, b.dcomp) << "dcomp is not bitwise repeatable";
     EXPECT_EQ(a.dq, b.dq) << "dq is not bitwise repeatable";
   }
+  // HCA, as the layer's deterministic backward runs it: the chunks write only their window
+  // slots (GradChunk::window_only), the compressed rows' gradients come key-stationary
+  // (launch_comp_grad_keyed) in several row chunks whose partial sums are added in order.
+  // Every buffer written is NaN-poisoned first; compressed capacity rows without an entry
+  // must stay untouched.
+  if (c.ratio == 128) {
+    ASSERT_TRUE(comp_grad_keyed_applies(d));
+    ASSERT_GT(comp_grad_keyed_chunks(d), 1) << "the partial sums' path";
+    std::int32_t entries = 0;
+    CSATTN_CUDA_CHECK(cudaMemcpy(&entries, meta.comp_start + B, 4, cudaMemcpyDeviceToHost));
+    ASSERT_GT(entries, 0);
+    ASSERT_LE(entries, Nc);
+    auto run_keyed = [&](Kernel k, int chunk_rows) {
+      dq.fill_bytes(0xFF);
+      dsink.fill_bytes(0xFF);
+      dkv.fill_bytes(0);
+      dcomp.fill_bytes(0xFF);
+      const int copies = k == Kernel::baseline ? 1 : (H + 63) / 64, slots = d.window;
+      DeviceArray<float> scratch(static_cast<std::size_t>(chunk_rows) * copies * slots * D);
+      scratch.fill_bytes(0xFF);
+      const OrderedScatter os = attention_scatter(dkv.get(), nullptr, slots, copies);
+      for (int r0 = 0; r0 < T; r0 += chunk_rows) {
+        GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.get(), slots, copies};
+        chunk.window_only = true;
+        launcher(k)(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
+                    sink.get(), topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout),
+                    dev_cast<bf16>(dq), dkv.get(), dcomp.get(), dsink.get(), nullptr, chunk);
+        launch_ordered_scatter(d, meta, topk.get(), os, chunk.r0, chunk.rows, scratch.get(), nullptr);
+      }
+      const std::size_t kbytes = comp_grad_keyed_scratch_bytes(d);
+      DeviceArray<float> kscratch(std::max<std::size_t>(1, kbytes / 4)),
+          drow(static_cast<std::size_t>(T) * H);
+      kscratch.fill_bytes(0xFF);
+      drow.fill_bytes(0xFF);
+      launch_comp_grad_keyed(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(comp), dev_cast<bf16>(out),
+                             lse.get(), dev_cast<bf16>(dout), drow.get(), dcomp.get(),
+                             kscratch.get(), kbytes, nullptr);
+      CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+      return Grads{download_bf16(dq), dkv.download(), dcomp.download(), dsink.download()};
+    };
+    const std::size_t live = static_cast<std::size_t>(entries) * D;
+    for (Kernel k : {Kernel::wgmma, Kernel::mma, Kernel::baseline}) {
+      SCOPED_TRACE(std::string("keyed compressed rows, ") + name(k));
+      const Grads a = run_keyed(k, 37), b = run_keyed(k, 37);
+      const Grads& fast = k == Kernel::wgmma ? got : k == Kernel::mma ? got_mma : ref;
+      expect_close(a.dq, fast.dq, "dq");
+      expect_close(a.dkv, fast.dkv, "dkv");
+      expect_close(std::vector<float>(a.dcomp.begin(), a.dcomp.begin() + live),
+                   std::vector<float>(fast.dcomp.begin(), fast.dcomp.begin() + live), "dcomp");
+      for (std::size_t i = live; i < a.dcomp.size(); ++i)
+        ASSERT_TRUE(std::isnan(a.dcomp[i])) << "dcomp capacity row " << i / D << " written";
+      expect_close(a.dsink, fast.dsink, "dsink");
+      EXPECT_EQ(a.dkv, b.dkv) << "dkv is not bitwise repeatable";
+      EXPECT_EQ(std::vector<float>(a.dcomp.begin(), a.dcomp.begin() + live),
+                std::vector<float>(b.dcomp.begin(), b.dcomp.begin() + live))
+          << "dcomp is not bitwise repeatable";
+    }
+  }
   for (const Grads* g : {&got, &got_mma}) {
     SCOPED_TRACE(g == &got ? "wgmma kernel" : "mma kernel");
     expect_close(g->dq, ref.dq, "dq");
@@ -390,6 +448,20 @@ TEST(CudaAttentionBackwardLong, HcaSegmentOf600KTokens) {
   }
   CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
   expect_close(dcomp.download(), got.g.dcomp, "deterministic dcomp");
+
+  // The key-stationary compressed rows (the layer's deterministic HCA path) on the same
+  // layout: its walk finds each entry's first query row by position, so 48 rows at the end of
+  // a 600K-token run work as a whole run would (one chunk: written straight into dcomp).
+  ASSERT_TRUE(comp_grad_keyed_applies(d));
+  ASSERT_EQ(comp_grad_keyed_chunks(d), 1);
+  ASSERT_EQ(comp_grad_keyed_scratch_bytes(d), 0u);
+  DeviceArray<float> drow(static_cast<std::size_t>(Q) * H);
+  drow.fill_bytes(0xFF);
+  dcomp.fill_bytes(0xFF);
+  launch_comp_grad_keyed(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(comp), dev_cast<bf16>(out),
+                         lse.get(), dev_cast<bf16>(dout), drow.get(), dcomp.get(), nullptr, 0, nullptr);
+  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  expect_close(dcomp.download(), got.g.dcomp, "key-stationary dcomp");
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionBackward,

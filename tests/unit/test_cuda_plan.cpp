@@ -176,7 +176,14 @@ TEST(CudaPlan, DeterministicScratchKeepsChunksWide) {
           const BackwardPlan b = cuda::plan_backward(cfg, f.dims, true);
           const std::size_t bytes = b.det_scratch_bytes, ctas = BackwardPlan::kDeterministicMinChunkCtas;
           const std::size_t copies = (cfg.n_heads + 63) / 64;
-          const int slots = cuda::max_keys_per_query(f.dims);
+          // HCA's compressed rows take the key-stationary pass: the attention's slots are the
+          // window's, and the scratch holds that pass's partial sums too.
+          const bool keyed = cuda::comp_grad_keyed_applies(f.dims);
+          EXPECT_EQ(keyed, ratio == 128 && f.dims.comp_capacity > 0) << what;
+          const int slots = keyed ? cfg.window : cuda::max_keys_per_query(f.dims);
+          if (keyed) {
+            EXPECT_GE(bytes, cuda::comp_grad_keyed_scratch_bytes(f.dims)) << what;
+          }
           const std::size_t attn_row = 4ull * slots * copies * cfg.head_dim;
           const int cands = ratio != 4 ? 0 : dense ? T / 4 : cfg.index_topk;
           const std::size_t loss_row = 4ull * cands * cfg.index_head_dim;
@@ -196,16 +203,17 @@ TEST(CudaPlan, DeterministicScratchKeepsChunksWide) {
             }
           }
         }
-  // The ends: a long HCA segment fills the cap (was 15 rows a chunk at 256 MiB), a short SWA
-  // batch keeps the 256 MiB floor, and the sparse loss at 64K tokens needs no more than the
-  // attention's chunk (its slots are its top-k, not every visible entry).
+  // The ends: a long HCA segment keeps the 256 MiB floor (its window slots; it filled the cap
+  // while every compressed slot had a scratch row), so does a short SWA batch, and the sparse
+  // loss at 64K tokens needs no more than the attention's chunk (its slots are its top-k, not
+  // every visible entry).
   auto scratch = [](int ratio, int T, bool sparse) {
     AttentionConfig cfg = ModelConfig::preset("flash").base;
     cfg.compress_ratio = ratio;
     cfg.sparse_loss = sparse;
     return cuda::plan_backward(cfg, cuda::plan_forward(cfg, T, 1, T).dims, true).det_scratch_bytes;
   };
-  EXPECT_EQ(scratch(128, 1048576, true), BackwardPlan::kDeterministicMaxScratchBytes);
+  EXPECT_EQ(scratch(128, 1048576, true), BackwardPlan::kDeterministicScratchBytes);
   EXPECT_EQ(scratch(0, 4096, true), BackwardPlan::kDeterministicScratchBytes);
   EXPECT_EQ(scratch(4, 65536, true), 4ull * (128 + 512) * 512 * BackwardPlan::kDeterministicMinChunkCtas);
   EXPECT_EQ(scratch(4, 65536, false), 4ull * (65536 / 4) * 128 * BackwardPlan::kDeterministicMinChunkCtas);

@@ -1,0 +1,383 @@
+// The deterministic key gradients of HCA's compressed rows, key-stationary (see
+// backward_kernels.hpp, launch_comp_grad_keyed). Why: the deterministic backward's scratch
+// holds one fp32 row per (query, key slot), and an HCA query has W + L / 128 slots, so the
+// scratch traffic grows as T x L / 128 x 2 KB (68 GB at 64K tokens, 16 TB at 1M). Here each
+// CTA owns 32 compressed rows and walks the queries that see them in ascending row order,
+// recomputing P and dS from the saved LSE and D_row, so every sum has one fixed order and
+// nothing per (query, slot) is stored: the traffic is the Q / dO rows read once per 32
+// entries and the per-chunk partial sums.
+//
+// CTA (chunk c, key block kb): entries e0 = 32 kb .. e0 + 31 (global compressed rows, which may
+// span several short segments), query rows [c R, (c + 1) R) of their segments, in ascending
+// row order, each row's head blocks of 64 in order. Per tile (one row, 64 heads):
+//   S  = Q K^T, dP = dO K^T                       [64 x 32]  phase A (dP first, then S)
+//   P  = exp(S scale - LSE), dS = scale P (dP - D_row), both rounded to bf16 (as the
+//        query-stationary kernels round them before their products)
+//   dK += P^T dO + dS^T Q                          [32 x 512] phase C (registers, all tiles)
+// Entry j of segment b is seen by the rows of b at positions p with j < (p + 1) / ratio
+// (the key list of attention_keys.cuh, the ordered scatter's predicate). Eight warps:
+//   A: 4 row blocks x 2 key halves (16 x 16 over the full 512 dims; K fragments shared by S
+//      and dP);
+//   C: 2 key blocks x 4 dim quarters, 16 keys x 128 dims = 64 fp32 registers per thread,
+//      held across the whole walk.
+// Shared memory (~168 KB): Q and dO (64 KB each, swizzled), the 32 key rows (32 KB), P and dS
+// (4 KB each), the tile's LSE and D_row. One buffer each: the next tile's dO is fetched while
+// dS^T Q runs, its Q while dP runs.
+#include <algorithm>
+#include <string>
+
+#include "cuda/backward_kernels.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device_util.cuh"
+#include "cuda/mma_util.cuh"
+
+namespace csattn::cuda {
+
+namespace {
+
+constexpr int kDim = 512;
+constexpr int kRows = 64;  // head rows per tile
+constexpr int kKeys = 32;  // compressed rows per CTA
+constexpr int kThreads = 256;
+constexpr int kRowBytes = kDim * 2;
+constexpr int kChunks = kDim / 8;          // 16-byte chunks per [*, 512] row
+constexpr int kTileRowBytes = kKeys * 2;   // one row of the [64 x 32] P / dS tiles
+constexpr float kLog2e = 1.4426950408889634f;
+// The grid aims at this many CTAs (chunks x key blocks): ~8 waves of 132 SMs, so that the
+// triangular work (early entries are seen by more rows) spreads; a chunk keeps >= 64 rows.
+constexpr int kTargetCtas = 1024;
+constexpr int kMinChunkRows = 64;
+
+// The swizzles of attention_backward_mma.cu: [rows, 512] bf16 tiles with the 16-byte chunk
+// XORed by row % 8, and the [64 x 32] P / dS tiles by (row / 2) % 4.
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+__device__ __forceinline__ int pswz(int row, int chunk) {
+  return row * kTileRowBytes + ((chunk ^ ((row >> 1) & 3)) << 4);
+}
+
+struct Smem {  // byte offsets into the dynamic shared memory
+  static constexpr int q = 0;
+  static constexpr int dout = q + kRows * kRowBytes;
+  static constexpr int keys = dout + kRows * kRowBytes;
+  static constexpr int p = keys + kKeys * kRowBytes;
+  static constexpr int ds = p + kRows * kTileRowBytes;
+  static constexpr int lse2 = ds + kRows * kTileRowBytes;  // LSE * log2(e), +inf past H
+  static constexpr int drow = lse2 + kRows * 4;
+  static constexpr int bytes = drow + kRows * 4;
+};
+
+int key_blocks_of(const LayerDims& d) { return (d.comp_capacity + kKeys - 1) / kKeys; }
+
+// The walk's position: segment b of the block's entries, row t, head block hb. next() steps
+// in the fixed order (rows ascending within a segment, head blocks within a row, segments
+// ascending); done once past the last segment.
+struct Walk {
+  int b, b_last, t, t_end, hb;
+};
+
+__device__ __forceinline__ void seek_segment(Walk& w, const LayerDims& d, const DeviceMetadata& m,
+                                             int e0, int r_lo, int r_hi) {
+  // (r_hi <= d.rows: a run's cu_padded end may lie past the rows that exist.)
+  for (; w.b <= w.b_last; ++w.b) {
+    // The block's first entry in segment b, segment-local: rows at positions before the
+    // first one that sees it see none of the block's entries of b. Found by binary search
+    // over the run's rows (positions ascend along them), not by arithmetic: the kernels'
+    // contract lets the query rows be a subset of the run's positions (attention_keys.cuh).
+    const int j0 = max(e0, m.comp_start[w.b]) - m.comp_start[w.b];
+    const int need = (j0 + 1) * d.ratio - 1;
+    int lo = max(m.cu_padded[w.b], r_lo), hi = min(m.cu_padded[w.b + 1], r_hi);
+    w.t_end = hi;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (m.row_position[mid] < need) lo = mid + 1; else hi = mid;
+    }
+    w.t = lo;
+    w.hb = 0;
+    if (w.t < w.t_end) return;
+  }
+}
+
+__device__ __forceinline__ void next_tile(Walk& w, const LayerDims& d, const DeviceMetadata& m,
+                                          int e0, int r_lo, int r_hi, int head_blocks) {
+  if (++w.hb < head_blocks) return;
+  w.hb = 0;
+  if (++w.t < w.t_end) return;
+  ++w.b;
+  seek_segment(w, d, m, e0, r_lo, r_hi);
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    comp_grad_keyed_kernel(LayerDims d, DeviceMetadata meta, const bf16* q, const bf16* comp,
+                           const float* lse, const float* drow, const bf16* dout,
+                           float* partials, int key_blocks, int chunk_rows, int head_blocks) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* q_s = smem + Smem::q;
+  unsigned char* do_s = smem + Smem::dout;
+  unsigned char* k_s = smem + Smem::keys;
+  unsigned char* p_s = smem + Smem::p;
+  unsigned char* ds_s = smem + Smem::ds;
+  float* lse2_s = reinterpret_cast<float*>(smem + Smem::lse2);
+  float* drow_s = reinterpret_cast<float*>(smem + Smem::drow);
+
+  const int H = d.heads;
+  const int kb_id = static_cast<int>(blockIdx.x % key_blocks);
+  const int c = static_cast<int>(blockIdx.x / key_blocks);
+  const int e0 = kb_id * kKeys;
+  const int total = meta.comp_start[d.segments];
+  if (e0 >= total) return;  // capacity rows without an entry: nobody reads their partials
+  const int r_lo = c * chunk_rows, r_hi = min(d.rows, r_lo + chunk_rows);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, qd = lane & 3;
+
+  // The 32 key rows (past the last entry: zeros, never visible).
+  for (int i = tid; i < kKeys * kChunks; i += kThreads) {
+    const int r = i / kChunks, ch = i % kChunks;
+    if (e0 + r < total)
+      cp_async_16(smem_addr(k_s + swz(r, ch)), comp + static_cast<long>(e0 + r) * kDim + ch * 8);
+    else
+      *reinterpret_cast<uint4*>(k_s + swz(r, ch)) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  cp_async_commit();
+
+  // One tile's rows: dO or Q of row t, heads 64 hb .. + 63 (zeros past H), and (with dO) the
+  // rows' LSE and D_row (plain stores: read after the next barrier).
+  auto load_rows = [&](const Walk& w, unsigned char* dst, const bf16* src, bool terms) {
+    const int h0 = w.hb * kRows;
+    for (int i = tid; i < kRows * kChunks; i += kThreads) {
+      const int r = i / kChunks, ch = i % kChunks;
+      if (h0 + r < H)
+        cp_async_16(smem_addr(dst + swz(r, ch)),
+                    src + (static_cast<long>(w.t) * H + h0 + r) * kDim + ch * 8);
+      else
+        *reinterpret_cast<uint4*>(dst + swz(r, ch)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (terms && tid < kRows) {
+      const bool real = h0 + tid < H;
+      const long i = static_cast<long>(w.t) * H + h0 + tid;
+      lse2_s[tid] = real ? lse[i] * kLog2e : INFINITY;  // P = exp2(-inf) = 0 past H
+      drow_s[tid] = real ? drow[i] : 0.0f;
+    }
+  };
+
+  const int b_first = compressed_segment(meta.comp_start, d.segments, e0);
+  const int b_last = compressed_segment(meta.comp_start, d.segments, min(e0 + kKeys, total) - 1);
+  Walk w{b_first, b_last, 0, 0, 0};
+  seek_segment(w, d, meta, e0, r_lo, r_hi);
+  if (w.b <= b_last) {  // dO group, then Q group
+    load_rows(w, do_s, dout, true);
+    cp_async_commit();
+    load_rows(w, q_s, q, false);
+    cp_async_commit();
+  }
+
+  const float scale = d.scale, scale2 = d.scale * kLog2e;
+  const int wr = warp & 3, kh = warp >> 2;  // phase A: rows 16 wr, keys 16 kh
+  const int kb = warp & 1, dq4 = warp >> 1;  // phase C: keys 16 kb, dims 128 dq4
+  float acc[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  // Phase C's operand addressing (attention_backward_mma.cu): A = P^T / dS^T by transposed
+  // ldmatrix from the [head][key] tiles, matrix m of the x4 holding heads + 8 (m >> 1) and
+  // keys + 8 (m & 1); B = dO / Q by transposed ldmatrix.
+  const int m4 = lane >> 3;
+  const int a_head = (lane & 7) + ((m4 >> 1) << 3), a_chunk = 2 * kb + (m4 & 1);
+  const int b_head = (lane & 7) + (((lane >> 3) & 1) << 3);
+  auto product = [&](const unsigned char* a_tile, const unsigned char* b_tile) {
+#pragma unroll
+    for (int ks = 0; ks < kRows / 16; ++ks) {
+      std::uint32_t a[4];
+      ldmatrix_x4_trans(smem_addr(a_tile + pswz(16 * ks + a_head, a_chunk)), a);
+#pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        const int chunk = (dq4 * 128 + np * 16) / 8 + (lane >> 4);
+        std::uint32_t bv[4];
+        ldmatrix_x4_trans(smem_addr(b_tile + swz(16 * ks + b_head, chunk)), bv);
+        mma_bf16(acc[2 * np], a, bv[0], bv[1]);
+        mma_bf16(acc[2 * np + 1], a, bv[2], bv[3]);
+      }
+    }
+  };
+
+  // Phase A's K^T product over all 512 dims for rows 16 wr (A from `a_tile`), keys 16 kh.
+  auto scores = [&](const unsigned char* a_tile, float (&s)[2][4]) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll 8
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      const int chunk0 = ks * 2;
+      std::uint32_t a[4], bk[4];
+      ldmatrix_x4(smem_addr(a_tile + swz(16 * wr + (lane & 15), chunk0 + (lane >> 4))), a);
+      const int key = 16 * kh + (lane & 7) + ((lane >> 4) << 3);
+      ldmatrix_x4(smem_addr(k_s + swz(key, chunk0 + ((lane >> 3) & 1))), bk);
+      mma_bf16(s[0], a, bk[0], bk[1]);
+      mma_bf16(s[1], a, bk[2], bk[3]);
+    }
+  };
+
+  while (w.b <= b_last) {
+    // The tile's visible keys: k in [k_lo, k_hi) (entries of segment b with j < (pos+1)/ratio).
+    const int cs = meta.comp_start[w.b];
+    const int k_lo = max(0, cs - e0);
+    const int k_hi = min(min(kKeys, meta.comp_start[w.b + 1] - e0),
+                         cs + (meta.row_position[w.t] + 1) / d.ratio - e0);
+    Walk nx = w;
+    next_tile(nx, d, meta, e0, r_lo, r_hi, head_blocks);
+    const bool more = nx.b <= b_last;
+
+    cp_async_wait<1>();  // the keys (first tile) and this tile's dO and row terms landed
+    __syncthreads();
+    float dp[2][4], s[2][4];
+    scores(do_s, dp);
+    cp_async_wait<0>();  // this tile's Q
+    __syncthreads();
+    scores(q_s, s);
+    // P and scale * dS as bf16 into the [64 x 32] tiles; invisible keys get 0.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = 16 * wr + g + 8 * half;
+      const float l2 = lse2_s[row], dr = drow_s[row];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key = 16 * kh + 8 * j + 2 * qd;
+        float pv[2], dv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool vis = key + e >= k_lo && key + e < k_hi;
+          pv[e] = vis ? exp2f(s[j][2 * half + e] * scale2 - l2) : 0.0f;
+          dv[e] = scale * pv[e] * (dp[j][2 * half + e] - dr);
+        }
+        const int off = pswz(row, key >> 3) + (key & 7) * 2;
+        *reinterpret_cast<std::uint32_t*>(p_s + off) = pack_bf16(pv[0], pv[1]);
+        *reinterpret_cast<std::uint32_t*>(ds_s + off) = pack_bf16(dv[0], dv[1]);
+      }
+    }
+    __syncthreads();  // P, dS complete; every warp done with the row terms
+    product(p_s, do_s);  // += P^T dO
+    __syncthreads();     // dO free
+    if (more) load_rows(nx, do_s, dout, true);
+    cp_async_commit();
+    product(ds_s, q_s);  // += dS^T Q
+    __syncthreads();     // Q, P, dS free
+    if (more) load_rows(nx, q_s, q, false);
+    cp_async_commit();
+    w = nx;
+  }
+  cp_async_wait<0>();
+
+  // This chunk's partial sums of the block's entries (zeros where no row of the chunk sees
+  // them): rows 16 kb + g (+8), dims 128 dq4 + 8 j + 2 qd (+1).
+  float* out = partials + static_cast<long>(c) * d.comp_capacity * kDim;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int e = e0 + 16 * kb + g + 8 * half;
+    if (e >= total) continue;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<float2*>(out + static_cast<long>(e) * kDim + dq4 * 128 + 8 * j + 2 * qd) =
+          make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
+  }
+}
+
+// dst[e] = sum over the chunks in order of partials[c][e], for the entries e < total.
+__global__ void sum_chunks_kernel(const float* partials, int chunks, long chunk_floats,
+                                  const std::int32_t* comp_start, int segments, float* dst) {
+  const long total4 = static_cast<long>(comp_start[segments]) * (kDim / 4);
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < total4;
+       i += static_cast<long>(gridDim.x) * blockDim.x) {
+    float4 s = reinterpret_cast<const float4*>(partials)[i];
+    for (int c = 1; c < chunks; ++c) {
+      const float4 v = reinterpret_cast<const float4*>(partials + c * chunk_floats)[i];
+      s.x += v.x;
+      s.y += v.y;
+      s.z += v.z;
+      s.w += v.w;
+    }
+    reinterpret_cast<float4*>(dst)[i] = s;
+  }
+}
+
+// D_row = dO . O for every (row, head): a warp a row of 512, 16-byte loads.
+__global__ void row_dot_kernel(const bf16* out, const bf16* dout, long rows, float* drow) {
+  const int lane = threadIdx.x & 31;
+  for (long r = (blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x) >> 5; r < rows;
+       r += (static_cast<long>(gridDim.x) * blockDim.x) >> 5) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const long off = r * kDim + 256 * k + 8 * lane;
+      const uint4 ov = *reinterpret_cast<const uint4*>(out + off);
+      const uint4 gv = *reinterpret_cast<const uint4*>(dout + off);
+      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
+      const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 of = __bfloat1622float2(o2[i]), gf = __bfloat1622float2(g2[i]);
+        acc += of.x * gf.x + of.y * gf.y;
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) drow[r] = acc;
+  }
+}
+
+}  // namespace
+
+bool comp_grad_keyed_applies(const LayerDims& d) {
+  return d.ratio > 1 && d.ratio != 4 && d.head_dim == kDim && d.comp_capacity > 0;
+}
+
+int comp_grad_keyed_chunks(const LayerDims& d) {
+  const int blocks = std::max(1, key_blocks_of(d));
+  const int by_rows = std::max(1, (d.rows + kMinChunkRows - 1) / kMinChunkRows);
+  return std::max(1, std::min((kTargetCtas + blocks - 1) / blocks, by_rows));
+}
+
+std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d) {
+  const int chunks = comp_grad_keyed_chunks(d);
+  return chunks > 1 ? sizeof(float) * static_cast<std::size_t>(chunks) *
+                          static_cast<std::size_t>(d.comp_capacity) * kDim
+                    : 0;
+}
+
+void launch_comp_grad_keyed(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
+                            const bf16* comp, const bf16* out, const float* lse,
+                            const bf16* dout, float* drow, float* dcomp_acc, float* scratch,
+                            std::size_t scratch_bytes, cudaStream_t stream) {
+  require(comp_grad_keyed_applies(d), ErrorKind::Unsupported,
+          "the key-stationary compressed-row gradient needs an HCA layer with head_dim 512");
+  if (d.rows <= 0) return;
+  const int chunks = comp_grad_keyed_chunks(d);
+  require(scratch_bytes >= comp_grad_keyed_scratch_bytes(d) && (chunks == 1 || scratch != nullptr),
+          ErrorKind::InvalidArgument,
+          "the key-stationary compressed-row gradient needs " +
+              std::to_string(comp_grad_keyed_scratch_bytes(d)) + " bytes of scratch, got " +
+              std::to_string(scratch_bytes));
+  const long head_rows = static_cast<long>(d.rows) * d.heads;
+  row_dot_kernel<<<static_cast<unsigned>(std::min<long>((head_rows + 7) / 8, 1l << 20)), 256, 0,
+                   stream>>>(out, dout, head_rows, drow);
+  CSATTN_CUDA_LAUNCH_CHECK();
+
+  const int key_blocks = key_blocks_of(d);
+  const int chunk_rows = (d.rows + chunks - 1) / chunks;
+  const int head_blocks = (d.heads + kRows - 1) / kRows;
+  float* partials = chunks > 1 ? scratch : dcomp_acc;
+  allow_dynamic_smem(comp_grad_keyed_kernel, Smem::bytes,
+                     "the key-stationary compressed-row gradient");
+  const long blocks = static_cast<long>(key_blocks) * chunks;
+  require(blocks < (1l << 31), ErrorKind::Unsupported, "too many compressed rows for one launch");
+  comp_grad_keyed_kernel<<<static_cast<unsigned>(blocks), kThreads, Smem::bytes, stream>>>(
+      d, meta, q, comp, lse, drow, dout, partials, key_blocks, chunk_rows, head_blocks);
+  CSATTN_CUDA_LAUNCH_CHECK();
+  if (chunks > 1) {
+    const long total4 = static_cast<long>(d.comp_capacity) * (kDim / 4);
+    sum_chunks_kernel<<<static_cast<unsigned>(std::min<long>((total4 + 255) / 256, 4096)), 256, 0,
+                        stream>>>(partials, chunks, static_cast<long>(d.comp_capacity) * kDim,
+                                  meta.comp_start, d.segments, dcomp_acc);
+    CSATTN_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace csattn::cuda
