@@ -29,6 +29,7 @@
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
+#include "cuda/kernel_switch.hpp"
 #include "cuda/mma_util.cuh"
 
 namespace csattn::cuda {
@@ -327,6 +328,13 @@ __global__ void row_dot_kernel(const bf16* out, const bf16* dout, long rows, flo
 
 bool comp_grad_keyed_applies(const LayerDims& d) {
   return d.ratio > 1 && d.ratio != 4 && d.head_dim == kDim && d.comp_capacity > 0;
+}
+
+bool deterministic_comp_keyed(const LayerDims& d) {
+  // CSATTN_HCA_DET_GRADS=scratch: the per-(row, slot) scratch for HCA's compressed rows too
+  // (the A/B of the keyed pass).
+  static const bool scratch = kernel_switch("CSATTN_HCA_DET_GRADS", {"scratch"}) == "scratch";
+  return !scratch && comp_grad_keyed_applies(d);
 }
 
 int comp_grad_keyed_chunks(const LayerDims& d) {

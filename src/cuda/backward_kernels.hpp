@@ -111,6 +111,9 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
 // attention backward's deterministic chunks then write only their window slots
 // (GradChunk::window_only). Applies to HCA layers with head_dim 512.
 bool comp_grad_keyed_applies(const LayerDims& d);
+// What the layer's deterministic backward (and its plan) does: comp_grad_keyed_applies unless
+// CSATTN_HCA_DET_GRADS=scratch keeps HCA's compressed rows on the chunk scratch (A/B runs).
+bool deterministic_comp_keyed(const LayerDims& d);
 int comp_grad_keyed_chunks(const LayerDims& d);
 std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d);
 void launch_comp_grad_keyed(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,

@@ -474,7 +474,10 @@ INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionBackward,
                                            BwdCase{64, 0, 0},
                                            // top-k rows of ~900 valid ids: the wgmma
                                            // kernel's compaction takes 4 entries a thread
-                                           BwdCase{64, 4, 1024, 4200}),
+                                           BwdCase{64, 4, 1024, 4200},
+                                           // HCA with 32+ entries in one segment: the keyed
+                                           // pass's blocks span segments and row chunks
+                                           BwdCase{64, 128, 0, 4200}),
                          [](const auto& param_info) {
                            const BwdCase& c = param_info.param;
                            std::string name = "H";
