@@ -1,7 +1,7 @@
 // The deterministic key gradients of HCA's compressed rows, key-stationary (see
 // backward_kernels.hpp, launch_comp_grad_keyed). Why: the deterministic backward's scratch
 // holds one fp32 row per (query, key slot), and an HCA query has W + L / 128 slots, so the
-// scratch traffic grows as T x L / 128 x 2 KB (68 GB at 64K tokens, 16 TB at 1M). Here each
+// scratch traffic grows as T x L / 256 x 2 KB each way (34 GB at 64K tokens, 8.8 TB at 1M). Here each
 // CTA owns 32 compressed rows and walks the queries that see them in ascending row order,
 // recomputing P and dS from the saved LSE and D_row, so every sum has one fixed order and
 // nothing per (query, slot) is stored: the traffic is the Q / dO rows read once per 32
