@@ -266,8 +266,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Phase C: dK (keys 16 kb.., dims 128 dq4..) = P^T dO + dS^T Q over the 64 head rows, in
     // 64-dim sub-chunks. A = P^T / dS^T by transposed ldmatrix from the [head][key] tiles:
-    // matrix m of the x4 holds heads +8 (m >> 1) and keys +8 (m & 1).
-    {
+    // matrix m of the x4 holds heads +8 (m >> 1) and keys +8 (m & 1). Skipped for a tile
+    // with no slot written (GradChunk::window_only: compressed tiles; uniform per CTA).
+    if (tile * kKeys < flush_n) {
       const int m = lane >> 3;
       const int a_head = (lane & 7) + ((m >> 1) << 3), a_chunk = 2 * kb + (m & 1);
       const int b_head = (lane & 7) + (((lane >> 3) & 1) << 3);
