@@ -24,6 +24,7 @@
 // (4 KB each), the tile's LSE and D_row. One buffer each: the next tile's dO is fetched while
 // dS^T Q runs, its Q while dP runs.
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "cuda/backward_kernels.hpp"
@@ -45,7 +46,8 @@ constexpr int kChunks = kDim / 8;          // 16-byte chunks per [*, 512] row
 constexpr int kTileRowBytes = kKeys * 2;   // one row of the [64 x 32] P / dS tiles
 constexpr float kLog2e = 1.4426950408889634f;
 // The grid aims at this many CTAs (chunks x key blocks): ~8 waves of 132 SMs, so that the
-// triangular work (early entries are seen by more rows) spreads; a chunk keeps >= 64 rows.
+// triangular work (early entries are seen by more rows) spreads; no more chunks than 64-row
+// pieces of the batch.
 constexpr int kTargetCtas = 1024;
 constexpr int kMinChunkRows = 64;
 
