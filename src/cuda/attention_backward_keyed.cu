@@ -28,6 +28,8 @@
 #include <string>
 
 #include "cuda/backward_kernels.hpp"
+#include "cuda/attention_mma_tiles.cuh"
+#include "cuda/attention_row_terms.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
 #include "cuda/kernel_switch.hpp"
@@ -37,28 +39,21 @@ namespace csattn::cuda {
 
 namespace {
 
-constexpr int kDim = 512;
-constexpr int kRows = 64;  // head rows per tile
-constexpr int kKeys = 32;  // compressed rows per CTA
+using mma_tiles::kChunks;
+using mma_tiles::kDim;
+using mma_tiles::kRowBytes;
+using mma_tiles::kTileRowBytes;
+using mma_tiles::pswz;
+using mma_tiles::swz;
+constexpr int kRows = 64;                    // head rows per tile
+constexpr int kKeys = mma_tiles::kTileKeys;  // compressed rows per CTA
 constexpr int kThreads = 256;
-constexpr int kRowBytes = kDim * 2;
-constexpr int kChunks = kDim / 8;          // 16-byte chunks per [*, 512] row
-constexpr int kTileRowBytes = kKeys * 2;   // one row of the [64 x 32] P / dS tiles
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLog2e = kAttentionLog2e;
 // The grid aims at this many CTAs (chunks x key blocks): ~8 waves of 132 SMs, so that the
 // triangular work (early entries are seen by more rows) spreads; no more chunks than 64-row
 // pieces of the batch.
 constexpr int kTargetCtas = 1024;
 constexpr int kMinChunkRows = 64;
-
-// The swizzles of attention_backward_mma.cu: [rows, 512] bf16 tiles with the 16-byte chunk
-// XORed by row % 8, and the [64 x 32] P / dS tiles by (row / 2) % 4.
-__device__ __forceinline__ int swz(int row, int chunk) {
-  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
-}
-__device__ __forceinline__ int pswz(int row, int chunk) {
-  return row * kTileRowBytes + ((chunk ^ ((row >> 1) & 3)) << 4);
-}
 
 struct Smem {  // byte offsets into the dynamic shared memory
   static constexpr int q = 0;
@@ -307,19 +302,12 @@ __global__ void row_dot_kernel(const bf16* out, const bf16* dout, long rows, flo
   const int lane = threadIdx.x & 31;
   for (long r = (blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x) >> 5; r < rows;
        r += (static_cast<long>(gridDim.x) * blockDim.x) >> 5) {
+    // attention_row_terms' order: lane l's dims 8 l .. + 7, then 256 + 8 l .. + 7.
     float acc = 0.0f;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const long off = r * kDim + 256 * k + 8 * lane;
-      const uint4 ov = *reinterpret_cast<const uint4*>(out + off);
-      const uint4 gv = *reinterpret_cast<const uint4*>(dout + off);
-      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
-      const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 of = __bfloat1622float2(o2[i]), gf = __bfloat1622float2(g2[i]);
-        acc += of.x * gf.x + of.y * gf.y;
-      }
+      acc += dot_bf16x8(out + off, dout + off);
     }
     acc = warp_sum(acc);
     if (lane == 0) drow[r] = acc;

@@ -24,6 +24,7 @@
 
 #include "cuda/atomic_util.cuh"
 #include "cuda/attention_keys.cuh"
+#include "cuda/attention_mma_tiles.cuh"
 #include "cuda/attention_row_terms.cuh"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/check.hpp"
@@ -34,27 +35,17 @@ namespace csattn::cuda {
 
 namespace {
 
-constexpr int kDim = 512;
+using mma_tiles::kChunks;
+using mma_tiles::kDim;
+using mma_tiles::kRowBytes;
+using mma_tiles::kTileRowBytes;
+using mma_tiles::pswz;
+using mma_tiles::swz;
 constexpr int kRows = 64;   // head rows per CTA
-constexpr int kKeys = 32;   // keys per tile
+constexpr int kKeys = mma_tiles::kTileKeys;  // keys per tile
 constexpr int kThreads = 256;
-constexpr int kRowBytes = kDim * 2;
-constexpr int kChunks = kDim / 8;       // 16-byte chunks per [*, 512] row
-constexpr int kTileRowBytes = kKeys * 2;  // one row of the [64 x 32] P / dS tiles
 constexpr int kSubDims = 64;            // dK sub-chunk per warp (registers: 32 fp32)
 constexpr float kLog2e = 1.4426950408889634f;
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, 512] bf16 tile: the
-// XOR spreads the 8 rows an ldmatrix reads at one logical chunk over 8 distinct bank groups.
-__device__ __forceinline__ int swz(int row, int chunk) {
-  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
-}
-// The same for the [64 x 32] bf16 P / dS tiles (64-byte rows, 4 chunks): two rows share a
-// 128-byte bank line, so the XOR uses row bits 1-2; 8 consecutive rows at one logical chunk
-// land on 8 distinct 16-byte bank groups (plain and transposed ldmatrix alike).
-__device__ __forceinline__ int pswz(int row, int chunk) {
-  return row * kTileRowBytes + ((chunk ^ ((row >> 1) & 3)) << 4);
-}
 
 struct Smem {  // byte offsets into the dynamic shared memory
   static constexpr int q = 0;

@@ -14,6 +14,21 @@ namespace csattn::cuda {
 
 constexpr float kAttentionLog2e = 1.4426950408889634f;
 
+// The fp32 dot product of two 16-byte groups of 8 bf16 (a 16-byte load each), in element order.
+__device__ __forceinline__ float dot_bf16x8(const void* a, const void* b) {
+  const uint4 av = *reinterpret_cast<const uint4*>(a);
+  const uint4 bv = *reinterpret_cast<const uint4*>(b);
+  const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&av);
+  const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&bv);
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 af = __bfloat1622float2(a2[k]), bf = __bfloat1622float2(b2[k]);
+    acc += af.x * bf.x + af.y * bf.y;
+  }
+  return acc;
+}
+
 // Called by every thread of the CTA (blockDim.x a multiple of 32); warp w takes rows w,
 // w + warps, ... of the 64; lane l reads dims 8 l .. 8 l + 7 and 256 + 8 l .. of a row (16-byte
 // loads). drow_s / lse2_s: [64] floats of shared memory, visible after the caller's barrier.
@@ -33,17 +48,7 @@ __device__ __forceinline__ void attention_row_terms(int H, int D, int t, int h0,
     }
     const long base = (static_cast<long>(t) * H + h) * D;
     float acc = 0.0f;
-    for (int dim = lane * 8; dim < D; dim += 256) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(out + base + dim);
-      const uint4 gv = *reinterpret_cast<const uint4*>(dout + base + dim);
-      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
-      const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 of = __bfloat1622float2(o2[k]), gf = __bfloat1622float2(g2[k]);
-        acc += of.x * gf.x + of.y * gf.y;
-      }
-    }
+    for (int dim = lane * 8; dim < D; dim += 256) acc += dot_bf16x8(out + base + dim, dout + base + dim);
     acc = warp_sum(acc);
     if (lane == 0) {
       const float l = lse[static_cast<long>(t) * H + h];
