@@ -96,7 +96,8 @@ void backward_output(const ForwardParams& f, const BackwardParams& p, cublasHand
   rope_rows(f, b.dattn, T * d.heads, d.head_dim, d.heads, +1, stream);
 }
 
-void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStream_t stream) {
+void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStream_t stream,
+                        Stages* st) {
   const LayerDims& d = f.dims;
   const DeviceWeights& w = f.w;
   const DeviceActivations& a = f.act;
@@ -129,15 +130,19 @@ void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStr
       launch_ordered_scatter(d, f.meta, a.topk, os, c.r0, c.rows, b.det_scratch, stream);
     }
     launch_column_sum(b.dsink_part, T, d.heads, p.grad.sink, stream);
+    if (st) st->mark("attention");
     // dsink_part is dead after its column sum: it holds the keyed pass's D_row.
-    if (keyed)
+    if (keyed) {
       launch_comp_grad_keyed(d, f.meta, a.q, a.comp, a.attn, a.lse, b.dattn, b.dsink_part,
                              b.dcomp_acc, b.det_scratch, b.det_scratch_bytes, stream);
+      if (st) st->mark("attention keyed rows");
+    }
     return;
   }
   launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, b.dattn,
                             b.dq, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
   launch_column_sum(b.dsink_part, T, d.heads, p.grad.sink, stream);
+  if (st) st->mark("attention");
 }
 
 void backward_query_path(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
@@ -274,8 +279,7 @@ void run_backward(const ForwardParams& f, const BackwardParams& p, cublasHandle_
   st.mark(nullptr);
   backward_output(f, p, blas, stream);
   st.mark("output projections");
-  backward_attention(f, p, stream);
-  st.mark("attention");
+  backward_attention(f, p, stream, &st);
   backward_query_path(f, p, blas, stream);
   st.mark("q path");
   backward_kv_path(f, p, blas, stream);

@@ -39,7 +39,11 @@ void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, 
 void backward_output(const ForwardParams& f, const BackwardParams& p, cublasHandle_t blas,
                      cudaStream_t stream);
 // Attention: dq (bf16), dkv_acc (zeroed here), dcomp_acc (zeroed here) and the sink gradient.
-void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStream_t stream);
+// With st: marks "attention" after the attention backward and, where the deterministic HCA
+// backward runs its key-stationary compressed-row pass (launch_comp_grad_keyed), "attention
+// keyed rows" after that.
+void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStream_t stream,
+                        Stages* st = nullptr);
 // The query path back to x: dx = (its gradient) - overwrites dx. Runs after
 // backward_attention, and before anything else writes dx: its dqb lives in dattn's bytes, dx
 // in dq's (plan_backward).
