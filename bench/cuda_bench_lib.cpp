@@ -535,8 +535,16 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
         json fast = layer_case("flash", ratio, tokens, true, false);
         json det = layer_case("flash", ratio, tokens, true, true);
         const double f = fast["backward_ms"].get<double>(), dt = det["backward_ms"].get<double>();
-        std::printf("%5s %7d %12.2f %12.2f %8.2f %10.2f\n", fast["type"].get<std::string>().c_str(), tokens, f, dt,
+        std::printf("%5s %7d %12.2f %12.2f %8.2f %10.2f", fast["type"].get<std::string>().c_str(), tokens, f, dt,
                     dt / f, det["measured_peak_bytes"].get<double>() / (1u << 30));
+        // The attention stage in both modes (and HCA's key-stationary compressed rows).
+        const json& fs = fast["backward_stages_ms"];
+        const json& ds = det["backward_stages_ms"];
+        if (fs.contains("attention") && ds.contains("attention"))
+          std::printf("  attention %.2f -> %.2f", fs["attention"].get<double>(), ds["attention"].get<double>());
+        if (ds.contains("attention keyed rows"))
+          std::printf(" + keyed rows %.2f", ds["attention keyed rows"].get<double>());
+        std::printf("\n");
         report["deterministic_backward"].push_back(
             json{{"type", fast["type"]}, {"tokens", tokens}, {"fast_ms", f}, {"deterministic_ms", dt},
                  {"deterministic_stages_ms", det["backward_stages_ms"]},
