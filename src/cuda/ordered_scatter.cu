@@ -124,8 +124,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   } else {
     // A compressed row c = comp_start[b] + j: rows of segment b that selected / see entry j.
+    // (The last block's spare warps land here too: with no compressed destination - the
+    // attention's window-only chunks - they must not write.)
     const int c = target - window_targets;
-    if (c >= d.comp_capacity || c >= meta.comp_start[d.segments]) return;
+    if (s.dst_comp == nullptr || c >= d.comp_capacity || c >= meta.comp_start[d.segments]) return;
     const int b = compressed_segment(meta.comp_start, d.segments, c);
     const int j = c - meta.comp_start[b];
     const int entries = meta.comp_start[b + 1] - meta.comp_start[b];

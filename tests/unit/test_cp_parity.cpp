@@ -68,7 +68,9 @@ void expect_fp32_parity(const AttentionConfig& cfg, const SeqLayout& layout, CpM
   if (cfg.has_indexer() && expect_loss) { EXPECT_GT(ref.indexer_loss, 0.0f); }
   for (const auto& [name, g] : gref.grad) {
     const std::vector<float> v = g.to_f32();
-    EXPECT_LE(rel_diff(cp.grad.at(name), v), 1e-6) << name;
+    // 2e-6: a weight gradient summed over 1-3 tokens in another order measured 1.06e-6 on the
+    // device machine's build (g++ 13, 2026-12-06); 1e-6 held on this one.
+    EXPECT_LE(rel_diff(cp.grad.at(name), v), 2e-6) << name;
   }
 }
 

@@ -346,6 +346,9 @@ TEST(CudaNormBackward, UnalignedRowsTakeTheBlockKernel) {
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   for (int n : {512, 128})  // 16-byte loads, 8-byte loads
     for (int shift : {4, 2}) {
+      // 4 bf16 = 8 bytes: off the 16-byte loads of n = 512, but aligned to the 8-byte loads
+      // of n = 128, which then rightly take the warp kernel (failed on an H100, 2026-12-06).
+      if (n == 128 && shift == 4) continue;
       SCOPED_TRACE("n " + std::to_string(n) + " shift " + std::to_string(shift));
       const int rows = 77;
       const std::size_t count = static_cast<std::size_t>(rows) * n + 8;
