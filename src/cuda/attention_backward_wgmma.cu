@@ -369,13 +369,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     flush(dim0 + 128);
     stamp(tile, 7);
   };
-  // A tile with no slot below flush_limit (GradChunk::window_only: a compressed tile, whose
-  // dK the keyed pass computes) skips its dK products: only dQ is waited for, then the next
-  // gather is issued and (WG1) the P / dS tiles freed - WG1's last read of them was its dS.
-  auto needs_dk = [&](int tile) {
-    return kMode != KeyGrads::scratch || tile * kKeys < flush_limit;
-  };
-  auto finish_tile_dq_only = [&](int tile, bool frees_pds) {
+  // After this warpgroup issued its dQ: its dK chunks (dims dim0 ..) and finish_tile. A tile
+  // with no slot below flush_limit (GradChunk::window_only: a compressed tile, whose dK the
+  // keyed pass computes) skips its dK products: only dQ is waited for, then the next gather
+  // is issued and (WG1) the P / dS tiles freed - WG1's last read of them was its dS.
+  auto dk_and_finish = [&](int tile, int dim0, bool frees_pds) {
+    if (kMode != KeyGrads::scratch || tile * kKeys < flush_limit) {
+      dk_chunk(dk, p_base, ds_base, do_base, q_base, dim0);
+      wgmma_commit();
+      finish_tile(tile, dim0, frees_pds);
+      return;
+    }
     wgmma_wait<0>();
     wgmma_pin(dq);
     if (tile + 1 < tiles) gather(tile + 1);
@@ -405,13 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
       pv_half_smem(dq, ds_base, k_base, 0);  // dQ += dS K
       wgmma_commit();
-      if (needs_dk(tile)) {
-        dk_chunk(dk, p_base, ds_base, do_base, q_base, 0);
-        wgmma_commit();
-        finish_tile(tile, 0, false);
-      } else {
-        finish_tile_dq_only(tile, false);
-      }
+      dk_and_finish(tile, 0, false);
     }
     named_barrier_sync(kBarPdsFree, kThreads);  // WG1's last arrival
   } else {
@@ -441,13 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
       pv_half_regs(dq, p, k_base, 1);  // dQ += dS K
       wgmma_commit();
-      if (needs_dk(tile)) {
-        dk_chunk(dk, p_base, ds_base, do_base, q_base, 256);
-        wgmma_commit();
-        finish_tile(tile, 256, true);
-      } else {
-        finish_tile_dq_only(tile, true);
-      }
+      dk_and_finish(tile, 256, true);
     }
   }
 

@@ -259,21 +259,38 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   // Deterministic mode: row chunks write per-(row, head block, slot) contributions to a
   // NaN-poisoned scratch (a slot the kernel forgot stays NaN and poisons the sum), then the
   // ordered scatter adds them per key row in row order.
-  auto run_deterministic = [&](Kernel k, int chunk_rows) {
+  // keyed (HCA, as the layer's deterministic backward runs it): the chunks write only their
+  // window slots (GradChunk::window_only) and the compressed rows' gradients come from the
+  // key-stationary pass (launch_comp_grad_keyed); dcomp is NaN-poisoned then, since that pass
+  // overwrites the rows with an entry and must leave the capacity rows alone.
+  auto run_deterministic = [&](Kernel k, int chunk_rows, bool keyed = false) {
     dq.fill_bytes(0xFF);
     dsink.fill_bytes(0xFF);
     dkv.fill_bytes(0);
-    dcomp.fill_bytes(0);
-    const int copies = k == Kernel::baseline ? 1 : (H + 63) / 64, slots = max_keys_per_query(d);
+    dcomp.fill_bytes(keyed ? 0xFF : 0);
+    const int copies = k == Kernel::baseline ? 1 : (H + 63) / 64;
+    const int slots = keyed ? d.window : max_keys_per_query(d);
     DeviceArray<float> scratch(static_cast<std::size_t>(chunk_rows) * copies * slots * D);
     scratch.fill_bytes(0xFF);
-    const OrderedScatter os = attention_scatter(dkv.get(), dcomp.get(), slots, copies);
+    const OrderedScatter os = attention_scatter(dkv.get(), keyed ? nullptr : dcomp.get(), slots, copies);
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
-      const GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.get(), slots, copies};
+      GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.get(), slots, copies};
+      chunk.window_only = keyed;
       launcher(k)(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
                   sink.get(), topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout),
                   dev_cast<bf16>(dq), dkv.get(), dcomp.get(), dsink.get(), nullptr, chunk);
       launch_ordered_scatter(d, meta, topk.get(), os, chunk.r0, chunk.rows, scratch.get(), nullptr);
+    }
+    if (keyed) {
+      const std::size_t kbytes = comp_grad_keyed_scratch_bytes(d);
+      DeviceArray<float> kscratch(std::max<std::size_t>(1, kbytes / 4)),
+          drow(static_cast<std::size_t>(T) * H);
+      kscratch.fill_bytes(0xFF);
+      drow.fill_bytes(0xFF);
+      launch_comp_grad_keyed(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(comp), dev_cast<bf16>(out),
+                             lse.get(), dev_cast<bf16>(dout), drow.get(), dcomp.get(),
+                             kscratch.get(), kbytes, nullptr);
+      CSATTN_CUDA_CHECK(cudaDeviceSynchronize());  // before kscratch / drow are freed
     }
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
     return Grads{download_bf16(dq), dkv.download(), dcomp.download(), dsink.download()};
@@ -290,11 +307,8 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
     EXPECT_EQ(a.dcomp, b.dcomp) << "dcomp is not bitwise repeatable";
     EXPECT_EQ(a.dq, b.dq) << "dq is not bitwise repeatable";
   }
-  // HCA, as the layer's deterministic backward runs it: the chunks write only their window
-  // slots (GradChunk::window_only), the compressed rows' gradients come key-stationary
-  // (launch_comp_grad_keyed) in several row chunks whose partial sums are added in order.
-  // Every buffer written is NaN-poisoned first; compressed capacity rows without an entry
-  // must stay untouched.
+  // HCA, as the layer's deterministic backward runs it (run_deterministic's keyed mode), the
+  // key-stationary pass in several row chunks whose partial sums are added in order.
   if (c.ratio == 128) {
     ASSERT_TRUE(comp_grad_keyed_applies(d));
     ASSERT_GT(comp_grad_keyed_chunks(d), 1) << "the partial sums' path";
@@ -302,38 +316,10 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
     CSATTN_CUDA_CHECK(cudaMemcpy(&entries, meta.comp_start + B, 4, cudaMemcpyDeviceToHost));
     ASSERT_GT(entries, 0);
     ASSERT_LE(entries, Nc);
-    auto run_keyed = [&](Kernel k, int chunk_rows) {
-      dq.fill_bytes(0xFF);
-      dsink.fill_bytes(0xFF);
-      dkv.fill_bytes(0);
-      dcomp.fill_bytes(0xFF);
-      const int copies = k == Kernel::baseline ? 1 : (H + 63) / 64, slots = d.window;
-      DeviceArray<float> scratch(static_cast<std::size_t>(chunk_rows) * copies * slots * D);
-      scratch.fill_bytes(0xFF);
-      const OrderedScatter os = attention_scatter(dkv.get(), nullptr, slots, copies);
-      for (int r0 = 0; r0 < T; r0 += chunk_rows) {
-        GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.get(), slots, copies};
-        chunk.window_only = true;
-        launcher(k)(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
-                    sink.get(), topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout),
-                    dev_cast<bf16>(dq), dkv.get(), dcomp.get(), dsink.get(), nullptr, chunk);
-        launch_ordered_scatter(d, meta, topk.get(), os, chunk.r0, chunk.rows, scratch.get(), nullptr);
-      }
-      const std::size_t kbytes = comp_grad_keyed_scratch_bytes(d);
-      DeviceArray<float> kscratch(std::max<std::size_t>(1, kbytes / 4)),
-          drow(static_cast<std::size_t>(T) * H);
-      kscratch.fill_bytes(0xFF);
-      drow.fill_bytes(0xFF);
-      launch_comp_grad_keyed(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(comp), dev_cast<bf16>(out),
-                             lse.get(), dev_cast<bf16>(dout), drow.get(), dcomp.get(),
-                             kscratch.get(), kbytes, nullptr);
-      CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
-      return Grads{download_bf16(dq), dkv.download(), dcomp.download(), dsink.download()};
-    };
     const std::size_t live = static_cast<std::size_t>(entries) * D;
     for (Kernel k : {Kernel::wgmma, Kernel::mma, Kernel::baseline}) {
       SCOPED_TRACE(std::string("keyed compressed rows, ") + name(k));
-      const Grads a = run_keyed(k, 37), b = run_keyed(k, 37);
+      const Grads a = run_deterministic(k, 37, true), b = run_deterministic(k, 37, true);
       const Grads& fast = k == Kernel::wgmma ? got : k == Kernel::mma ? got_mma : ref;
       expect_close(a.dq, fast.dq, "dq");
       expect_close(a.dkv, fast.dkv, "dkv");
