@@ -201,7 +201,7 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
 // valid top-k ids are all visible, mass_j = sum_h exp(scale q_h . K_j - LSE_h) of its valid ids
 // j (in order) into kept[(t * topk + j) * 2], the entries launch_indexer_loss_rows_mma reads
 // with masses_given. Needs a.sparse, a.lse, head_dim 512. The value launch of
-// launch_indexer_loss runs it first where supported (CSATTN_INDEXER_TEACHER=mma: not).
+// launch_indexer_loss runs it first where supported.
 bool indexer_teacher_wgmma_supported(const LayerDims& d);
 void launch_indexer_teacher_wgmma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* kept, cudaStream_t stream);

@@ -332,10 +332,9 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                     indexer_loss_mma_supported(d));
   if (mma) {
     // The sparse value launch that keeps its teacher: the masses from the wgmma teacher, the
-    // rest from the rows kernel (CSATTN_INDEXER_TEACHER=mma: the rows kernel's own teacher).
-    static const bool teacher_mma = kernel_switch("CSATTN_INDEXER_TEACHER", {"mma"}) == "mma";
-    // (A whole launch only: the teacher serves every row at once.)
-    const bool teacher = kernel == IndexerLossKernel::automatic && !teacher_mma && !grads &&
+    // rest from the rows kernel (its own mma.sync teacher took 1.24-1.41x the value launch's
+    // time, H200 2026-12-06: perf.md). A whole launch only: the teacher serves every row at once.
+    const bool teacher = kernel == IndexerLossKernel::automatic && !grads &&
                          a.sparse && a.lse != nullptr && kept != nullptr && a.chunk.r0 == 0 &&
                          a.chunk.rows < 0 && indexer_teacher_wgmma_supported(d);
     if (teacher) launch_indexer_teacher_wgmma(d, meta, a, kept, stream);

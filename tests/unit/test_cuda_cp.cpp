@@ -21,6 +21,9 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cp_test_util.hpp"
 #include "cuda_test_util.hpp"
@@ -215,12 +218,14 @@ TEST(CudaCpNccl, OneGpuPerRankMatchesSingleGpu) {
 // The deterministic backward (fixed-order key-gradient sums) under context parallelism: two
 // runs give bitwise-equal gradients, and they match the single-GPU layer like the fast mode.
 // (At the small shape the indexer loss has no deterministic kernel: the loss is off here,
-// and its refusal is the next test.)
+// and its refusal is the next test.) Flash HCA (head_dim 512) takes the key-stationary pass
+// for its compressed rows (launch_comp_grad_keyed) on rows that start mid-sequence
+// (seg_pos0 > 0) and read halo rows, which no single-GPU test reaches.
 TEST(CudaCp, DeterministicBackwardRepeatsBitwise) {
   SKIP_WITHOUT_GPU();
-  for (int ratio : {4, 128}) {
-    SCOPED_TRACE("ratio " + std::to_string(ratio));
-    AttentionConfig cfg = gpu_config("small", ratio);
+  for (const auto& [preset, ratio] : std::vector<std::pair<std::string, int>>{{"small", 4}, {"small", 128}, {"flash", 128}}) {
+    SCOPED_TRACE(preset + " ratio " + std::to_string(ratio));
+    AttentionConfig cfg = gpu_config(preset, ratio);
     cfg.loss_coeff = 0.0;
     const SeqLayout layout = gpu_batch(cfg, CpMode::two_chunk, 2);
     const CpPartition part = CpPartition::build(layout, CpMode::two_chunk, 2);

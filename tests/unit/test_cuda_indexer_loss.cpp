@@ -584,13 +584,9 @@ TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
 // sums), and the layer's value launch (automatic: the teacher, then the rows kernel with
 // masses_given) gives the rows kernel's loss - bitwise on the rows it does not serve - and is
 // bitwise repeatable, the 128-head atomics included; the rows kernel keeps the teacher's
-// masses as they are. 16 heads: a partial head block. (Under CSATTN_INDEXER_TEACHER=mma, an
-// A/B run's other arm, the automatic launch takes the rows kernel's own teacher: only the
-// teacher's own checks apply.)
+// masses as they are. 16 heads: a partial head block.
 TEST(CudaIndexerLoss, WgmmaTeacherMatchesTheRowsKernel) {
   SKIP_WITHOUT_GPU();
-  const char* forced = std::getenv("CSATTN_INDEXER_TEACHER");
-  const bool automatic_is_teacher = forced == nullptr || std::string(forced).empty();
   for (int heads : {16, 64, 128}) {
     LossCase c = ragged("wgmma teacher, H " + std::to_string(heads), true);
     // A segment of 1200 tokens: rows of 1 to 256 candidates (top-256), so items of one to
@@ -636,7 +632,6 @@ TEST(CudaIndexerLoss, WgmmaTeacherMatchesTheRowsKernel) {
     int multi_tile = 0;
     for (int t = 0; t < T; ++t) multi_tile += in.host_vis[t] > 128 && !in.host_drop[t];
     ASSERT_GT(multi_tile, 0) << "no row of three or more tiles";
-    if (!automatic_is_teacher) continue;
 
     DeviceArray<float> kept(kept_floats), again(kept_floats);
     kept.fill_bytes(0);  // (entries no launch writes compare equal)
