@@ -15,14 +15,19 @@
 //        query-stationary kernels round them before their products)
 //   dK += P^T dO + dS^T Q                          [32 x 512] phase C (registers, all tiles)
 // Entry j of segment b is seen by the rows of b at positions p with j < (p + 1) / ratio
-// (the key list of attention_keys.cuh, the ordered scatter's predicate). Eight warps:
-//   A: 4 row blocks x 2 key halves (16 x 16 over the full 512 dims; K fragments shared by S
-//      and dP);
-//   C: 2 key blocks x 4 dim quarters, 16 keys x 128 dims = 64 fp32 registers per thread,
-//      held across the whole walk.
-// Shared memory (~168 KB): Q and dO (64 KB each, swizzled), the 32 key rows (32 KB), P and dS
-// (4 KB each), the tile's LSE and D_row. One buffer each: the next tile's dO is fetched while
-// dS^T Q runs, its Q while dP runs.
+// (the key list of attention_keys.cuh, the ordered scatter's predicate). Eight warps in two
+// groups of four: group 0 loads dO (and the row terms) and computes dP, group 1 loads Q and
+// computes S, then P and dS from S and group 0's dP (handed over in shared memory); each warp
+// takes 16 rows x all 32 keys over the full 512 dims. Then
+//   C: each warp 32 keys x 64 dims (an eighth of them) = 64 fp32 registers per thread, held
+//      across the whole walk.
+// Both mappings were chosen for shared-memory traffic, which bounds this kernel (ldmatrix
+// bytes a tile: phase A 3 loads per 4 MMAs instead of 2 per 2, phase C 6 per 16 instead of
+// 9 per 16 - ~25% and ~33% less than the first version's 16 x 16 / 16 x 128 warp tiles).
+// Shared memory (~177 KB): Q and dO (64 KB each, swizzled), the 32 key rows (32 KB), P and dS
+// (4 KB each), the tile's LSE and D_row, dP in fp32 (8 KB). One buffer each: the next tile's
+// dO is fetched while dS^T Q runs, its Q while dP runs (the groups wait only for their own
+// copies, so group 0 starts dP while Q is still landing).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -34,6 +39,7 @@
 #include "cuda/device_util.cuh"
 #include "cuda/kernel_switch.hpp"
 #include "cuda/mma_util.cuh"
+#include "cuda/wgmma_sync.cuh"
 
 namespace csattn::cuda {
 
@@ -63,8 +69,12 @@ struct Smem {  // byte offsets into the dynamic shared memory
   static constexpr int ds = p + kRows * kTileRowBytes;
   static constexpr int lse2 = ds + kRows * kTileRowBytes;  // LSE * log2(e), +inf past H
   static constexpr int drow = lse2 + kRows * 4;
-  static constexpr int bytes = drow + kRows * 4;
+  static constexpr int dp = drow + kRows * 4;  // fp32, group 0's fragments in register order
+  static constexpr int bytes = dp + kRows * kKeys * 4;
 };
+// Named barriers (0 is __syncthreads): a group's own copies landed; dP handed over.
+constexpr int kBarDout = 1, kBarQ = 2, kBarDp = 3;
+constexpr int kGroupThreads = kThreads / 2;
 
 int key_blocks_of(const LayerDims& d) { return (d.comp_capacity + kKeys - 1) / kKeys; }
 
@@ -118,6 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* ds_s = smem + Smem::ds;
   float* lse2_s = reinterpret_cast<float*>(smem + Smem::lse2);
   float* drow_s = reinterpret_cast<float*>(smem + Smem::drow);
+  float4* dp_s = reinterpret_cast<float4*>(smem + Smem::dp);
 
   const int H = d.heads;
   const int kb_id = static_cast<int>(blockIdx.x % key_blocks);
@@ -139,11 +150,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   cp_async_commit();
 
-  // One tile's rows: dO or Q of row t, heads 64 hb .. + 63 (zeros past H), and (with dO) the
-  // rows' LSE and D_row (plain stores: read after the next barrier).
+  // One tile's rows, by one group's threads: dO or Q of row t, heads 64 hb .. + 63 (zeros past
+  // H), and (with dO) the rows' LSE and D_row (plain stores: read after the next barrier).
+  const int group = warp >> 2, gt = tid & (kGroupThreads - 1);
   auto load_rows = [&](const Walk& w, unsigned char* dst, const bf16* src, bool terms) {
     const int h0 = w.hb * kRows;
-    for (int i = tid; i < kRows * kChunks; i += kThreads) {
+    for (int i = gt; i < kRows * kChunks; i += kGroupThreads) {
       const int r = i / kChunks, ch = i % kChunks;
       if (h0 + r < H)
         cp_async_16(smem_addr(dst + swz(r, ch)),
@@ -151,11 +163,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       else
         *reinterpret_cast<uint4*>(dst + swz(r, ch)) = make_uint4(0u, 0u, 0u, 0u);
     }
-    if (terms && tid < kRows) {
-      const bool real = h0 + tid < H;
-      const long i = static_cast<long>(w.t) * H + h0 + tid;
-      lse2_s[tid] = real ? lse[i] * kLog2e : INFINITY;  // P = exp2(-inf) = 0 past H
-      drow_s[tid] = real ? drow[i] : 0.0f;
+    if (terms && gt < kRows) {
+      const bool real = h0 + gt < H;
+      const long i = static_cast<long>(w.t) * H + h0 + gt;
+      lse2_s[gt] = real ? lse[i] * kLog2e : INFINITY;  // P = exp2(-inf) = 0 past H
+      drow_s[gt] = real ? drow[i] : 0.0f;
     }
   };
 
@@ -163,55 +175,70 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b_last = compressed_segment(meta.comp_start, d.segments, min(e0 + kKeys, total) - 1);
   Walk w{b_first, b_last, 0, 0, 0};
   seek_segment(w, d, meta, e0, r_lo, r_hi);
-  if (w.b <= b_last) {  // dO group, then Q group
-    load_rows(w, do_s, dout, true);
-    cp_async_commit();
-    load_rows(w, q_s, q, false);
-    cp_async_commit();
+  if (w.b <= b_last) {  // group 0: dO and the row terms; group 1: Q
+    if (group == 0)
+      load_rows(w, do_s, dout, true);
+    else
+      load_rows(w, q_s, q, false);
   }
+  cp_async_commit();
+  cp_async_wait<1>();  // this thread's key rows
+  __syncthreads();     // every thread's key rows (and the first row terms' plain stores)
 
   const float scale = d.scale, scale2 = d.scale * kLog2e;
-  const int wr = warp & 3, kh = warp >> 2;  // phase A: rows 16 wr, keys 16 kh
-  const int kb = warp & 1, dq4 = warp >> 1;  // phase C: keys 16 kb, dims 128 dq4
-  float acc[16][4];
+  const int wr = warp & 3;  // phase A: rows 16 wr, all 32 keys
+  const int dq8 = warp;     // phase C: all 32 keys, dims 64 dq8
+  float acc[2][8][4];       // phase C: keys 16 mt, dims 64 dq8 + 8 j
 #pragma unroll
-  for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
 
   // Phase C's operand addressing (attention_backward_mma.cu): A = P^T / dS^T by transposed
   // ldmatrix from the [head][key] tiles, matrix m of the x4 holding heads + 8 (m >> 1) and
   // keys + 8 (m & 1); B = dO / Q by transposed ldmatrix.
   const int m4 = lane >> 3;
-  const int a_head = (lane & 7) + ((m4 >> 1) << 3), a_chunk = 2 * kb + (m4 & 1);
+  const int a_head = (lane & 7) + ((m4 >> 1) << 3), a_chunk = m4 & 1;
   const int b_head = (lane & 7) + (((lane >> 3) & 1) << 3);
   auto product = [&](const unsigned char* a_tile, const unsigned char* b_tile) {
 #pragma unroll
     for (int ks = 0; ks < kRows / 16; ++ks) {
-      std::uint32_t a[4];
-      ldmatrix_x4_trans(smem_addr(a_tile + pswz(16 * ks + a_head, a_chunk)), a);
+      std::uint32_t a[2][4];
 #pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        const int chunk = (dq4 * 128 + np * 16) / 8 + (lane >> 4);
+      for (int mt = 0; mt < 2; ++mt)
+        ldmatrix_x4_trans(smem_addr(a_tile + pswz(16 * ks + a_head, 2 * mt + a_chunk)), a[mt]);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        const int chunk = (dq8 * 64 + np * 16) / 8 + (lane >> 4);
         std::uint32_t bv[4];
         ldmatrix_x4_trans(smem_addr(b_tile + swz(16 * ks + b_head, chunk)), bv);
-        mma_bf16(acc[2 * np], a, bv[0], bv[1]);
-        mma_bf16(acc[2 * np + 1], a, bv[2], bv[3]);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_bf16(acc[mt][2 * np], a[mt], bv[0], bv[1]);
+          mma_bf16(acc[mt][2 * np + 1], a[mt], bv[2], bv[3]);
+        }
       }
     }
   };
 
-  // Phase A's K^T product over all 512 dims for rows 16 wr (A from `a_tile`), keys 16 kh.
-  auto scores = [&](const unsigned char* a_tile, float (&s)[2][4]) {
+  // Phase A's K^T product over all 512 dims for rows 16 wr (A from `a_tile`), all 32 keys:
+  // s[j] holds keys 8 j + 2 qd (+1) of rows g and g + 8.
+  auto scores = [&](const unsigned char* a_tile, float (&s)[4][4]) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll 8
+    for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll 4
     for (int ks = 0; ks < kDim / 16; ++ks) {
       const int chunk0 = ks * 2;
-      std::uint32_t a[4], bk[4];
+      std::uint32_t a[4];
       ldmatrix_x4(smem_addr(a_tile + swz(16 * wr + (lane & 15), chunk0 + (lane >> 4))), a);
-      const int key = 16 * kh + (lane & 7) + ((lane >> 4) << 3);
-      ldmatrix_x4(smem_addr(k_s + swz(key, chunk0 + ((lane >> 3) & 1))), bk);
-      mma_bf16(s[0], a, bk[0], bk[1]);
-      mma_bf16(s[1], a, bk[2], bk[3]);
+#pragma unroll
+      for (int kq = 0; kq < 2; ++kq) {
+        std::uint32_t bk[4];
+        const int key = 16 * kq + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(smem_addr(k_s + swz(key, chunk0 + ((lane >> 3) & 1))), bk);
+        mma_bf16(s[2 * kq], a, bk[0], bk[1]);
+        mma_bf16(s[2 * kq + 1], a, bk[2], bk[3]);
+      }
     }
   };
 
@@ -225,58 +252,70 @@ __global__ void __launch_bounds__(kThreads, 1)
     next_tile(nx, d, meta, e0, r_lo, r_hi, head_blocks);
     const bool more = nx.b <= b_last;
 
-    cp_async_wait<1>();  // the keys (first tile) and this tile's dO and row terms landed
-    __syncthreads();
-    float dp[2][4], s[2][4];
-    scores(do_s, dp);
-    cp_async_wait<0>();  // this tile's Q
-    __syncthreads();
-    scores(q_s, s);
-    // P and scale * dS as bf16 into the [64 x 32] tiles; invisible keys get 0.
+    // Each group waits for its own copies only (cp.async completion is per thread), then
+    // for the rest of its group's.
+    cp_async_wait<0>();
+    float sc[4][4];
+    if (group == 0) {  // dP = dO K^T, handed to group 1 in register order
+      named_barrier_sync(kBarDout, kGroupThreads);
+      scores(do_s, sc);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = 16 * wr + g + 8 * half;
-      const float l2 = lse2_s[row], dr = drow_s[row];
+      for (int j = 0; j < 4; ++j)
+        dp_s[(wr * 4 + j) * 32 + lane] = make_float4(sc[j][0], sc[j][1], sc[j][2], sc[j][3]);
+      named_barrier_arrive(kBarDp, kThreads);
+    } else {  // S = Q K^T, then P and scale * dS as bf16 into the [64 x 32] tiles
+      named_barrier_sync(kBarQ, kGroupThreads);
+      scores(q_s, sc);
+      named_barrier_sync(kBarDp, kThreads);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int key = 16 * kh + 8 * j + 2 * qd;
-        float pv[2], dv[2];
+      for (int j = 0; j < 4; ++j) {
+        const float4 dp4 = dp_s[(wr * 4 + j) * 32 + lane];
+        const float dp[4] = {dp4.x, dp4.y, dp4.z, dp4.w};
+        const int key = 8 * j + 2 * qd;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const bool vis = key + e >= k_lo && key + e < k_hi;
-          pv[e] = vis ? exp2f(s[j][2 * half + e] * scale2 - l2) : 0.0f;
-          dv[e] = scale * pv[e] * (dp[j][2 * half + e] - dr);
+        for (int half = 0; half < 2; ++half) {
+          const int row = 16 * wr + g + 8 * half;
+          const float l2 = lse2_s[row], dr = drow_s[row];
+          float pv[2], dv[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {  // invisible keys get 0
+            const bool vis = key + e >= k_lo && key + e < k_hi;
+            pv[e] = vis ? exp2f(sc[j][2 * half + e] * scale2 - l2) : 0.0f;
+            dv[e] = scale * pv[e] * (dp[2 * half + e] - dr);
+          }
+          const int off = pswz(row, key >> 3) + (key & 7) * 2;
+          *reinterpret_cast<std::uint32_t*>(p_s + off) = pack_bf16(pv[0], pv[1]);
+          *reinterpret_cast<std::uint32_t*>(ds_s + off) = pack_bf16(dv[0], dv[1]);
         }
-        const int off = pswz(row, key >> 3) + (key & 7) * 2;
-        *reinterpret_cast<std::uint32_t*>(p_s + off) = pack_bf16(pv[0], pv[1]);
-        *reinterpret_cast<std::uint32_t*>(ds_s + off) = pack_bf16(dv[0], dv[1]);
       }
     }
-    __syncthreads();  // P, dS complete; every warp done with the row terms
+    __syncthreads();  // P, dS complete; dO and Q visible to all; the row terms and dP read
     product(p_s, do_s);  // += P^T dO
     __syncthreads();     // dO free
-    if (more) load_rows(nx, do_s, dout, true);
+    if (more && group == 0) load_rows(nx, do_s, dout, true);
     cp_async_commit();
     product(ds_s, q_s);  // += dS^T Q
     __syncthreads();     // Q, P, dS free
-    if (more) load_rows(nx, q_s, q, false);
+    if (more && group == 1) load_rows(nx, q_s, q, false);
     cp_async_commit();
     w = nx;
   }
   cp_async_wait<0>();
 
   // This chunk's partial sums of the block's entries (zeros where no row of the chunk sees
-  // them): rows 16 kb + g (+8), dims 128 dq4 + 8 j + 2 qd (+1).
+  // them): rows 16 mt + g (+8), dims 64 dq8 + 8 j + 2 qd (+1).
   float* out = partials + static_cast<long>(c) * d.comp_capacity * kDim;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int e = e0 + 16 * kb + g + 8 * half;
-    if (e >= total) continue;
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
-      *reinterpret_cast<float2*>(out + static_cast<long>(e) * kDim + dq4 * 128 + 8 * j + 2 * qd) =
-          make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
-  }
+    for (int half = 0; half < 2; ++half) {
+      const int e = e0 + 16 * mt + g + 8 * half;
+      if (e >= total) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        *reinterpret_cast<float2*>(out + static_cast<long>(e) * kDim + dq8 * 64 + 8 * j + 2 * qd) =
+            make_float2(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]);
+    }
 }
 
 // dst[e] = sum over the chunks in order of partials[c][e], for the entries e < total.
