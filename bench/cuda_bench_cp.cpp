@@ -11,9 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +24,7 @@
 #include "cuda/check.hpp"
 #include "cuda/cp_layer.hpp"
 #include "cuda_bench.hpp"
+#include "env_list.hpp"
 
 namespace csattn::bench {
 
@@ -144,20 +143,10 @@ json cp_benchmarks() {
   std::printf("%5s %7s %3s %11s %9s %9s %9s %12s %9s %9s\n", "type", "tokens", "P", "mode", "fwd ms", "loss ms",
               "bwd ms", "tokens/s", "GiB/rank", "MiB sent");
   // CSATTN_BENCH_CP_TOKENS (comma list) picks the sequence lengths.
-  std::vector<int> token_list;
-  for (int t : {32768, 65536}) token_list.push_back((t + 2 * P - 1) / (2 * P) * (2 * P));  // both modes' rule
-  if (const char* env = std::getenv("CSATTN_BENCH_CP_TOKENS")) {
-    token_list.clear();
-    std::stringstream list(env);
-    for (std::string item; std::getline(list, item, ',');) {
-      char* end = nullptr;
-      const long v = std::strtol(item.c_str(), &end, 10);
-      require(!item.empty() && *end == '\0' && v > 0 && v < (1l << 24) && v % (2 * P) == 0,
-              ErrorKind::InvalidArgument,
-              std::string("CSATTN_BENCH_CP_TOKENS: not a comma list of token counts divisible by 2P: ") + env);
-      token_list.push_back(static_cast<int>(v));
-    }
-  }
+  std::vector<int> defaults;
+  for (int t : {32768, 65536}) defaults.push_back((t + 2 * P - 1) / (2 * P) * (2 * P));  // both modes' rule
+  const std::vector<int> token_list =
+      int_list_from_env("CSATTN_BENCH_CP_TOKENS", defaults, "token counts", 1, 2 * P);
   for (int tokens : token_list)
     for (int ratio : {0, 4, 128}) {
       AttentionConfig cfg = ModelConfig::preset("flash").base;

@@ -27,6 +27,7 @@
 
 #include "bench_random.hpp"
 #include "cuda_bench.hpp"
+#include "env_list.hpp"
 #include "one_sequence_metadata.hpp"
 #include "sparse_attention_inputs.hpp"
 
@@ -381,6 +382,9 @@ namespace csattn::bench {
 
 int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
                    const std::vector<std::string>& chosen) {
+  // Each table row reaches a pipe (`| tee`) as soon as it is measured: a run killed by a
+  // device script's timeout keeps the rows it finished (stdout is block-buffered there).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   // The sections to run: `chosen`, else CSATTN_BENCH_SECTIONS (comma list), else all.
   std::string sections;
   for (const std::string& c : chosen) sections += "," + c;
@@ -476,19 +480,8 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       std::printf("%5s %7s %10s %10s %12s %9s %9s  forward stages (ms)\n", "type", "tokens", "fwd ms",
                   "bwd ms", "tokens/s", "peak GiB", "plan GiB");
       // CSATTN_BENCH_LAYER_TOKENS (comma list) picks the sequence lengths.
-      std::vector<int> token_list{4096, 16384, 65536};
-      if (const char* env = std::getenv("CSATTN_BENCH_LAYER_TOKENS")) {
-        token_list.clear();
-        std::stringstream list(env);
-        for (std::string item; std::getline(list, item, ',');) {
-          char* end = nullptr;
-          const long v = std::strtol(item.c_str(), &end, 10);
-          require(!item.empty() && *end == '\0' && v > 0 && v < (1l << 24),
-                  ErrorKind::InvalidArgument,
-                  std::string("CSATTN_BENCH_LAYER_TOKENS: not a comma list of token counts: ") + env);
-          token_list.push_back(static_cast<int>(v));
-        }
-      }
+      const std::vector<int> token_list =
+          int_list_from_env("CSATTN_BENCH_LAYER_TOKENS", {4096, 16384, 65536}, "token counts");
       for (int tokens : token_list)
         for (int ratio : {0, 4, 128}) {
           std::fprintf(stderr, "cuda_bench: layer ratio %d tokens %d\n", ratio, tokens);
@@ -526,11 +519,18 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       // What the fixed-order key-gradient sums cost: the same backward in both modes.
       std::printf("\nbackward, fast (atomic) vs deterministic mode (flash shape, one sequence)\n");
       std::printf("%5s %7s %12s %12s %8s %10s\n", "type", "tokens", "fast ms", "determ. ms", "ratio", "peak GiB");
-      // HCA at 128K: long segments' rows carry a slot per visible entry (the scratch's
-      // chunk width, BackwardPlan::kDeterministicMinChunkCtas).
-      for (auto [tokens, ratio] : {std::pair{4096, 0}, std::pair{4096, 4}, std::pair{4096, 128},
-                                   std::pair{16384, 0}, std::pair{16384, 4}, std::pair{16384, 128},
-                                   std::pair{131072, 128}}) {
+      // HCA at 128K: long segments' rows see many compressed entries (the key-stationary
+      // pass's scale). CSATTN_BENCH_DET_TOKENS / CSATTN_BENCH_DET_RATIOS (comma lists) pick
+      // the cases instead: every listed ratio at every listed token count.
+      std::vector<std::pair<int, int>> det_cases{{4096, 0},  {4096, 4},  {4096, 128},   {16384, 0},
+                                                 {16384, 4}, {16384, 128}, {131072, 128}};
+      if (std::getenv("CSATTN_BENCH_DET_TOKENS") || std::getenv("CSATTN_BENCH_DET_RATIOS")) {
+        det_cases.clear();
+        for (int tokens : int_list_from_env("CSATTN_BENCH_DET_TOKENS", {4096, 16384}, "token counts"))
+          for (int ratio : int_list_from_env("CSATTN_BENCH_DET_RATIOS", {0, 4, 128}, "layer ratios (0, 4, 128)", 0))
+            det_cases.emplace_back(tokens, ratio);
+      }
+      for (auto [tokens, ratio] : det_cases) {
         std::fprintf(stderr, "cuda_bench: deterministic backward ratio %d tokens %d\n", ratio, tokens);
         json fast = layer_case("flash", ratio, tokens, true, false);
         json det = layer_case("flash", ratio, tokens, true, true);
