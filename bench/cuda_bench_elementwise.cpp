@@ -103,6 +103,12 @@ json elementwise_benchmarks(double copy_tbps) {
   const std::size_t big = static_cast<std::size_t>(kTargetBytes / 2) + (1u << 20);  // bf16 elements
   bf16* in = device_alloc<bf16>(big);
   bf16* out = device_alloc<bf16>(big);
+  // The same-size copies' buffers: the largest case moves ~805 MB (the q backward's three
+  // [4096 * 64, 512] passes), so half of it is read and half written.
+  constexpr std::size_t kCopyBytes = std::size_t{512} << 20;
+  unsigned char* copy_src = device_alloc<unsigned char>(kCopyBytes);
+  unsigned char* copy_dst = device_alloc<unsigned char>(kCopyBytes);
+  CSATTN_CUDA_CHECK(cudaMemset(copy_src, 1, kCopyBytes));
   bf16* weight = device_alloc<bf16>(std::max(D, cfg.q_lora_rank));
   fill_random_bf16(in, big, 1);
   fill_random_bf16(weight, std::max(D, cfg.q_lora_rank), 2);
@@ -115,11 +121,13 @@ json elementwise_benchmarks(double copy_tbps) {
               "of same-size", "ref ms");
   auto report = [&](const std::string& name, int tokens, double bytes, double ms, double ref_ms) {
     const double tbps = bytes / (ms * 1e-3) / 1e12;
-    // A device copy moving the same bytes (half read, half written), between the same buffers.
+    // A device copy moving the same bytes (half read, half written).
     const std::size_t half = static_cast<std::size_t>(bytes / 2.0);
+    require(half <= kCopyBytes, ErrorKind::Internal,
+            "the elementwise benchmark's same-size copy needs " + std::to_string(half) + " bytes a buffer");
     const double copy_ms = median_event_ms(
-        [&] { CSATTN_CUDA_CHECK(cudaMemcpyAsync(out, in, half, cudaMemcpyDeviceToDevice, nullptr)); }, nullptr, 3,
-        20);
+        [&] { CSATTN_CUDA_CHECK(cudaMemcpyAsync(copy_dst, copy_src, half, cudaMemcpyDeviceToDevice, nullptr)); },
+        nullptr, 3, 20);
     const double same_size_tbps = 2.0 * half / (copy_ms * 1e-3) / 1e12;
     json j{{"kernel", name}, {"tokens", tokens}, {"bytes", bytes}, {"ms", ms}, {"tbps", tbps},
            {"fraction_of_copy", tbps / copy_tbps}, {"same_size_copy_tbps", same_size_tbps},
@@ -206,7 +214,8 @@ json elementwise_benchmarks(double copy_tbps) {
     report(name, T, bytes, ms, ref);
   }
   for (void* p : {static_cast<void*>(in), static_cast<void*>(out), static_cast<void*>(weight),
-                  static_cast<void*>(ape), static_cast<void*>(dx), static_cast<void*>(rstd)})
+                  static_cast<void*>(ape), static_cast<void*>(dx), static_cast<void*>(rstd),
+                  static_cast<void*>(copy_src), static_cast<void*>(copy_dst)})
     cudaFree(p);
   return cases;
 }

@@ -527,8 +527,12 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       if (std::getenv("CSATTN_BENCH_DET_TOKENS") || std::getenv("CSATTN_BENCH_DET_RATIOS")) {
         det_cases.clear();
         for (int tokens : int_list_from_env("CSATTN_BENCH_DET_TOKENS", {4096, 16384}, "token counts"))
-          for (int ratio : int_list_from_env("CSATTN_BENCH_DET_RATIOS", {0, 4, 128}, "layer ratios (0, 4, 128)", 0))
+          for (int ratio : int_list_from_env("CSATTN_BENCH_DET_RATIOS", {0, 4, 128}, "layer ratios (0, 4, 128)", 0)) {
+            // (Checked here, not minutes later in the case itself.)
+            require(ratio == 0 || ratio == 4 || ratio == 128, ErrorKind::InvalidArgument,
+                    "CSATTN_BENCH_DET_RATIOS: the layer ratios are 0, 4 and 128, not " + std::to_string(ratio));
             det_cases.emplace_back(tokens, ratio);
+          }
       }
       for (auto [tokens, ratio] : det_cases) {
         std::fprintf(stderr, "cuda_bench: deterministic backward ratio %d tokens %d\n", ratio, tokens);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (device tool), from the repository root: the A/B runs the
-# thirteenth session left, in one call, the parts of AB_PARTS (default "d a b") in that order,
-# each skipped when the call's time (AB_BUDGET_S, default 570 s) cannot hold it:
+# thirteenth session left, in one call, the parts of AB_PARTS (default "d a b") in that order;
+# t and d always run (each step under its own timeout), a and b are skipped when the call's
+# time left (AB_BUDGET_S, default 570 s) cannot hold them:
 #   t/ (only when listed) the tests of the thirteenth session's changes through ctest, 8 at a
 #      time: the key-stationary pass's kernel, layer, graph and CP tests, the indexer loss
 #      (passed on an H100 on 2026-12-06 - rerun after changing that code);
