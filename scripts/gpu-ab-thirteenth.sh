@@ -3,20 +3,21 @@
 # thirteenth session left, in one call, the parts of AB_PARTS (default "d a b") in that order;
 # t and d always run (each step under its own timeout), a and b are skipped when the call's
 # time left (AB_BUDGET_S, default 570 s) cannot hold them:
-#   t/ (only when listed) the tests of the thirteenth session's changes through ctest, 8 at a
-#      time: the key-stationary pass's kernel, layer, graph and CP tests, the indexer loss
-#      (passed on an H100 on 2026-12-06 - rerun after changing that code);
-#   d/ CSATTN_HCA_DET_GRADS=default|scratch - the deterministic HCA backward's compressed rows
-#      key-stationary or on the per-(row, slot) scratch: the deterministic section's HCA rows
-#      at 16K and 128K tokens (CSATTN_BENCH_DET_TOKENS / _RATIOS), per value;
+#   t/ (only when listed) the key-stationary pass's kernel, layer, graph, memory and CP tests
+#      through ctest, 8 at a time, with CSATTN_HCA_DET_GRADS=wgmma (its wgmma kernel, written
+#      without a device; the default mma.sync kernel passed them on an H100 on 2026-12-06);
+#   d/ CSATTN_HCA_DET_GRADS=default|wgmma|scratch - the deterministic HCA backward's compressed
+#      rows key-stationary on mma.sync or on wgmma, or on the per-(row, slot) scratch: the
+#      deterministic section's HCA rows at 16K and 128K tokens (CSATTN_BENCH_DET_TOKENS /
+#      _RATIOS), per value;
 #   a/ CSATTN_DK_FLUSH=fragments|lines - the attention backward tests with `lines` (the default
 #      passed the whole suite), then the attention_backward section per value, then the
 #      reductions section once (what each flush layout can reach) with the time left;
 #   b/ CSATTN_INDEXER_SELECT=default|shared - the indexer section per value (its tests passed
 #      with `shared` on an H100 on 2026-12-06).
 # Each part's summary.txt (and tests.log / ctest.log) come back under $OUT/<part>. A 600 s call
-# holds "d a" or "b" (the H100 took > 130 s for the whole deterministic section and > 76 s for
-# the indexer section), so the next session's calls are AB_PARTS="d a", then AB_PARTS=b.
+# holds about "t d", "a" or "b" (the H100 took > 130 s for the whole deterministic section and
+# > 76 s for the indexer section): the next session's calls are AB_PARTS="t d", then a, then b.
 # Here, first: scripts/prepare-device-deps.sh; call the device tool with carry: [".device"].
 set -uo pipefail
 O=${OUT:-$PWD/out}
@@ -27,15 +28,15 @@ has() { [[ "$parts" == *" $1 "* ]]; }
 mkdir -p "$O/t"
 ( OUT=$O/t; source scripts/device-build.sh ) || exit 1
 if has t; then
-  echo "== ctest: the thirteenth session's changes"
-  ctest --test-dir build-gpu -j 8 --timeout 200 --output-on-failure \
-    -R 'ratio128|CudaAttentionBackwardLong|CudaIndexerLoss|CudaCp.Deterministic|CudaDeterministic.*HCA|CudaDeviceLayerGraph.*HCA|CudaLayerMemory' \
+  echo "== ctest: the keyed pass's tests with CSATTN_HCA_DET_GRADS=wgmma"
+  CSATTN_HCA_DET_GRADS=wgmma ctest --test-dir build-gpu -j 8 --timeout 200 --output-on-failure \
+    -R 'ratio128|CudaAttentionBackwardLong|CudaCp.Deterministic|CudaDeterministic.*HCA|CudaDeviceLayerGraph.*HCA|CudaLayerMemory' \
     > "$O/t/ctest.log" 2>&1
   grep -E "tests passed|\*\*\*Failed|Failure" "$O/t/ctest.log" | head -20
 fi
 if has d; then
   OUT=$O/d CSATTN_BENCH_DET_TOKENS=16384,131072 CSATTN_BENCH_DET_RATIOS=128 COMPARE_VAR=CSATTN_HCA_DET_GRADS \
-    COMPARE_VALUES="default scratch" CSATTN_BENCH_SECTIONS=deterministic COMPARE_BENCH_TIMEOUT=150 \
+    COMPARE_VALUES="default wgmma scratch" CSATTN_BENCH_SECTIONS=deterministic COMPARE_BENCH_TIMEOUT=130 \
     bash scripts/gpu-compare.sh
 fi
 if has a; then

@@ -33,6 +33,7 @@
 #include <string>
 
 #include "cuda/backward_kernels.hpp"
+#include "cuda/attention_keyed_walk.cuh"
 #include "cuda/attention_mma_tiles.cuh"
 #include "cuda/attention_row_terms.cuh"
 #include "cuda/check.hpp"
@@ -76,45 +77,15 @@ struct Smem {  // byte offsets into the dynamic shared memory
 constexpr int kBarDout = 1, kBarQ = 2, kBarDp = 3;
 constexpr int kGroupThreads = kThreads / 2;
 
-int key_blocks_of(const LayerDims& d) { return (d.comp_capacity + kKeys - 1) / kKeys; }
-
-// The walk's position: segment b of the block's entries, row t, head block hb. next() steps
-// in the fixed order (rows ascending within a segment, head blocks within a row, segments
-// ascending); done once past the last segment.
-struct Walk {
-  int b, b_last, t, t_end, hb;
-};
-
-__device__ __forceinline__ void seek_segment(Walk& w, const LayerDims& d, const DeviceMetadata& m,
-                                             int e0, int r_lo, int r_hi) {
-  // (r_hi <= d.rows: a run's cu_padded end may lie past the rows that exist.)
-  for (; w.b <= w.b_last; ++w.b) {
-    // The block's first entry in segment b, segment-local: rows at positions before the
-    // first one that sees it see none of the block's entries of b. Found by binary search
-    // over the run's rows (positions ascend along them), not by arithmetic: the kernels'
-    // contract lets the query rows be a subset of the run's positions (attention_keys.cuh).
-    const int j0 = max(e0, m.comp_start[w.b]) - m.comp_start[w.b];
-    const int need = (j0 + 1) * d.ratio - 1;
-    int lo = max(m.cu_padded[w.b], r_lo), hi = min(m.cu_padded[w.b + 1], r_hi);
-    w.t_end = hi;
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (m.row_position[mid] < need) lo = mid + 1; else hi = mid;
-    }
-    w.t = lo;
-    w.hb = 0;
-    if (w.t < w.t_end) return;
-  }
+// CSATTN_HCA_DET_GRADS: "" (this file's mma.sync kernel), "scratch" (no keyed pass: the
+// per-(row, slot) scratch) or "wgmma" (attention_backward_keyed_wgmma.cu, 64 entries a CTA).
+const std::string& det_grads_switch() {
+  static const std::string value = kernel_switch("CSATTN_HCA_DET_GRADS", {"scratch", "wgmma"});
+  return value;
 }
-
-__device__ __forceinline__ void next_tile(Walk& w, const LayerDims& d, const DeviceMetadata& m,
-                                          int e0, int r_lo, int r_hi, int head_blocks) {
-  if (++w.hb < head_blocks) return;
-  w.hb = 0;
-  if (++w.t < w.t_end) return;
-  ++w.b;
-  seek_segment(w, d, m, e0, r_lo, r_hi);
-}
+bool keyed_on_wgmma() { return det_grads_switch() == "wgmma"; }
+int entries_per_cta() { return keyed_on_wgmma() ? comp_grad_keyed_wgmma_entries() : kKeys; }
+int key_blocks_of(const LayerDims& d) { return (d.comp_capacity + entries_per_cta() - 1) / entries_per_cta(); }
 
 __global__ void __launch_bounds__(kThreads, 1)
     comp_grad_keyed_kernel(LayerDims d, DeviceMetadata meta, const bf16* q, const bf16* comp,
@@ -362,8 +333,7 @@ bool comp_grad_keyed_applies(const LayerDims& d) {
 bool deterministic_comp_keyed(const LayerDims& d) {
   // CSATTN_HCA_DET_GRADS=scratch: the per-(row, slot) scratch for HCA's compressed rows too
   // (the A/B of the keyed pass).
-  static const bool scratch = kernel_switch("CSATTN_HCA_DET_GRADS", {"scratch"}) == "scratch";
-  return !scratch && comp_grad_keyed_applies(d);
+  return det_grads_switch() != "scratch" && comp_grad_keyed_applies(d);
 }
 
 int comp_grad_keyed_chunks(const LayerDims& d) {
@@ -401,13 +371,18 @@ void launch_comp_grad_keyed(const LayerDims& d, const DeviceMetadata& meta, cons
   const int chunk_rows = (d.rows + chunks - 1) / chunks;
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   float* partials = chunks > 1 ? scratch : dcomp_acc;
-  allow_dynamic_smem(comp_grad_keyed_kernel, Smem::bytes,
-                     "the key-stationary compressed-row gradient");
-  const long blocks = static_cast<long>(key_blocks) * chunks;
-  require(blocks < (1l << 31), ErrorKind::Unsupported, "too many compressed rows for one launch");
-  comp_grad_keyed_kernel<<<static_cast<unsigned>(blocks), kThreads, Smem::bytes, stream>>>(
-      d, meta, q, comp, lse, drow, dout, partials, key_blocks, chunk_rows, head_blocks);
-  CSATTN_CUDA_LAUNCH_CHECK();
+  if (keyed_on_wgmma()) {
+    launch_comp_grad_keyed_wgmma_kernel(d, meta, q, comp, lse, drow, dout, partials, key_blocks, chunks,
+                                        chunk_rows, head_blocks, stream);
+  } else {
+    allow_dynamic_smem(comp_grad_keyed_kernel, Smem::bytes,
+                       "the key-stationary compressed-row gradient");
+    const long blocks = static_cast<long>(key_blocks) * chunks;
+    require(blocks < (1l << 31), ErrorKind::Unsupported, "too many compressed rows for one launch");
+    comp_grad_keyed_kernel<<<static_cast<unsigned>(blocks), kThreads, Smem::bytes, stream>>>(
+        d, meta, q, comp, lse, drow, dout, partials, key_blocks, chunk_rows, head_blocks);
+    CSATTN_CUDA_LAUNCH_CHECK();
+  }
   if (chunks > 1) {
     const long total4 = static_cast<long>(d.comp_capacity) * (kDim / 4);
     sum_chunks_kernel<<<static_cast<unsigned>(std::min<long>((total4 + 255) / 256, 4096)), 256, 0,

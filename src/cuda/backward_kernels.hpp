@@ -112,7 +112,8 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
 // (GradChunk::window_only). Applies to HCA layers with head_dim 512.
 bool comp_grad_keyed_applies(const LayerDims& d);
 // What the layer's deterministic backward (and its plan) does: comp_grad_keyed_applies unless
-// CSATTN_HCA_DET_GRADS=scratch keeps HCA's compressed rows on the chunk scratch (A/B runs).
+// CSATTN_HCA_DET_GRADS=scratch keeps HCA's compressed rows on the chunk scratch (A/B runs;
+// CSATTN_HCA_DET_GRADS=wgmma: the keyed pass on its wgmma kernel).
 bool deterministic_comp_keyed(const LayerDims& d);
 int comp_grad_keyed_chunks(const LayerDims& d);
 std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d);
@@ -120,6 +121,14 @@ void launch_comp_grad_keyed(const LayerDims& d, const DeviceMetadata& meta, cons
                             const bf16* comp, const bf16* out, const float* lse,
                             const bf16* dout, float* drow, float* dcomp_acc, float* scratch,
                             std::size_t scratch_bytes, cudaStream_t stream);
+// Its wgmma kernel (attention_backward_keyed_wgmma.cu; CSATTN_HCA_DET_GRADS=wgmma, a
+// candidate): the entries a CTA owns, and the launch of the kernel alone (partials: chunk c's
+// sums at partials + c * comp_capacity * 512; D_row already in drow).
+int comp_grad_keyed_wgmma_entries();
+void launch_comp_grad_keyed_wgmma_kernel(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
+                                         const bf16* comp, const float* lse, const float* drow,
+                                         const bf16* dout, float* partials, int key_blocks, int chunks,
+                                         int chunk_rows, int head_blocks, cudaStream_t stream);
 
 // dst[i] += sum over rows of part[row, i] in a fixed order (deterministic): up to
 // kColumnSumChunks row chunks, each summed in row order (8 warps interleaved, then the warps

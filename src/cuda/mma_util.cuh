@@ -48,5 +48,9 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
+// The inverse: a bf16 pair (low half first) as two floats.
+__device__ __forceinline__ float2 unpack_bf16(std::uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
 
 }  // namespace csattn::cuda
