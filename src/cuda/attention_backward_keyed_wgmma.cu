@@ -15,9 +15,12 @@
 //   WG c: dK[64 x dims 256c .. +255] += P^T dO + dS^T Q (m64n256k16, the [heads x dims]
 //        tiles read MN-major; its own product's operand from registers, the other from the
 //        tile), 128 fp32 registers held across the whole walk.
-// Shared memory (~206 KB): the key tile, Q and dO (64 KB each), P and dS (8 KB each), the
-// tile's LSE and D_row. Loads are cp.async by the warpgroup that first needs them (WG0: Q and
-// LSE, WG1: dO and D_row), issued when the previous tile's products are done (one buffer each).
+// Shared memory (~209 KB): the key tile, Q and dO (64 KB each), P and dS (8 KB each), the
+// tile's LSE and D_row. One buffer each; a warpgroup loads what its phase A needs (WG0: Q and
+// LSE, WG1: dO and D_row) and waits only for its own copies. The products that read dO are
+// committed first: once both warpgroups' are done, WG1 fetches the next dO while the Q
+// products run; WG0 fetches the next Q after those (and starts S when it lands, while WG1
+// may already be computing dP).
 #include <algorithm>
 #include <cmath>
 
@@ -41,8 +44,11 @@ constexpr int kThreads = 256;
 constexpr int kTileBytes = 64 * kDim * 2;  // a [64 x 512] bf16 tile
 constexpr int kPairBytes = 64 * 64 * 2;    // a [64 x 64] bf16 tile
 constexpr float kLog2e = kAttentionLog2e;
-// Named barriers (0 is __syncthreads, not used: the warpgroups run separate loops).
-constexpr int kBarTiles = 1, kBarP = 2, kBarDs = 3, kBarFree = 4;
+// Named barriers (0 is __syncthreads, not used: the warpgroups run separate loops): the key
+// tile landed (all threads); a warpgroup's own copies landed (128 threads: WG0's Q, WG1's
+// dO); P^T and dS^T handed over; both warpgroups' dO products done; all products done.
+constexpr int kBarKeys = 1, kBarQ = 2, kBarDout = 3, kBarP = 4, kBarDs = 5, kBarDoutFree = 6,
+              kBarFree = 7;
 
 struct Smem {  // byte offsets from the 1024-aligned base
   static constexpr int keys = 0;
@@ -93,6 +99,9 @@ __device__ __forceinline__ void keyed_wgmma_walk(const LayerDims& d, const Devic
   seek_segment(w, d, meta, e0, r_lo, r_hi);
   if (w.b <= b_last) load(w);
   cp_async_commit();
+  cp_async_wait<1>();  // this thread's key rows (its first tile's copies may still fly)
+  fence_proxy_async_smem();
+  named_barrier_sync(kBarKeys, kThreads);  // every thread's key rows
 
   const float scale = d.scale, scale2 = d.scale * kLog2e;
   float dk[128];
@@ -112,9 +121,9 @@ __device__ __forceinline__ void keyed_wgmma_walk(const LayerDims& d, const Devic
     next_tile(nx, d, meta, e0, r_lo, r_hi, head_blocks);
     const bool more = nx.b <= b_last;
 
-    cp_async_wait_all();  // this thread's copies (the key tile, then this tile's rows)
+    cp_async_wait_all();  // this thread's copies of this tile's rows
     fence_proxy_async_smem();
-    named_barrier_sync(kBarTiles, kThreads);  // every thread's copies and row terms
+    named_barrier_sync(WG == 0 ? kBarQ : kBarDout, 128);  // the warpgroup's copies and row terms
 
     wgmma_fence();
     qk_half(s, k_base, WG == 0 ? q_base : do_base, 0, true);
@@ -156,20 +165,25 @@ __device__ __forceinline__ void keyed_wgmma_walk(const LayerDims& d, const Devic
       named_barrier_sync(kBarDs, kThreads);
     }
 
-    // dK[:, 256 WG .. +255] += P^T dO + dS^T Q.
+    // dK[:, 256 WG .. +255] += P^T dO (one commit group), then + dS^T Q (a second).
     wgmma_fence();
-    if (WG == 0) {
+    if (WG == 0)
       pv_half_regs(dk, p, do_base, 0);
-      pv_half_smem(dk, ds_base, q_base, 0);
-    } else {
+    else
       pv_half_smem(dk, p_base, do_base, 1);
-      pv_half_regs(dk, p, q_base, 1);
-    }
     wgmma_commit();
+    if (WG == 0)
+      pv_half_smem(dk, ds_base, q_base, 0);
+    else
+      pv_half_regs(dk, p, q_base, 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // this warpgroup's dO product
+    named_barrier_sync(kBarDoutFree, kThreads);  // both warpgroups' (and WG1's D_row reads)
+    if (WG == 1 && more) load(nx);  // the next dO and D_row, under the Q products
     wgmma_wait<0>();
     wgmma_pin(dk);
-    named_barrier_sync(kBarFree, kThreads);  // Q, dO, P, dS and the row terms free
-    if (more) load(nx);
+    named_barrier_sync(kBarFree, kThreads);  // Q, P, dS and the LSE free
+    if (WG == 0 && more) load(nx);
     cp_async_commit();
     w = nx;
   }
