@@ -182,7 +182,7 @@ __device__ __forceinline__ void keyed_wgmma_walk(const LayerDims& d, const Devic
     if (WG == 1 && more) load(nx);  // the next dO and D_row, under the Q products
     wgmma_wait<0>();
     wgmma_pin(dk);
-    named_barrier_sync(kBarFree, kThreads);  // Q, P, dS and the LSE free
+    named_barrier_sync(kBarFree, kThreads);  // Q, dS and the LSE free (P was at kBarDoutFree)
     if (WG == 0 && more) load(nx);
     cp_async_commit();
     w = nx;
