@@ -4,8 +4,10 @@
 # t and d always run (each step under its own timeout), a and b are skipped when the call's
 # time left (AB_BUDGET_S, default 570 s) cannot hold them:
 #   t/ (only when listed) the key-stationary pass's kernel, layer, graph, memory and CP tests
-#      through ctest, 8 at a time, with CSATTN_HCA_DET_GRADS=wgmma (its wgmma kernel, written
-#      without a device; the default mma.sync kernel passed them on an H100 on 2026-12-06);
+#      through ctest, 8 at a time, with CSATTN_HCA_DET_GRADS=wgmma, so that the layer-level
+#      tests take its wgmma kernel (written without a device; the kernel-level tests run both
+#      kernels whatever the variable says; the default mma.sync kernel passed them all on an
+#      H100 on 2026-12-06);
 #   d/ CSATTN_HCA_DET_GRADS=default|wgmma|scratch - the deterministic HCA backward's compressed
 #      rows key-stationary on mma.sync or on wgmma, or on the per-(row, slot) scratch: the
 #      deterministic section's HCA rows at 16K and 128K tokens (CSATTN_BENCH_DET_TOKENS /

@@ -83,9 +83,13 @@ const std::string& det_grads_switch() {
   static const std::string value = kernel_switch("CSATTN_HCA_DET_GRADS", {"scratch", "wgmma"});
   return value;
 }
-bool keyed_on_wgmma() { return det_grads_switch() == "wgmma"; }
-int entries_per_cta() { return keyed_on_wgmma() ? comp_grad_keyed_wgmma_entries() : kKeys; }
-int key_blocks_of(const LayerDims& d) { return (d.comp_capacity + entries_per_cta() - 1) / entries_per_cta(); }
+bool on_wgmma(KeyedKernel k) {
+  return k == KeyedKernel::wgmma || (k == KeyedKernel::automatic && det_grads_switch() == "wgmma");
+}
+int entries_per_cta(KeyedKernel k) { return on_wgmma(k) ? comp_grad_keyed_wgmma_entries() : kKeys; }
+int key_blocks_of(const LayerDims& d, KeyedKernel k) {
+  return (d.comp_capacity + entries_per_cta(k) - 1) / entries_per_cta(k);
+}
 
 __global__ void __launch_bounds__(kThreads, 1)
     comp_grad_keyed_kernel(LayerDims d, DeviceMetadata meta, const bf16* q, const bf16* comp,
@@ -102,12 +106,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float4* dp_s = reinterpret_cast<float4*>(smem + Smem::dp);
 
   const int H = d.heads;
-  const int kb_id = static_cast<int>(blockIdx.x % key_blocks);
-  const int c = static_cast<int>(blockIdx.x / key_blocks);
-  const int e0 = kb_id * kKeys;
-  const int total = meta.comp_start[d.segments];
-  if (e0 >= total) return;  // capacity rows without an entry: nobody reads their partials
-  const int r_lo = c * chunk_rows, r_hi = min(d.rows, r_lo + chunk_rows);
+  const KeyedCta cta = keyed_cta(d, meta, key_blocks, chunk_rows, kKeys);
+  if (cta.e0 >= cta.total) return;  // capacity rows without an entry: nobody reads their partials
+  const int c = cta.c, e0 = cta.e0, total = cta.total, r_lo = cta.r_lo, r_hi = cta.r_hi;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, qd = lane & 3;
 
@@ -142,10 +143,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  const int b_first = compressed_segment(meta.comp_start, d.segments, e0);
-  const int b_last = compressed_segment(meta.comp_start, d.segments, min(e0 + kKeys, total) - 1);
-  Walk w{b_first, b_last, 0, 0, 0};
-  seek_segment(w, d, meta, e0, r_lo, r_hi);
+  Walk w = start_walk(d, meta, cta, kKeys);
+  const int b_last = w.b_last;
   if (w.b <= b_last) {  // group 0: dO and the row terms; group 1: Q
     if (group == 0)
       load_rows(w, do_s, dout, true);
@@ -214,11 +213,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   while (w.b <= b_last) {
-    // The tile's visible keys: k in [k_lo, k_hi) (entries of segment b with j < (pos+1)/ratio).
-    const int cs = meta.comp_start[w.b];
-    const int k_lo = max(0, cs - e0);
-    const int k_hi = min(min(kKeys, meta.comp_start[w.b + 1] - e0),
-                         cs + (meta.row_position[w.t] + 1) / d.ratio - e0);
+    int k_lo, k_hi;  // the tile's visible entries (local indices)
+    visible_entries(w, d, meta, e0, kKeys, k_lo, k_hi);
     Walk nx = w;
     next_tile(nx, d, meta, e0, r_lo, r_hi, head_blocks);
     const bool more = nx.b <= b_last;
@@ -336,14 +332,14 @@ bool deterministic_comp_keyed(const LayerDims& d) {
   return det_grads_switch() != "scratch" && comp_grad_keyed_applies(d);
 }
 
-int comp_grad_keyed_chunks(const LayerDims& d) {
-  const int blocks = std::max(1, key_blocks_of(d));
+int comp_grad_keyed_chunks(const LayerDims& d, KeyedKernel kernel) {
+  const int blocks = std::max(1, key_blocks_of(d, kernel));
   const int by_rows = std::max(1, (d.rows + kMinChunkRows - 1) / kMinChunkRows);
   return std::max(1, std::min((kTargetCtas + blocks - 1) / blocks, by_rows));
 }
 
-std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d) {
-  const int chunks = comp_grad_keyed_chunks(d);
+std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d, KeyedKernel kernel) {
+  const int chunks = comp_grad_keyed_chunks(d, kernel);
   return chunks > 1 ? sizeof(float) * static_cast<std::size_t>(chunks) *
                           static_cast<std::size_t>(d.comp_capacity) * kDim
                     : 0;
@@ -352,33 +348,33 @@ std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d) {
 void launch_comp_grad_keyed(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                             const bf16* comp, const bf16* out, const float* lse,
                             const bf16* dout, float* drow, float* dcomp_acc, float* scratch,
-                            std::size_t scratch_bytes, cudaStream_t stream) {
+                            std::size_t scratch_bytes, cudaStream_t stream, KeyedKernel kernel) {
   require(comp_grad_keyed_applies(d), ErrorKind::Unsupported,
           "the key-stationary compressed-row gradient needs an HCA layer with head_dim 512");
   if (d.rows <= 0) return;
-  const int chunks = comp_grad_keyed_chunks(d);
-  require(scratch_bytes >= comp_grad_keyed_scratch_bytes(d) && (chunks == 1 || scratch != nullptr),
-          ErrorKind::InvalidArgument,
-          "the key-stationary compressed-row gradient needs " +
-              std::to_string(comp_grad_keyed_scratch_bytes(d)) + " bytes of scratch, got " +
-              std::to_string(scratch_bytes));
+  const int chunks = comp_grad_keyed_chunks(d, kernel);
+  const std::size_t needed = comp_grad_keyed_scratch_bytes(d, kernel);
+  require(scratch_bytes >= needed && (chunks == 1 || scratch != nullptr), ErrorKind::InvalidArgument,
+          "the key-stationary compressed-row gradient needs " + std::to_string(needed) +
+              " bytes of scratch, got " + std::to_string(scratch_bytes));
   const long head_rows = static_cast<long>(d.rows) * d.heads;
   row_dot_kernel<<<static_cast<unsigned>(std::min<long>((head_rows + 7) / 8, 1l << 20)), 256, 0,
                    stream>>>(out, dout, head_rows, drow);
   CSATTN_CUDA_LAUNCH_CHECK();
 
-  const int key_blocks = key_blocks_of(d);
+  const int key_blocks = key_blocks_of(d, kernel);
   const int chunk_rows = (d.rows + chunks - 1) / chunks;
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   float* partials = chunks > 1 ? scratch : dcomp_acc;
-  if (keyed_on_wgmma()) {
-    launch_comp_grad_keyed_wgmma_kernel(d, meta, q, comp, lse, drow, dout, partials, key_blocks, chunks,
+  // Every chunk's CTAs run (a chunk past the rows writes its zeros): sum_chunks reads them all.
+  const long blocks = static_cast<long>(key_blocks) * chunks;
+  require(blocks < (1l << 31), ErrorKind::Unsupported, "too many compressed rows for one launch");
+  if (on_wgmma(kernel)) {
+    launch_comp_grad_keyed_wgmma_kernel(d, meta, q, comp, lse, drow, dout, partials, blocks, key_blocks,
                                         chunk_rows, head_blocks, stream);
   } else {
     allow_dynamic_smem(comp_grad_keyed_kernel, Smem::bytes,
                        "the key-stationary compressed-row gradient");
-    const long blocks = static_cast<long>(key_blocks) * chunks;
-    require(blocks < (1l << 31), ErrorKind::Unsupported, "too many compressed rows for one launch");
     comp_grad_keyed_kernel<<<static_cast<unsigned>(blocks), kThreads, Smem::bytes, stream>>>(
         d, meta, q, comp, lse, drow, dout, partials, key_blocks, chunk_rows, head_blocks);
     CSATTN_CUDA_LAUNCH_CHECK();

@@ -67,10 +67,10 @@ struct Smem {  // byte offsets from the 1024-aligned base
 template <int WG>
 __device__ __forceinline__ void keyed_wgmma_walk(const LayerDims& d, const DeviceMetadata& meta,
                                                  const bf16* q, const float* lse, const float* drow,
-                                                 const bf16* dout, float* out, int e0, int total,
-                                                 int r_lo, int r_hi, int head_blocks,
-                                                 unsigned char* smem, std::uint32_t base) {
+                                                 const bf16* dout, float* out, const KeyedCta& cta,
+                                                 int head_blocks, unsigned char* smem, std::uint32_t base) {
   const int H = d.heads;
+  const int e0 = cta.e0, total = cta.total, r_lo = cta.r_lo, r_hi = cta.r_hi;
   const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, w4 = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, qd = lane & 3;
   const int row0 = 16 * w4 + g, row1 = row0 + 8;  // entries (local) of this thread's fragments
@@ -93,10 +93,8 @@ __device__ __forceinline__ void keyed_wgmma_walk(const LayerDims& d, const Devic
     }
   };
 
-  const int b_first = compressed_segment(meta.comp_start, d.segments, e0);
-  const int b_last = compressed_segment(meta.comp_start, d.segments, min(e0 + kEntries, total) - 1);
-  Walk w{b_first, b_last, 0, 0, 0};
-  seek_segment(w, d, meta, e0, r_lo, r_hi);
+  Walk w = start_walk(d, meta, cta, kEntries);
+  const int b_last = w.b_last;
   if (w.b <= b_last) load(w);
   cp_async_commit();
   cp_async_wait<1>();  // this thread's key rows (its first tile's copies may still fly)
@@ -111,12 +109,8 @@ __device__ __forceinline__ void keyed_wgmma_walk(const LayerDims& d, const Devic
   std::uint32_t p[16];  // WG0: P^T; WG1: dS^T (bf16 pairs, the A fragment layout)
 
   while (w.b <= b_last) {
-    // The tile's visible entries: local index in [k_lo, k_hi) (entries of segment b with
-    // j < (pos + 1) / ratio).
-    const int cs = meta.comp_start[w.b];
-    const int k_lo = max(0, cs - e0);
-    const int k_hi = min(min(kEntries, meta.comp_start[w.b + 1] - e0),
-                         cs + (meta.row_position[w.t] + 1) / d.ratio - e0);
+    int k_lo, k_hi;  // the tile's visible entries (local indices)
+    visible_entries(w, d, meta, e0, kEntries, k_lo, k_hi);
     Walk nx = w;
     next_tile(nx, d, meta, e0, r_lo, r_hi, head_blocks);
     const bool more = nx.b <= b_last;
@@ -211,12 +205,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
   const std::uint32_t base = smem_addr(smem);
 
-  const int kb_id = static_cast<int>(blockIdx.x % key_blocks);
-  const int c = static_cast<int>(blockIdx.x / key_blocks);
-  const int e0 = kb_id * kEntries;
-  const int total = meta.comp_start[d.segments];
-  if (e0 >= total) return;  // capacity rows without an entry: nobody reads their partials
-  const int r_lo = c * chunk_rows, r_hi = min(d.rows, r_lo + chunk_rows);
+  const KeyedCta cta = keyed_cta(d, meta, key_blocks, chunk_rows, kEntries);
+  if (cta.e0 >= cta.total) return;  // capacity rows without an entry: nobody reads their partials
+  const int e0 = cta.e0, total = cta.total;
 
   // The 64 key rows (past the last entry: zeros, never visible), by all threads.
   for (int i = threadIdx.x; i < 64 * 64; i += kThreads) {
@@ -227,11 +218,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   cp_async_commit();
 
-  float* out = partials + static_cast<long>(c) * d.comp_capacity * kDim;
+  float* out = partials + static_cast<long>(cta.c) * d.comp_capacity * kDim;
   if (threadIdx.x < 128)
-    keyed_wgmma_walk<0>(d, meta, q, lse, drow, dout, out, e0, total, r_lo, r_hi, head_blocks, smem, base);
+    keyed_wgmma_walk<0>(d, meta, q, lse, drow, dout, out, cta, head_blocks, smem, base);
   else
-    keyed_wgmma_walk<1>(d, meta, q, lse, drow, dout, out, e0, total, r_lo, r_hi, head_blocks, smem, base);
+    keyed_wgmma_walk<1>(d, meta, q, lse, drow, dout, out, cta, head_blocks, smem, base);
 }
 
 }  // namespace
@@ -240,13 +231,10 @@ int comp_grad_keyed_wgmma_entries() { return kEntries; }
 
 void launch_comp_grad_keyed_wgmma_kernel(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                          const bf16* comp, const float* lse, const float* drow,
-                                         const bf16* dout, float* partials, int key_blocks, int chunks,
+                                         const bf16* dout, float* partials, long blocks, int key_blocks,
                                          int chunk_rows, int head_blocks, cudaStream_t stream) {
   allow_dynamic_smem(comp_grad_keyed_wgmma_kernel, Smem::alloc,
                      "the key-stationary compressed-row gradient (wgmma)");
-  // Every chunk's CTAs run (a chunk past the rows writes its zeros): sum_chunks reads them all.
-  const long blocks = static_cast<long>(key_blocks) * chunks;
-  require(blocks < (1l << 31), ErrorKind::Unsupported, "too many compressed rows for one launch");
   comp_grad_keyed_wgmma_kernel<<<static_cast<unsigned>(blocks), kThreads, Smem::alloc, stream>>>(
       d, meta, q, comp, lse, drow, dout, partials, key_blocks, chunk_rows, head_blocks);
   CSATTN_CUDA_LAUNCH_CHECK();

@@ -115,19 +115,23 @@ bool comp_grad_keyed_applies(const LayerDims& d);
 // CSATTN_HCA_DET_GRADS=scratch keeps HCA's compressed rows on the chunk scratch (A/B runs;
 // CSATTN_HCA_DET_GRADS=wgmma: the keyed pass on its wgmma kernel).
 bool deterministic_comp_keyed(const LayerDims& d);
-int comp_grad_keyed_chunks(const LayerDims& d);
-std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d);
+// Which kernel sums them: automatic (the layer's: mma unless CSATTN_HCA_DET_GRADS=wgmma),
+// mma (attention_backward_keyed.cu, 32 entries a CTA) or wgmma (a candidate,
+// attention_backward_keyed_wgmma.cu, 64 entries a CTA). The chunking and the scratch depend on it.
+enum class KeyedKernel { automatic, mma, wgmma };
+int comp_grad_keyed_chunks(const LayerDims& d, KeyedKernel kernel = KeyedKernel::automatic);
+std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d, KeyedKernel kernel = KeyedKernel::automatic);
 void launch_comp_grad_keyed(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                             const bf16* comp, const bf16* out, const float* lse,
                             const bf16* dout, float* drow, float* dcomp_acc, float* scratch,
-                            std::size_t scratch_bytes, cudaStream_t stream);
-// Its wgmma kernel (attention_backward_keyed_wgmma.cu; CSATTN_HCA_DET_GRADS=wgmma, a
-// candidate): the entries a CTA owns, and the launch of the kernel alone (partials: chunk c's
-// sums at partials + c * comp_capacity * 512; D_row already in drow).
+                            std::size_t scratch_bytes, cudaStream_t stream,
+                            KeyedKernel kernel = KeyedKernel::automatic);
+// The wgmma kernel's entries a CTA, and its launch alone (blocks = key blocks x chunks;
+// partials: chunk c's sums at partials + c * comp_capacity * 512; D_row already in drow).
 int comp_grad_keyed_wgmma_entries();
 void launch_comp_grad_keyed_wgmma_kernel(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                          const bf16* comp, const float* lse, const float* drow,
-                                         const bf16* dout, float* partials, int key_blocks, int chunks,
+                                         const bf16* dout, float* partials, long blocks, int key_blocks,
                                          int chunk_rows, int head_blocks, cudaStream_t stream);
 
 // dst[i] += sum over rows of part[row, i] in a fixed order (deterministic): up to
