@@ -97,9 +97,12 @@ template <int kVec, bool kFloat4>
 __global__ void __launch_bounds__(kThreads, 2)
     ordered_scatter_kernel(LayerDims d, DeviceMetadata meta, const std::int32_t* topk,
                            OrderedScatter s, int r0, int rows, int window_lo, int window_targets,
-                           const float* scratch) {
+                           int comp_targets, const float* scratch) {
   const int lane = threadIdx.x & 31;
   const int target = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  // The last block's spare warps (and, with no compressed destination, every warp past the
+  // window rows: comp_targets is 0 then) have no target.
+  if (target >= window_targets + comp_targets) return;
   const int r_end = r0 + rows;
   LaneSlice<kVec, kFloat4> acc;
   acc.zero();
@@ -124,10 +127,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   } else {
     // A compressed row c = comp_start[b] + j: rows of segment b that selected / see entry j.
-    // (The last block's spare warps land here too: with no compressed destination - the
-    // attention's window-only chunks - they must not write.)
-    const int c = target - window_targets;
-    if (s.dst_comp == nullptr || c >= d.comp_capacity || c >= meta.comp_start[d.segments]) return;
+    const int c = target - window_targets;  // < comp_capacity
+    if (c >= meta.comp_start[d.segments]) return;  // a capacity row without an entry
     const int b = compressed_segment(meta.comp_start, d.segments, c);
     const int j = c - meta.comp_start[b];
     const int entries = meta.comp_start[b + 1] - meta.comp_start[b];
@@ -180,7 +181,8 @@ void launch_ordered_scatter(const LayerDims& d, const DeviceMetadata& meta,
   if (targets <= 0) return;
   const unsigned blocks = static_cast<unsigned>((targets + kWarps - 1) / kWarps);
   auto launch = [&](auto kernel) {
-    kernel<<<blocks, kThreads, 0, stream>>>(d, meta, topk, s, r0, rows, window_lo, window_targets, scratch);
+    kernel<<<blocks, kThreads, 0, stream>>>(d, meta, topk, s, r0, rows, window_lo, window_targets, comp_targets,
+                                            scratch);
   };
   if (s.width % 128 == 0 && s.width <= 512) {
     switch (s.width / 128) {
