@@ -9,7 +9,7 @@
 # cases once per value of the variable), then `csattn bench --device cuda` once per
 # value with COMPARE_VAR set to it (the sections of CSATTN_BENCH_SECTIONS), each run's table in
 # $OUT/summary.txt and its JSON in $OUT/bench_<value>.json.
-# The test run and each benchmark run are killed after COMPARE_TEST_TIMEOUT /
+# COMPARE_BENCH=0 skips the benchmark runs. The test run and each benchmark run are killed after COMPARE_TEST_TIMEOUT /
 # COMPARE_BENCH_TIMEOUT seconds (default 240 / 300; status 137 in the log), so a kernel that
 # hangs costs one step, not the whole device call.
 # Here, first: scripts/prepare-device-deps.sh; call the device tool with carry: [".device"].
@@ -45,16 +45,18 @@ if [ -n "${COMPARE_CTEST:-}" ]; then
   grep -E "tests passed|Failed|\*\*\*|Error|error" "$OUT/ctest.log" | head -40
 fi
 
-for value in ${COMPARE_VALUES:-default}; do
-  echo "== bench: ${var:-(no variable)}=$value" | tee -a "$SUMMARY"
-  if [ -n "$var" ] && [ "$value" != default ]; then
-    env "$var=$value" timeout -s KILL "${COMPARE_BENCH_TIMEOUT:-300}" build-gpu/csattn bench --device cuda \
-      --out "$OUT/bench_$value.json" 2>> "$OUT/bench.err" | tee -a "$SUMMARY"
-  else
-    timeout -s KILL "${COMPARE_BENCH_TIMEOUT:-300}" build-gpu/csattn bench --device cuda \
-      --out "$OUT/bench_$value.json" 2>> "$OUT/bench.err" | tee -a "$SUMMARY"
-  fi
-  [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; tail -5 "$OUT/bench.err"; }
-done
+if [ "${COMPARE_BENCH:-1}" != 0 ]; then  # COMPARE_BENCH=0: the tests only
+  for value in ${COMPARE_VALUES:-default}; do
+    echo "== bench: ${var:-(no variable)}=$value" | tee -a "$SUMMARY"
+    if [ -n "$var" ] && [ "$value" != default ]; then
+      env "$var=$value" timeout -s KILL "${COMPARE_BENCH_TIMEOUT:-300}" build-gpu/csattn bench --device cuda \
+        --out "$OUT/bench_$value.json" 2>> "$OUT/bench.err" | tee -a "$SUMMARY"
+    else
+      timeout -s KILL "${COMPARE_BENCH_TIMEOUT:-300}" build-gpu/csattn bench --device cuda \
+        --out "$OUT/bench_$value.json" 2>> "$OUT/bench.err" | tee -a "$SUMMARY"
+    fi
+    [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; tail -5 "$OUT/bench.err"; }
+  done
+fi
 echo "gpu-compare: rc $rc, $(( $(date +%s) - start )) s"
 exit $rc
