@@ -48,7 +48,7 @@ if has a; then
       COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=110 COMPARE_VAR=CSATTN_DK_FLUSH \
       COMPARE_VALUES="lines" COMPARE_BENCH=0 bash scripts/gpu-compare.sh > /dev/null
     t=$(( ($(left) - 10) / 2 )); [ "$t" -gt 100 ] && t=100
-    OUT=$O/a COMPARE_VAR=CSATTN_DK_FLUSH COMPARE_VALUES="fragments lines" \
+    OUT=$O/a COMPARE_VAR=CSATTN_DK_FLUSH COMPARE_VALUES="default lines" \
       CSATTN_BENCH_SECTIONS=attention_backward COMPARE_BENCH_TIMEOUT=$t bash scripts/gpu-compare.sh
   fi
   if [ "$(left)" -gt 70 ]; then  # what each flush layout can reach (the 8 rows x 64 B path too)
