@@ -172,8 +172,8 @@ __device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, i
 // 8 rows x 32 dims at a time, and leaves it as 4 rows x 128 contiguous bytes a warp
 // instruction, where flush_dk's fragment layout gives 16 rows x 32 bytes. The reductions
 // benchmark (perf.md, 2026-12-05): 3.75 TB/s in L2 for whole lines against 2.27 for the
-// fragment layout. A candidate (CSATTN_DK_FLUSH=lines) until measured in the kernel: it adds
-// 64 KB of shared-memory traffic per warpgroup and tile.
+// fragment layout. In the kernel it costs 64 KB of shared-memory traffic per warpgroup and tile
+// and still wins: the attention backward is 20-30% faster with it (perf.md, 2026-12-06).
 template <KeyGrads kMode>
 __device__ __forceinline__ void flush_dk_lines(const float (&dk)[64], const KeyList& keys,
                                                int limit, float* dkv_acc, float* dcomp_acc,
@@ -224,7 +224,7 @@ __device__ __forceinline__ void flush_dk_lines(const float (&dk)[64], const KeyL
 
 // kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
 // AttentionBackwardStamps (backward_kernels.hpp) says. kLines: the dK chunks leave through
-// flush_dk_lines (a candidate, CSATTN_DK_FLUSH=lines).
+// flush_dk_lines (the default where its staging area fits) instead of flush_dk.
 template <KeyGrads kMode, bool kStamps, bool kLines>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
@@ -479,11 +479,11 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   if (rows <= 0) return;
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention backward needs head_dim 512, got " + std::to_string(d.head_dim));
-  // CSATTN_DK_FLUSH=lines: the dK chunks leave by whole 128-byte lines (flush_dk_lines; a
-  // candidate until measured), in the modes that write them all.
-  static const bool lines = kernel_switch("CSATTN_DK_FLUSH", {"lines"}) == "lines";
-  // (Where the staging area does not fit beside a long top-k row, the fragment flush.)
-  const bool by_lines = lines && (phase_stamps != nullptr || writes == KeyGradWrites::all) &&
+  // The dK chunks leave by whole 128-byte lines (flush_dk_lines) in the modes that write them
+  // all: 20-30% faster end to end than the fragment flush (perf.md, 2026-12-06 fourteenth
+  // session). Where the staging area does not fit beside a long top-k row, and in the
+  // partial-write measurement modes, the fragment flush.
+  const bool by_lines = (phase_stamps != nullptr || writes == KeyGradWrites::all) &&
                         wgmma_backward_smem_bytes(d, true) <=
                             dynamic_smem_limit(attention_backward_wgmma_kernel<KeyGrads::atomic, false, true>);
   const std::size_t smem = wgmma_backward_smem_bytes(d, by_lines);

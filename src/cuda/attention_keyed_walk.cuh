@@ -1,5 +1,5 @@
-// The key-stationary compressed-row passes' walk (attention_backward_keyed.cu on mma.sync,
-// attention_backward_keyed_wgmma.cu on wgmma): a CTA owns a block of consecutive compressed
+// The key-stationary compressed-row pass's walk (attention_backward_keyed_wgmma.cu; the host
+// side in attention_backward_keyed.cu): a CTA owns a block of consecutive compressed
 // entries e0 .. and a chunk of query rows [r_lo, r_hi), and visits the (row, head block)
 // tiles that see any of its entries in one fixed order.
 #pragma once

@@ -111,7 +111,7 @@ void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStr
     // adds them per key row in row order (grad_chunk.hpp, ordered_scatter.hpp). HCA's
     // compressed rows instead: key-stationary, after the chunks (one scratch row per (query,
     // compressed key) would grow as T x L / 128).
-    const bool keyed = deterministic_comp_keyed(d);
+    const bool keyed = comp_grad_keyed_applies(d);
     const int copies = attention_backward_copies(d);
     const int slots = keyed ? d.window : max_keys_per_query(d);
     OrderedScatter os;

@@ -103,30 +103,22 @@ void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& met
                                    const GradChunk& chunk = {});
 
 // The deterministic mode's gradients of HCA's compressed rows, key-stationary
-// (attention_backward_keyed.cu): dcomp_acc[e] = sum over the rows that see entry e, in
+// (attention_backward_keyed.cu, its kernel attention_backward_keyed_wgmma.cu): dcomp_acc[e] = sum over the rows that see entry e, in
 // ascending row order, and their heads, of P^T dO + dS^T Q (P, dS recomputed from lse and
 // D_row = dO . O, which this writes into drow [rows x heads floats]), by chunks of rows whose
 // partial sums (scratch, comp_grad_keyed_scratch_bytes) are then added in chunk order. Rows
 // of dcomp_acc with an entry are overwritten, the others left alone. Bitwise repeatable; the
 // attention backward's deterministic chunks then write only their window slots
 // (GradChunk::window_only). Applies to HCA layers with head_dim 512.
+// The layer's deterministic backward (and its plan) takes this pass wherever it applies.
 bool comp_grad_keyed_applies(const LayerDims& d);
-// What the layer's deterministic backward (and its plan) does: comp_grad_keyed_applies unless
-// CSATTN_HCA_DET_GRADS=scratch keeps HCA's compressed rows on the chunk scratch (A/B runs;
-// CSATTN_HCA_DET_GRADS=wgmma: the keyed pass on its wgmma kernel).
-bool deterministic_comp_keyed(const LayerDims& d);
-// Which kernel sums them: automatic (the layer's: mma unless CSATTN_HCA_DET_GRADS=wgmma),
-// mma (attention_backward_keyed.cu, 32 entries a CTA) or wgmma (a candidate,
-// attention_backward_keyed_wgmma.cu, 64 entries a CTA). The chunking and the scratch depend on it.
-enum class KeyedKernel { automatic, mma, wgmma };
-int comp_grad_keyed_chunks(const LayerDims& d, KeyedKernel kernel = KeyedKernel::automatic);
-std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d, KeyedKernel kernel = KeyedKernel::automatic);
+int comp_grad_keyed_chunks(const LayerDims& d);
+std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d);
 void launch_comp_grad_keyed(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                             const bf16* comp, const bf16* out, const float* lse,
                             const bf16* dout, float* drow, float* dcomp_acc, float* scratch,
-                            std::size_t scratch_bytes, cudaStream_t stream,
-                            KeyedKernel kernel = KeyedKernel::automatic);
-// The wgmma kernel's entries a CTA, and its launch alone (blocks = key blocks x chunks;
+                            std::size_t scratch_bytes, cudaStream_t stream);
+// The kernel's entries a CTA, and its launch alone (blocks = key blocks x chunks;
 // partials: chunk c's sums at partials + c * comp_capacity * 512; D_row already in drow).
 int comp_grad_keyed_wgmma_entries();
 void launch_comp_grad_keyed_wgmma_kernel(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,

@@ -84,7 +84,8 @@ __device__ __forceinline__ unsigned take_run(unsigned& todo, const Shared& sh, i
 // waits alone (the wgmma kernel). Both give the same ids. kByRows only: where `stage` is
 // given (shared memory the scoring no longer uses, stage_floats per row, a multiple of 4), a
 // row of at most stage_floats scores is first copied there in one pass, and the select's
-// four passes read shared memory instead of L2 (a candidate, 2026-12-05).
+// four passes read shared memory instead of L2 (the wgmma kernel: rows of up to 10240
+// candidates at index dim 128, 5120 at 64).
 template <int kThreads, bool kByRows>
 __device__ void select_block(const LayerDims& d, unsigned selecting, const Shared& sh, int t0,
                              const float* slot, long row_stride, unsigned* hist,

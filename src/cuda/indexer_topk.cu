@@ -309,11 +309,6 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 
-bool indexer_select_shared() {
-  static const bool shared = kernel_switch("CSATTN_INDEXER_SELECT", {"shared"}) == "shared";
-  return shared;
-}
-
 IndexerKernel indexer_kernel_for(const LayerDims& d) {
   static const std::string env = kernel_switch("CSATTN_INDEXER", {"tiled", "mma1", "baseline"});
   if (env == "baseline") return IndexerKernel::baseline;

@@ -17,11 +17,6 @@ void launch_indexer_topk_wgmma(const LayerDims& d, const DeviceMetadata& meta, c
                                void* scratch, cudaStream_t stream,
                                unsigned* phase_stamps = nullptr);
 
-// CSATTN_INDEXER_SELECT=shared: the wgmma kernel selects rows of up to 10240 candidates (index
-// dim 128; 5120 at 64) from a copy in shared memory (a candidate written 2026-12-05 without a
-// device, for the A/B; the same ids). Read once per process.
-bool indexer_select_shared();
-
 // Measurement only (benchmarks): the wgmma indexer's phase_stamps, the multiprocessor's
 // 32-bit clock() with its lowest bit set (0 means "not reached"; subtract modulo 2^32),
 // written by the first thread of each warpgroup of CTAs 0 .. ctas - 1 for the CTA's block

@@ -159,7 +159,7 @@ BackwardPlan plan_backward(const AttentionConfig& cfg, const LayerDims& d, bool 
     // blocks; the loss's: rows), within the cap. HCA's compressed rows (head_dim 512) take
     // the key-stationary pass instead: the attention's slots are the window's, and the
     // scratch also holds that pass's partial sums.
-    const bool keyed = deterministic_comp_keyed(d);
+    const bool keyed = comp_grad_keyed_applies(d);
     const std::size_t slots = static_cast<std::size_t>(keyed ? d.window : max_keys_per_query(d));
     const std::size_t copies = static_cast<std::size_t>((d.heads + 63) / 64);
     const std::size_t min_ctas = BackwardPlan::kDeterministicMinChunkCtas;

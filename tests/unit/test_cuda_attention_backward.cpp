@@ -263,10 +263,7 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   // window slots (GradChunk::window_only) and the compressed rows' gradients come from the
   // key-stationary pass (launch_comp_grad_keyed); dcomp is NaN-poisoned then, since that pass
   // overwrites the rows with an entry and must leave the capacity rows alone.
-  // (keyed_kernel: which of the key-stationary pass's kernels, both tested whatever
-  // CSATTN_HCA_DET_GRADS says.)
-  auto run_deterministic = [&](Kernel k, int chunk_rows, bool keyed = false,
-                               KeyedKernel keyed_kernel = KeyedKernel::mma) {
+  auto run_deterministic = [&](Kernel k, int chunk_rows, bool keyed = false) {
     dq.fill_bytes(0xFF);
     dsink.fill_bytes(0xFF);
     dkv.fill_bytes(0);
@@ -285,14 +282,14 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
       launch_ordered_scatter(d, meta, topk.get(), os, chunk.r0, chunk.rows, scratch.get(), nullptr);
     }
     if (keyed) {
-      const std::size_t kbytes = comp_grad_keyed_scratch_bytes(d, keyed_kernel);
+      const std::size_t kbytes = comp_grad_keyed_scratch_bytes(d);
       DeviceArray<float> kscratch(std::max<std::size_t>(1, kbytes / 4)),
           drow(static_cast<std::size_t>(T) * H);
       kscratch.fill_bytes(0xFF);
       drow.fill_bytes(0xFF);
       launch_comp_grad_keyed(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(comp), dev_cast<bf16>(out),
                              lse.get(), dev_cast<bf16>(dout), drow.get(), dcomp.get(),
-                             kscratch.get(), kbytes, nullptr, keyed_kernel);
+                             kscratch.get(), kbytes, nullptr);
       CSATTN_CUDA_CHECK(cudaDeviceSynchronize());  // before kscratch / drow are freed
     }
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -314,18 +311,15 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   // key-stationary pass in several row chunks whose partial sums are added in order.
   if (c.ratio == 128) {
     ASSERT_TRUE(comp_grad_keyed_applies(d));
-    for (KeyedKernel kk : {KeyedKernel::mma, KeyedKernel::wgmma})
-      ASSERT_GT(comp_grad_keyed_chunks(d, kk), 1) << "the partial sums' path";
+    ASSERT_GT(comp_grad_keyed_chunks(d), 1) << "the partial sums' path";
     std::int32_t entries = 0;
     CSATTN_CUDA_CHECK(cudaMemcpy(&entries, meta.comp_start + B, 4, cudaMemcpyDeviceToHost));
     ASSERT_GT(entries, 0);
     ASSERT_LE(entries, Nc);
     const std::size_t live = static_cast<std::size_t>(entries) * D;
-    for (Kernel k : {Kernel::wgmma, Kernel::mma, Kernel::baseline})
-    for (KeyedKernel kk : {KeyedKernel::mma, KeyedKernel::wgmma}) {
-      SCOPED_TRACE(std::string("keyed compressed rows, ") + name(k) +
-                   (kk == KeyedKernel::mma ? ", keyed pass on mma.sync" : ", keyed pass on wgmma"));
-      const Grads a = run_deterministic(k, 37, true, kk), b = run_deterministic(k, 37, true, kk);
+    for (Kernel k : {Kernel::wgmma, Kernel::mma, Kernel::baseline}) {
+      SCOPED_TRACE(std::string("keyed compressed rows, ") + name(k));
+      const Grads a = run_deterministic(k, 37, true), b = run_deterministic(k, 37, true);
       const Grads& fast = k == Kernel::wgmma ? got : k == Kernel::mma ? got_mma : ref;
       expect_close(a.dq, fast.dq, "dq");
       expect_close(a.dkv, fast.dkv, "dkv");
@@ -474,18 +468,15 @@ TEST(CudaAttentionBackwardLong, HcaSegmentOf600KTokens) {
   // The key-stationary compressed rows (the layer's deterministic HCA path) on the same
   // layout: its walk finds each entry's first query row by position, so 48 rows at the end of
   // a 600K-token run work as a whole run would (one chunk: written straight into dcomp).
-  // Both of the pass's kernels (mma.sync, and the wgmma candidate) whatever
-  // CSATTN_HCA_DET_GRADS says.
   ASSERT_TRUE(comp_grad_keyed_applies(d));
-  for (KeyedKernel kk : {KeyedKernel::mma, KeyedKernel::wgmma}) {
-    SCOPED_TRACE(kk == KeyedKernel::mma ? "keyed pass on mma.sync" : "keyed pass on wgmma");
-    ASSERT_EQ(comp_grad_keyed_chunks(d, kk), 1);
-    ASSERT_EQ(comp_grad_keyed_scratch_bytes(d, kk), 0u);
+  {
+    ASSERT_EQ(comp_grad_keyed_chunks(d), 1);
+    ASSERT_EQ(comp_grad_keyed_scratch_bytes(d), 0u);
     DeviceArray<float> drow(static_cast<std::size_t>(Q) * H);
     drow.fill_bytes(0xFF);
     dcomp.fill_bytes(0xFF);
     launch_comp_grad_keyed(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(comp), dev_cast<bf16>(out), lse.get(),
-                           dev_cast<bf16>(dout), drow.get(), dcomp.get(), nullptr, 0, nullptr, kk);
+                           dev_cast<bf16>(dout), drow.get(), dcomp.get(), nullptr, 0, nullptr);
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> keyed = dcomp.download();
     expect_close(keyed, got.g.dcomp, "key-stationary dcomp");

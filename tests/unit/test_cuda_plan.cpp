@@ -179,7 +179,7 @@ TEST(CudaPlan, DeterministicScratchKeepsChunksWide) {
           // HCA's compressed rows take the key-stationary pass: the attention's slots are the
           // window's, and the scratch holds that pass's partial sums too.
           EXPECT_EQ(cuda::comp_grad_keyed_applies(f.dims), ratio == 128 && f.dims.comp_capacity > 0) << what;
-          const bool keyed = cuda::deterministic_comp_keyed(f.dims);
+          const bool keyed = cuda::comp_grad_keyed_applies(f.dims);
           const int slots = keyed ? cfg.window : cuda::max_keys_per_query(f.dims);
           if (keyed) {
             EXPECT_GE(bytes, cuda::comp_grad_keyed_scratch_bytes(f.dims)) << what;
