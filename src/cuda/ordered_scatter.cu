@@ -93,8 +93,10 @@ __device__ __forceinline__ void add_found(unsigned found, int slot, int base, in
   }
 }
 
+// Two CTAs an SM, except with 32-float slices (widths past 256 other than 384 and 512, e.g.
+// 640), which spilled under that cap's 128 registers (148 used now).
 template <int kVec, bool kFloat4>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kVec >= 32 ? 1 : 2)
     ordered_scatter_kernel(LayerDims d, DeviceMetadata meta, const std::int32_t* topk,
                            OrderedScatter s, int r0, int rows, int window_lo, int window_targets,
                            int comp_targets, const float* scratch) {
