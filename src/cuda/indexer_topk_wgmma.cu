@@ -28,8 +28,10 @@
 #include "cuda/indexer_score.cuh"
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/indexer_topk_tiled.hpp"
+#include "cuda/kernel_switch.hpp"
 #include "cuda/mma_util.cuh"
 #include "cuda/phase_stamp.cuh"
+#include "cuda/tma.hpp"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
 
@@ -65,12 +67,17 @@ __device__ __forceinline__ std::uint32_t op_off(int row, int cc, int block_bytes
 }
 
 // kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
-// IndexerStamps (indexer_topk_tiled.hpp) says.
-template <int DI, bool kStamps>
+// IndexerStamps (indexer_topk_tiled.hpp) says. kTma (a candidate, CSATTN_INDEXER_LOADS=tma):
+// the key tiles come by TMA through `key_map` ([comp_capacity x DI] boxes of 64 x 64, the
+// 128-byte swizzle), one thread of the warpgroup issuing them and an mbarrier per stage
+// counting their bytes, instead of 8 cp.async a thread and tile (the stamps: ~500 cycles of
+// a ~3860-cycle tile went to issuing them, 2026-12-06).
+template <int DI, bool kStamps, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                               const bf16* keys, std::int32_t* topk, unsigned* counter,
-                              float* slots, long row_stride, unsigned* stamps) {
+                              float* slots, long row_stride, unsigned* stamps,
+                              const __grid_constant__ CUtensorMap key_map) {
   using L = Layout<DI>;
   constexpr int kChunks = DI / 8, kSteps = DI / 16;
   extern __shared__ unsigned char smem_raw[];
@@ -81,6 +88,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* w_s = reinterpret_cast<float*>(smem + L::kWOff);             // [kRows, 64]
   __shared__ idxsel::SelectShared sel[kRows];
   __shared__ idxblock::Shared sh;
+  // kTma: stage s of warpgroup c's ring is full once full[c][s]'s phase completes.
+  __shared__ alignas(8) std::uint64_t full[2][kStages];
 
   const int HI = d.index_heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -104,6 +113,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (u < Stamps::tiles) stamp(u, phase);
   };
 
+  if constexpr (kTma) {
+    if (tid == 0) {
+      for (int c = 0; c < 2; ++c)
+        for (int st = 0; st < kStages; ++st) mbar_init(smem_addr(&full[c][st]), 1);
+      mbar_init_fence();
+    }
+    __syncthreads();
+  }
+  // This warpgroup's key tiles loaded so far, over all runs: load n goes to stage n % kStages
+  // and completes phase n / kStages of its barrier (kTma).
+  int loads_before = 0;
+
   int t0 = 0;
   unsigned todo = 0;
   for (int local = 0; idxblock::next_block<kThreads>(d, meta, counter, topk, hist, sh, t0, todo); ++local) {
@@ -116,6 +137,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const unsigned run = idxblock::take_run(todo, sh, run_seg, n_run);
       const bf16* seg_keys = keys + static_cast<long>(meta.comp_start[run_seg]) * DI;
 
+      // kTma: the select's staging (generic writes into the Q and key buffers) before the TMA
+      // writes of this run's key tiles (async proxy).
+      if constexpr (kTma) fence_proxy_async_smem();
       __syncthreads();  // both warpgroups are done with the previous run's Q, w and stages
       for (int i = tid; i < kCols * kChunks; i += kThreads) {
         const int col = i / kChunks, cc = i % kChunks, r = col / kHeads, h = col % kHeads;
@@ -136,29 +160,47 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int tiles = (n_run + kKeys - 1) / kKeys;
       const int my_tiles = tiles > wg ? (tiles - wg + 1) / 2 : 0;  // tiles wg, wg + 2, ...
       const std::uint32_t ring = base + L::kKOff + wg * kStages * L::kTileBytes;
+      auto stage_of = [&](int u) { return (loads_before + u) % kStages; };
       auto load = [&](int u) {
-        if (u < my_tiles) {
-          const int tile = 2 * u + wg;
-          const std::uint32_t dst = ring + (u % kStages) * L::kTileBytes;
-          for (int i = wtid; i < kKeys * kChunks; i += 128) {
-            const int kr = i / kChunks, cc = i % kChunks;
-            const int j = min(tile * kKeys + kr, n_run - 1);  // past the end: a real key, unused
-            cp_async_16(dst + op_off(kr, cc, L::kKBlock), seg_keys + static_cast<long>(j) * DI + cc * 8);
+        const int tile = 2 * u + wg;
+        const std::uint32_t dst = ring + stage_of(u) * L::kTileBytes;
+        if constexpr (kTma) {
+          // Rows past the segment's end: other segments' keys or (past comp_capacity) zeros,
+          // scored but never stored.
+          if (u < my_tiles && wtid == 0) {
+            const std::uint32_t bar = smem_addr(&full[wg][stage_of(u)]);
+            mbar_arrive_expect_tx(bar, L::kTileBytes);
+            const int row = meta.comp_start[run_seg] + tile * kKeys;
+#pragma unroll
+            for (int blk = 0; blk < L::kBlocks; ++blk) tma_load_2d(dst + blk * L::kKBlock, &key_map, 64 * blk, row, bar);
           }
+        } else {
+          if (u < my_tiles) {
+            for (int i = wtid; i < kKeys * kChunks; i += 128) {
+              const int kr = i / kChunks, cc = i % kChunks;
+              const int j = min(tile * kKeys + kr, n_run - 1);  // past the end: a real key, unused
+              cp_async_16(dst + op_off(kr, cc, L::kKBlock), seg_keys + static_cast<long>(j) * DI + cc * 8);
+            }
+          }
+          cp_async_commit();  // always a group (maybe empty): the wait count stays uniform
         }
-        cp_async_commit();  // always a group (maybe empty): the wait count stays uniform
       };
       load(0);
       load(1);
       for (int u = 0; u < my_tiles; ++u) {
         stamp_tile(u, 0);
-        cp_async_wait<1>();
-        fence_proxy_async_smem();          // this thread's copies of tile u -> wgmma
+        if constexpr (kTma) {
+          const int n = loads_before + u;
+          mbar_wait(smem_addr(&full[wg][n % kStages]), static_cast<std::uint32_t>(n / kStages) & 1u);
+        } else {
+          cp_async_wait<1>();
+          fence_proxy_async_smem();  // this thread's copies of tile u -> wgmma
+        }
         named_barrier_sync(1 + wg, 128);   // every thread's copies; tile u - 1's stage is free
         stamp_tile(u, 1);
         load(u + 2);
         stamp_tile(u, 2);
-        const std::uint32_t kt = ring + (u % kStages) * L::kTileBytes;
+        const std::uint32_t kt = ring + stage_of(u) * L::kTileBytes;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kSteps; ++kk) {
@@ -217,7 +259,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         stamp_tile(u, 5);
       }
-      cp_async_wait<0>();
+      loads_before += my_tiles;
+      if constexpr (!kTma) cp_async_wait<0>();
       stamp(Stamps::tiles, 2);
       stamping = false;  // the block's first run only
     }
@@ -239,10 +282,20 @@ template <int DI>
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                   const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
                   unsigned* stamps) {
+  // CSATTN_INDEXER_LOADS=tma: the key tiles by TMA (a candidate until measured).
+  static const bool tma = kernel_switch("CSATTN_INDEXER_LOADS", {"tma"}) == "tma";
+  CUtensorMap map{};
+  if (tma) {
+    require(d.comp_capacity > 0, ErrorKind::InvalidArgument, "the wgmma indexer's TMA loads need comp_capacity > 0");
+    map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
+  }
   // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
-  auto kernel = stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true> : indexer_topk_wgmma_kernel<DI, false>;
+  auto kernel = tma ? (stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true, true>
+                                         : indexer_topk_wgmma_kernel<DI, false, true>)
+                    : (stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true, false>
+                                         : indexer_topk_wgmma_kernel<DI, false, false>);
   idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the wgmma indexer", d,
-                                meta, qi, w_eff, keys, topk, scratch, stream, stamps);
+                                meta, qi, w_eff, keys, topk, scratch, stream, stamps, map);
 }
 
 }  // namespace

@@ -110,7 +110,8 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
 // tiled (the same contract on mma.sync, kept as its reference), and the one-row references
 // mma1 (tensor cores) and baseline (CUDA cores), whose segments must fit one row's scores in
 // shared memory. automatic: CSATTN_INDEXER=baseline|mma1|tiled, else the best supported one
-// (indexer_kernel_for).
+// (indexer_kernel_for). keys: [d.comp_capacity, D_I] (the layer's workspace; rows past the
+// real count may be read, as whole 64-key tiles, but are never selected).
 enum class IndexerKernel { automatic, baseline, mma1, tiled, wgmma };
 IndexerKernel indexer_kernel_for(const LayerDims& d);
 void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,

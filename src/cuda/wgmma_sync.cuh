@@ -1,8 +1,8 @@
 // Synchronisation for warp-specialised Hopper kernels (sm_90): shared-memory mbarriers with
 // phase parity, cp.async completion tracked by an mbarrier, named barriers between subsets of
-// warps, the generic -> async proxy fence (wgmma reads shared memory through the async proxy)
-// and setmaxnreg. PTX ISA sections: "mbarrier", "cp.async.mbarrier.arrive", "bar.sync",
-// "fence.proxy.async", "setmaxnreg".
+// warps, the generic -> async proxy fence (wgmma reads shared memory through the async proxy),
+// TMA tile loads completing on an mbarrier, and setmaxnreg. PTX ISA sections: "mbarrier",
+// "cp.async.mbarrier.arrive", "cp.async.bulk.tensor", "bar.sync", "fence.proxy.async", "setmaxnreg".
 #pragma once
 #include <cstdint>
 
@@ -32,6 +32,20 @@ __device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parit
         : "r"(bar), "r"(parity)
         : "memory");
   } while (done == 0);
+}
+// This thread's arrival, announcing `bytes` more of asynchronous writes (TMA's complete_tx)
+// before the phase can complete.
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// TMA: the box at (x = column, y = row) of the 2-D tensor map `map` (a __grid_constant__
+// kernel parameter, tma.hpp) into shared memory at dst, counted on `bar` in bytes.
+__device__ __forceinline__ void tma_load_2d(std::uint32_t dst, const void* map, int x, int y,
+                                            std::uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
 }
 // One arrive-on the barrier once all of this thread's earlier cp.async copies have landed
 // (.noinc: the arrival counts against the barrier's expected count, which must include it).

@@ -26,8 +26,6 @@ ALLOWED_FRAMES = {
     "norm_rope_kernel(": "the reference norm / RoPE kernel (tests, odd widths): the correctly "
                          "rounded double sin / cos keeps a local array for huge arguments",
     "rope_table_kernel(": "the RoPE table, once per run: the same double sin / cos",
-    "ordered_scatter_kernel<32, false>": "widths above 256 that are not a multiple of 128 (test "
-                                         "shapes only)",
 }
 
 RESOURCE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")

@@ -146,7 +146,8 @@ struct Problem {
 class DeviceProblem {
  public:
   explicit DeviceProblem(const Problem& p)
-      : p_(p), d_(p.dims()), q_(p.q.size()), w_(p.w.size()), k_(std::max<std::size_t>(p.k.size(), 1)),
+      : p_(p), d_(p.dims()), q_(p.q.size()), w_(p.w.size()),
+        k_(std::max<std::size_t>(static_cast<std::size_t>(d_.comp_capacity) * p.DI, 1)),
         topk_(static_cast<std::size_t>(p.T) * p.K),
         scratch_(std::max<std::size_t>(cuda::indexer_topk_scratch_bytes(d_), 1)) {}
 
@@ -157,7 +158,11 @@ class DeviceProblem {
       for (std::size_t i = 0; i < v.size(); ++i) b[i] = bf16_bits(v[i]);
       return b;
     };
-    const auto qb = bits(p_.q), kb = bits(p_.k);
+    const auto qb = bits(p_.q);
+    // The kernels' contract: keys hold comp_capacity rows (more than the real count when
+    // segments are not multiples of the ratio); the rows past it are NaN, never selected.
+    auto kb = bits(p_.k);
+    kb.resize(k_.size(), 0x7FC0);
     q_.upload(qb);
     k_.upload(kb);
     w_.upload(p_.w);
