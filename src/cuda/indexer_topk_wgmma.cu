@@ -135,7 +135,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (todo != 0u) {
       int run_seg = 0, n_run = 0;
       const unsigned run = idxblock::take_run(todo, sh, run_seg, n_run);
-      const bf16* seg_keys = keys + static_cast<long>(meta.comp_start[run_seg]) * DI;
+      const int seg_row0 = meta.comp_start[run_seg];  // once a run: not a global load a tile
+      const bf16* seg_keys = keys + static_cast<long>(seg_row0) * DI;
 
       // kTma: the select's staging (generic writes into the Q and key buffers) before the TMA
       // writes of this run's key tiles (async proxy).
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (u < my_tiles && wtid == 0) {
             const std::uint32_t bar = smem_addr(&full[wg][stage_of(u)]);
             mbar_arrive_expect_tx(bar, L::kTileBytes);
-            const int row = meta.comp_start[run_seg] + tile * kKeys;
+            const int row = seg_row0 + tile * kKeys;
 #pragma unroll
             for (int blk = 0; blk < L::kBlocks; ++blk) tma_load_2d(dst + blk * L::kKBlock, &key_map, 64 * blk, row, bar);
           }
