@@ -10,9 +10,10 @@
 // per cycle against the pipe's 128, so the MMAs, not the loads, set the pace.
 //
 // Two warpgroups, no producer: warpgroup c scores tiles c, c + 2, c + 4, ... of the run with
-// its own 3-stage cp.async ring and its own named barrier, so the two drift apart and one's
-// epilogue (ReLU, head weights, head sum, score store) overlaps the other's MMAs. The
-// queries of the CTA's rows stay in shared memory for the whole run ([256 x DI], K-major).
+// its own 3-stage ring of TMA-loaded key tiles (one mbarrier a stage) and its own named
+// barrier, so the two drift apart and one's epilogue (ReLU, head weights, head sum, score
+// store) overlaps the other's MMAs. The queries of the CTA's rows stay in shared memory for
+// the whole run ([256 x DI], K-major).
 //
 // Bitwise agreement with the tiled kernel: the accumulator of m64nNk16 holds, per thread,
 // rows (keys) 16w + g and + 8 and columns 8i + 2q + {0, 1}, the layout of the mma.sync C
@@ -28,7 +29,6 @@
 #include "cuda/indexer_score.cuh"
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/indexer_topk_tiled.hpp"
-#include "cuda/kernel_switch.hpp"
 #include "cuda/mma_util.cuh"
 #include "cuda/phase_stamp.cuh"
 #include "cuda/tma.hpp"
@@ -67,12 +67,11 @@ __device__ __forceinline__ std::uint32_t op_off(int row, int cc, int block_bytes
 }
 
 // kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
-// IndexerStamps (indexer_topk_tiled.hpp) says. kTma (a candidate, CSATTN_INDEXER_LOADS=tma):
-// the key tiles come by TMA through `key_map` ([comp_capacity x DI] boxes of 64 x 64, the
-// 128-byte swizzle), one thread of the warpgroup issuing them and an mbarrier per stage
-// counting their bytes, instead of 8 cp.async a thread and tile (the stamps: ~500 cycles of
-// a ~3860-cycle tile went to issuing them, 2026-12-06).
-template <int DI, bool kStamps, bool kTma>
+// IndexerStamps (indexer_topk_tiled.hpp) says. The key tiles come by TMA through `key_map`
+// ([comp_capacity x DI] in boxes of 64 keys x 64 dims, the 128-byte swizzle), one thread of
+// the warpgroup issuing a tile's boxes on its stage's mbarrier, which counts their bytes:
+// 4-6% faster at 32K-128K tokens on an H100 than 8 cp.async a thread and tile (2026-12-06).
+template <int DI, bool kStamps>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                               const bf16* keys, std::int32_t* topk, unsigned* counter,
@@ -88,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* w_s = reinterpret_cast<float*>(smem + L::kWOff);             // [kRows, 64]
   __shared__ idxsel::SelectShared sel[kRows];
   __shared__ idxblock::Shared sh;
-  // kTma: stage s of warpgroup c's ring is full once full[c][s]'s phase completes.
+  // Stage s of warpgroup c's ring is full once full[c][s]'s phase completes.
   __shared__ alignas(8) std::uint64_t full[2][kStages];
 
   const int HI = d.index_heads;
@@ -113,16 +112,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (u < Stamps::tiles) stamp(u, phase);
   };
 
-  if constexpr (kTma) {
-    if (tid == 0) {
-      for (int c = 0; c < 2; ++c)
-        for (int st = 0; st < kStages; ++st) mbar_init(smem_addr(&full[c][st]), 1);
-      mbar_init_fence();
-    }
-    __syncthreads();
+  if (tid == 0) {
+    for (int c = 0; c < 2; ++c)
+      for (int st = 0; st < kStages; ++st) mbar_init(smem_addr(&full[c][st]), 1);
+    mbar_init_fence();
   }
+  __syncthreads();
   // This warpgroup's key tiles loaded so far, over all runs: load n goes to stage n % kStages
-  // and completes phase n / kStages of its barrier (kTma).
+  // and completes phase n / kStages of its barrier.
   int loads_before = 0;
 
   int t0 = 0;
@@ -135,12 +132,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (todo != 0u) {
       int run_seg = 0, n_run = 0;
       const unsigned run = idxblock::take_run(todo, sh, run_seg, n_run);
-      const int seg_row0 = meta.comp_start[run_seg];  // once a run: not a global load a tile
-      const bf16* seg_keys = keys + static_cast<long>(seg_row0) * DI;
+      // Once a run: a global load a tile would sit on the warpgroup's critical path (measured).
+      const int seg_row0 = meta.comp_start[run_seg];
 
-      // kTma: the select's staging (generic writes into the Q and key buffers) before the TMA
-      // writes of this run's key tiles (async proxy).
-      if constexpr (kTma) fence_proxy_async_smem();
+      // The select's staging (generic writes into the Q and key buffers) before the TMA writes
+      // of this run's key tiles (async proxy).
+      fence_proxy_async_smem();
       __syncthreads();  // both warpgroups are done with the previous run's Q, w and stages
       for (int i = tid; i < kCols * kChunks; i += kThreads) {
         const int col = i / kChunks, cc = i % kChunks, r = col / kHeads, h = col % kHeads;
@@ -165,39 +162,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto load = [&](int u) {
         const int tile = 2 * u + wg;
         const std::uint32_t dst = ring + stage_of(u) * L::kTileBytes;
-        if constexpr (kTma) {
-          // Rows past the segment's end: other segments' keys or (past comp_capacity) zeros,
-          // scored but never stored.
-          if (u < my_tiles && wtid == 0) {
-            const std::uint32_t bar = smem_addr(&full[wg][stage_of(u)]);
-            mbar_arrive_expect_tx(bar, L::kTileBytes);
-            const int row = seg_row0 + tile * kKeys;
+        // Rows past the segment's end: other segments' keys or (past comp_capacity) zeros,
+        // scored but never stored.
+        if (u < my_tiles && wtid == 0) {
+          const std::uint32_t bar = smem_addr(&full[wg][stage_of(u)]);
+          mbar_arrive_expect_tx(bar, L::kTileBytes);
+          const int row = seg_row0 + tile * kKeys;
 #pragma unroll
-            for (int blk = 0; blk < L::kBlocks; ++blk) tma_load_2d(dst + blk * L::kKBlock, &key_map, 64 * blk, row, bar);
-          }
-        } else {
-          if (u < my_tiles) {
-            for (int i = wtid; i < kKeys * kChunks; i += 128) {
-              const int kr = i / kChunks, cc = i % kChunks;
-              const int j = min(tile * kKeys + kr, n_run - 1);  // past the end: a real key, unused
-              cp_async_16(dst + op_off(kr, cc, L::kKBlock), seg_keys + static_cast<long>(j) * DI + cc * 8);
-            }
-          }
-          cp_async_commit();  // always a group (maybe empty): the wait count stays uniform
+          for (int blk = 0; blk < L::kBlocks; ++blk) tma_load_2d(dst + blk * L::kKBlock, &key_map, 64 * blk, row, bar);
         }
       };
       load(0);
       load(1);
       for (int u = 0; u < my_tiles; ++u) {
         stamp_tile(u, 0);
-        if constexpr (kTma) {
-          const int n = loads_before + u;
-          mbar_wait(smem_addr(&full[wg][n % kStages]), static_cast<std::uint32_t>(n / kStages) & 1u);
-        } else {
-          cp_async_wait<1>();
-          fence_proxy_async_smem();  // this thread's copies of tile u -> wgmma
-        }
-        named_barrier_sync(1 + wg, 128);   // every thread's copies; tile u - 1's stage is free
+        const int n = loads_before + u;
+        mbar_wait(smem_addr(&full[wg][n % kStages]), static_cast<std::uint32_t>(n / kStages) & 1u);
+        named_barrier_sync(1 + wg, 128);  // every warp's wgmma of tile u - 1 done: its stage is free
         stamp_tile(u, 1);
         load(u + 2);
         stamp_tile(u, 2);
@@ -261,7 +242,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         stamp_tile(u, 5);
       }
       loads_before += my_tiles;
-      if constexpr (!kTma) cp_async_wait<0>();
       stamp(Stamps::tiles, 2);
       stamping = false;  // the block's first run only
     }
@@ -283,18 +263,10 @@ template <int DI>
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                   const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
                   unsigned* stamps) {
-  // CSATTN_INDEXER_LOADS=tma: the key tiles by TMA (a candidate until measured).
-  static const bool tma = kernel_switch("CSATTN_INDEXER_LOADS", {"tma"}) == "tma";
-  CUtensorMap map{};
-  if (tma) {
-    require(d.comp_capacity > 0, ErrorKind::InvalidArgument, "the wgmma indexer's TMA loads need comp_capacity > 0");
-    map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
-  }
+  require(d.comp_capacity > 0, ErrorKind::InvalidArgument, "the wgmma indexer needs comp_capacity > 0");
+  const CUtensorMap map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
   // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
-  auto kernel = tma ? (stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true, true>
-                                         : indexer_topk_wgmma_kernel<DI, false, true>)
-                    : (stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true, false>
-                                         : indexer_topk_wgmma_kernel<DI, false, false>);
+  auto kernel = stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true> : indexer_topk_wgmma_kernel<DI, false>;
   idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the wgmma indexer", d,
                                 meta, qi, w_eff, keys, topk, scratch, stream, stamps, map);
 }
