@@ -52,6 +52,7 @@
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
 #include "cuda/indexer_loss_keygrad.cuh"
+#include "cuda/kernel_switch.hpp"
 #include "cuda/mma_util.cuh"
 
 namespace csattn::cuda {
@@ -161,8 +162,9 @@ __device__ __forceinline__ void head_sum_to(const float (&v)[2][4], int lane, fl
 enum class Teach { none, stats, mass };
 
 // kMaxGroups: 1 (up to 64 heads) or kGroups (past 64 heads); the one-group instance keeps the
-// registers of a kernel without groups (the group loops fold away).
-template <int kMaxGroups>
+// registers of a kernel without groups (the group loops fold away). kLines: the fast mode's
+// dK^I leaves by whole lines (add_key_grads_lines; a candidate, CSATTN_LOSS_DK_FLUSH=lines).
+template <int kMaxGroups, bool kLines>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_loss_mma_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a,
                             float* loss_rows, bool grads, float grad_loss, bf16* dqi_out,
@@ -502,14 +504,28 @@ __global__ void __launch_bounds__(kThreads, 1)
               mma_bf16(dk[2 * np + 1], ga, bv[2], bv[3]);
             }
           }
+          if (kLines && sink_out.scratch == nullptr) {
+            // This warp's xs slot is free here: its partner read it before the syncs above,
+            // and the next write is this warp's own, in the next tile.
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int slot = tile * kKeys + kb + g + 8 * r;
-            if (slot < count) {
-              const long key_row = c0 + (a.sparse ? cand_s[slot] : slot);
+            for (int r = 0; r < 2; ++r) {
+              const int slot = tile * kKeys + kb + g + 8 * r;
+              const bool valid = slot < count;
+              const long key_row = valid ? c0 + (a.sparse ? cand_s[slot] : slot) : 0;
+              const float v[4][2] = {{dk[0][2 * r], dk[0][2 * r + 1]}, {dk[1][2 * r], dk[1][2 * r + 1]},
+                                     {dk[2][2 * r], dk[2][2 * r + 1]}, {dk[3][2 * r], dk[3][2 * r + 1]}};
+              add_key_grads_lines(sink_out, key_row, valid, db, v, xs + warp * (8 * 32));
+            }
+          } else {
 #pragma unroll
-              for (int nt = 0; nt < 4; ++nt)
-                add_key_grad(sink_out, t, slot, key_row, db + 8 * nt + 2 * qd, dk[nt][2 * r], dk[nt][2 * r + 1]);
+            for (int r = 0; r < 2; ++r) {
+              const int slot = tile * kKeys + kb + g + 8 * r;
+              if (slot < count) {
+                const long key_row = c0 + (a.sparse ? cand_s[slot] : slot);
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
+                  add_key_grad(sink_out, t, slot, key_row, db + 8 * nt + 2 * qd, dk[nt][2 * r], dk[nt][2 * r + 1]);
+              }
             }
           }
         }
@@ -668,9 +684,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid < HI) dweff[static_cast<long>(t) * HI + tid] = dwp[tid] + dwp[kIdxHeads + tid];
 }
 
+// CSATTN_LOSS_DK_FLUSH=lines: the fast mode's dK^I by whole lines (a candidate until measured).
+bool dk_by_lines() {
+  static const bool lines = kernel_switch("CSATTN_LOSS_DK_FLUSH", {"lines"}) == "lines";
+  return lines;
+}
+
 // The instance for d's heads: one head group up to 64 heads, two past.
 auto loss_kernel(const LayerDims& d) {
-  return d.heads > kHeads ? indexer_loss_mma_kernel<kGroups> : indexer_loss_mma_kernel<1>;
+  if (dk_by_lines())
+    return d.heads > kHeads ? indexer_loss_mma_kernel<kGroups, true> : indexer_loss_mma_kernel<1, true>;
+  return d.heads > kHeads ? indexer_loss_mma_kernel<kGroups, false> : indexer_loss_mma_kernel<1, false>;
 }
 
 }  // namespace
