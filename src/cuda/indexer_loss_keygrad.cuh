@@ -36,10 +36,10 @@ __device__ __forceinline__ void add_key_grad(const KeyGradSink& s, int t, int sl
 // minimum two wavefronts) and leave as 4 keys x 128 contiguous bytes a red.global.add.v4
 // instead of float2 atomics over 8 keys x 32 bytes an instruction (the reductions benchmark:
 // whole lines 1.65x the rate of 16 rows x 32 B in L2; the attention backward's flush_dk_lines
-// made that kernel 20-30% faster). key_row / valid: this lane's key g (all lanes call it;
-// invalid keys add nothing). dim0: a multiple of 32 (the 128 bytes are one aligned line).
-__device__ __forceinline__ void add_key_grads_lines(const KeyGradSink& s, long key_row, bool valid,
-                                                    int dim0, const float (&v)[4][2], float* stage) {
+// made that kernel 20-30% faster). key_row: this lane's key g, -1 for none (all lanes call
+// it; such keys add nothing). dim0: a multiple of 32 (the 128 bytes are one aligned line).
+__device__ __forceinline__ void add_key_grads_lines(const KeyGradSink& s, int key_row, int dim0,
+                                                    const float (&v)[4][2], float* stage) {
   const int lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
   auto at = [&](int row, int piece16) { return stage + row * 32 + (((piece16 ^ (2 * row)) & 7) << 2); };
 #pragma unroll
@@ -53,10 +53,9 @@ __device__ __forceinline__ void add_key_grads_lines(const KeyGradSink& s, long k
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int row = rr + 4 * k;
-    const long kr = __shfl_sync(0xffffffffu, key_row, 4 * row);
-    const bool ok = __shfl_sync(0xffffffffu, valid ? 1 : 0, 4 * row) != 0;
+    const int kr = __shfl_sync(0xffffffffu, key_row, 4 * row);  // one shuffle: -1 = none
     const float4 x = *reinterpret_cast<const float4*>(at(row, piece));
-    if (ok) red_add_v4(s.acc + kr * s.dim + dim0 + 4 * piece, x.x, x.y, x.z, x.w);
+    if (kr >= 0) red_add_v4(s.acc + static_cast<long>(kr) * s.dim + dim0 + 4 * piece, x.x, x.y, x.z, x.w);
   }
   __syncwarp();  // the staging area is rewritten next
 }

@@ -510,11 +510,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int slot = tile * kKeys + kb + g + 8 * r;
-              const bool valid = slot < count;
-              const long key_row = valid ? c0 + (a.sparse ? cand_s[slot] : slot) : 0;
+              const int key_row = slot < count ? c0 + (a.sparse ? cand_s[slot] : slot) : -1;
               const float v[4][2] = {{dk[0][2 * r], dk[0][2 * r + 1]}, {dk[1][2 * r], dk[1][2 * r + 1]},
                                      {dk[2][2 * r], dk[2][2 * r + 1]}, {dk[3][2 * r], dk[3][2 * r + 1]}};
-              add_key_grads_lines(sink_out, key_row, valid, db, v, xs + warp * (8 * 32));
+              add_key_grads_lines(sink_out, key_row, db, v, xs + warp * (8 * 32));
             }
           } else {
 #pragma unroll
