@@ -222,9 +222,20 @@ __device__ __forceinline__ void flush_dk_lines(const float (&dk)[64], const KeyL
     }
 }
 
+// The rotated tile order (a candidate, CSATTN_BWD_TILE_ORDER=rotated; fast mode only): key
+// tiles done by all CTAs of all launches so far. A CTA starts its (ascending) key list at
+// tile (done / SMs) mod tiles - the phase the CTAs already running have reached - so the
+// CTAs in flight work on the same part of every row's sorted top-k list, i.e. on the same
+// ~1/tiles of the compressed keys, and their dK reductions stay in L2 (perf.md, 2026-12-06:
+// at 64K keys the dK rows, 128 MB of fp32, miss L2; the kernel runs at 267 TFLOPS there
+// against 352 at 8K keys, 512 at any size without the dK writes). The order of a CTA's dQ
+// sum then depends on timing: fast mode only (its dK sums are unordered anyway).
+__device__ unsigned g_backward_tiles_done = 0;
+
 // kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
 // AttentionBackwardStamps (backward_kernels.hpp) says. kLines: the dK chunks leave through
-// flush_dk_lines (the default where its staging area fits) instead of flush_dk.
+// flush_dk_lines (the default where its staging area fits) instead of flush_dk. rotate: the
+// rotated tile order above (atomic mode): the multiprocessor count (one CTA an SM), 0 = off.
 template <KeyGrads kMode, bool kStamps, bool kLines>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
@@ -232,8 +243,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     const std::int32_t* topk, const bf16* out, const float* lse,
                                     const bf16* dout, bf16* dq_out, float* dkv_acc,
                                     float* dcomp_acc, float* dsink_part, int head_blocks,
-                                    GradChunk chunk, unsigned* stamps) {
+                                    GradChunk chunk, unsigned* stamps, int rotate) {
   extern __shared__ unsigned char smem_raw[];
+  __shared__ unsigned phase_s;
   // wgmma's 128B swizzle is anchored at 1024-byte boundaries (descriptor base offset 0).
   const std::uint32_t raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -266,12 +278,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(ready0, kWgThreads);  // one cp.async arrival per thread of the gathering WG
     mbar_init(ready1, kWgThreads);
     mbar_init_fence();
+    if (kMode == KeyGrads::atomic && rotate > 0)
+      phase_s = *reinterpret_cast<volatile unsigned*>(&g_backward_tiles_done) / static_cast<unsigned>(rotate);
   }
   // (make_key_list ends with __syncthreads: the barriers are initialised for everyone.)
   const KeyList keys = make_key_list<kThreads>(d, meta, topk, t, reinterpret_cast<int*>(smem + kSelOff),
                                      reinterpret_cast<int*>(smem + kCountOff));
   const int n = keys.n;
   const int tiles = (n + kKeys - 1) / kKeys;
+  // Iteration i works on key tile key_tile(i): i itself, or rotated (fast mode, `rotate`).
+  const bool rotated = kMode == KeyGrads::atomic && rotate > 0 && tiles > 1;
+  const int rot = rotated ? static_cast<int>(phase_s % static_cast<unsigned>(tiles)) : 0;
+  auto key_tile = [&](int i) { return i + rot < tiles ? i + rot : i + rot - tiles; };
   // The slots whose dK leave the CTA: all, or (GradChunk::window_only) the window's.
   const int flush_limit = kMode == KeyGrads::scratch && chunk.window_only ? keys.n_win : n;
 
@@ -298,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     cp_async_mbar_arrive(c == 0 ? ready0 : ready1);
   };
-  gather(0);
+  gather(key_tile(0));
 
   attention_row_terms(H, kDim, t, h0, out, dout, lse, sink, dsink_part, drow_s, lse2_s);
   cp_async_wait_all();  // this thread's Q / dO copies
@@ -344,17 +362,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   // half is gathered; then both dK chunks are flushed, the second computed after the first's
   // flush. WG1 (frees_pds) frees the P / dS tiles as soon as its last product has read them.
   float* stage = reinterpret_cast<float*>(smem + wgmma_backward_stage_off(d)) + (threadIdx.x >> 5) * kStageFloats;
+  // (tile: the iteration; its keys are key tile key_tile(tile).)
   auto finish_tile = [&](int tile, int dim0, bool frees_pds) {
+    const int slot0 = key_tile(tile) * kKeys;
     auto flush = [&](int dims) {
       if constexpr (kLines)
-        flush_dk_lines<kMode>(dk, keys, flush_limit, dkv_acc, dcomp_acc, scratch, tile * kKeys, dims, stage);
+        flush_dk_lines<kMode>(dk, keys, flush_limit, dkv_acc, dcomp_acc, scratch, slot0, dims, stage);
       else
-        flush_dk<kMode>(dk, keys, flush_limit, dkv_acc, dcomp_acc, scratch, tile * kKeys, dims, hb);
+        flush_dk<kMode>(dk, keys, flush_limit, dkv_acc, dcomp_acc, scratch, slot0, dims, hb);
     };
     wgmma_wait<1>();
     wgmma_pin(dq);
     stamp(tile, 4);
-    if (tile + 1 < tiles) gather(tile + 1);
+    if (tile + 1 < tiles) gather(key_tile(tile + 1));
     wgmma_wait<0>();
     wgmma_pin(dk);
     stamp(tile, 5);
@@ -368,13 +388,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (frees_pds) named_barrier_arrive(kBarPdsFree, kThreads);
     flush(dim0 + 128);
     stamp(tile, 7);
+    // One count a tile (WG0's first thread) for the rotated order's phase.
+    if (rotated && threadIdx.x == 0) atomicAdd(&g_backward_tiles_done, 1u);
   };
   // After this warpgroup issued its dQ: its dK chunks (dims dim0 ..) and finish_tile. A tile
   // with no slot below flush_limit (GradChunk::window_only: a compressed tile, whose dK the
   // keyed pass computes) skips its dK products: only dQ is waited for, then the next gather
   // is issued and (WG1) the P / dS tiles freed - WG1's last read of them was its dS.
   auto dk_and_finish = [&](int tile, int dim0, bool frees_pds) {
-    if (kMode != KeyGrads::scratch || tile * kKeys < flush_limit) {
+    if (kMode != KeyGrads::scratch || key_tile(tile) * kKeys < flush_limit) {
       dk_chunk(dk, p_base, ds_base, do_base, q_base, dim0);
       wgmma_commit();
       finish_tile(tile, dim0, frees_pds);
@@ -382,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_wait<0>();
     wgmma_pin(dq);
-    if (tile + 1 < tiles) gather(tile + 1);
+    if (tile + 1 < tiles) gather(key_tile(tile + 1));
     if (frees_pds) named_barrier_arrive(kBarPdsFree, kThreads);
   };
 
@@ -394,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float l2a = lse2_s[row0], l2b = lse2_s[row1];
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
-        const int key = tile * kKeys + 8 * (j >> 2) + 2 * qd + (j & 1);
+        const int key = key_tile(tile) * kKeys + 8 * (j >> 2) + 2 * qd + (j & 1);
         s[j] = key < n ? exp2f(s[j] * scale2 - ((j & 2) ? l2b : l2a)) : 0.0f;
       }
 #pragma unroll
@@ -461,6 +483,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
+bool attention_backward_tile_order_rotated() {
+  static const bool rotated = kernel_switch("CSATTN_BWD_TILE_ORDER", {"rotated"}) == "rotated";
+  return rotated;
+}
+
 bool attention_backward_wgmma_supported(const LayerDims& d) {
   // Every instance has the same static shared memory (none): the default one speaks for all.
   return d.head_dim == kDim &&
@@ -511,9 +538,15 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long blocks = static_cast<long>(rows) * head_blocks;
   require(blocks < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
+  // The rotated tile order: the fast mode's launches without stamps (the stamps' rows stay
+  // the key tiles in order).
+  const int rotate = attention_backward_tile_order_rotated() && chunk.scratch == nullptr &&
+                             writes == KeyGradWrites::all && phase_stamps == nullptr
+                         ? multiprocessor_count()
+                         : 0;
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
       d, meta, q, kv, comp, sink, topk, out, lse, dout, dq_out, dkv_acc, dcomp_acc, dsink_part,
-      head_blocks, chunk, phase_stamps);
+      head_blocks, chunk, phase_stamps, rotate);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 
