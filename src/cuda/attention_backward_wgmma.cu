@@ -489,7 +489,8 @@ bool attention_backward_tile_order_rotated() {
 }
 
 bool attention_backward_wgmma_supported(const LayerDims& d) {
-  // Every instance has the same static shared memory (none): the default one speaks for all.
+  // The atomic instances have the most static shared memory (16 B: the rotated order's phase;
+  // the others none): the default one speaks for all.
   return d.head_dim == kDim &&
          wgmma_backward_smem_bytes(d, false) <=
              dynamic_smem_limit(attention_backward_wgmma_kernel<KeyGrads::atomic, false, false>);
