@@ -5,7 +5,7 @@
 #   r/ CSATTN_BWD_TILE_ORDER=rotated - the attention backward's fast mode starts each CTA's
 #      key tiles at the phase the running CTAs have reached, so their dK reductions share
 #      the same ~1/tiles of the keys in L2 (attention_backward_wgmma.cu): the attention
-#      backward, backward-layer and graph tests with it, then the `attention_backward`
+#      backward, layer backward, device-layer and CP tests with it (fast mode), then the `attention_backward`
 #      section per value (the rows at 32K-64K keys are the ones it should move);
 #   l/ CSATTN_LOSS_DK_FLUSH=lines - the tensor-core indexer loss's dK^I by whole 128-byte
 #      lines (add_key_grads_lines): the loss, backward, CP and MXFP8 tests with it, then the
@@ -19,7 +19,7 @@ parts=" ${AB_PARTS:-r l} "
 has() { [[ "$parts" == *" $1 "* ]]; }
 if has r; then
   mkdir -p "$O/r"
-  OUT=$O/r COMPARE_FILTER='*CudaAttentionBackward*:Layers/CudaBackward*:*DeviceLayerGraph*' \
+  OUT=$O/r COMPARE_FILTER='*CudaAttentionBackward*:*CudaBackward*:*CudaDeviceLayer.*:Layers/CudaCp.*' \
     COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=150 COMPARE_VAR=CSATTN_BWD_TILE_ORDER \
     COMPARE_VALUES="rotated" COMPARE_BENCH=0 bash scripts/gpu-compare.sh
   OUT=$O/r COMPARE_VAR=CSATTN_BWD_TILE_ORDER COMPARE_VALUES="default rotated" \
@@ -27,7 +27,7 @@ if has r; then
 fi
 if has l; then
   mkdir -p "$O/l"
-  OUT=$O/l COMPARE_FILTER='*CudaIndexerLoss*:Layers/CudaBackward*:*CudaCp*:*CudaMxfp8*' \
+  OUT=$O/l COMPARE_FILTER='*CudaIndexerLoss*:*CudaBackward*:*CudaCp*:*CudaMxfp8*' \
     COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=150 COMPARE_VAR=CSATTN_LOSS_DK_FLUSH \
     COMPARE_VALUES="lines" COMPARE_BENCH=0 bash scripts/gpu-compare.sh
   OUT=$O/l COMPARE_VAR=CSATTN_LOSS_DK_FLUSH COMPARE_VALUES="default lines" \
