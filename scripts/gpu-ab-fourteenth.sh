@@ -10,8 +10,8 @@
 #   l/ CSATTN_LOSS_DK_FLUSH=lines - the tensor-core indexer loss's dK^I by whole 128-byte
 #      lines (add_key_grads_lines): the loss, backward, CP and MXFP8 tests with it, then the
 #      `indexer_loss` section per value (its "gradient launch" rows).
-# Both parts fit one 600 s call (build ~65 s, r ~150 s, l ~200 s). Keep each winner as the
-# only path (its switch, README line and this script go).
+# Both parts fit one 600 s call: at most 65 s of build + 120 + 2 x 45 (r) + 120 + 2 x 80 (l).
+# Keep each winner as the only path (its switch, README line and this script go).
 # Here, first: scripts/prepare-device-deps.sh; call the device tool with carry: [".device"].
 set -uo pipefail
 O=${OUT:-$PWD/out}
@@ -20,18 +20,18 @@ has() { [[ "$parts" == *" $1 "* ]]; }
 if has r; then
   mkdir -p "$O/r"
   OUT=$O/r COMPARE_FILTER='*CudaAttentionBackward*:*CudaBackward*:*CudaDeviceLayer.*:Layers/CudaCp.*' \
-    COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=150 COMPARE_VAR=CSATTN_BWD_TILE_ORDER \
+    COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=120 COMPARE_VAR=CSATTN_BWD_TILE_ORDER \
     COMPARE_VALUES="rotated" COMPARE_BENCH=0 bash scripts/gpu-compare.sh
   OUT=$O/r COMPARE_VAR=CSATTN_BWD_TILE_ORDER COMPARE_VALUES="default rotated" \
-    CSATTN_BENCH_SECTIONS=attention_backward COMPARE_BENCH_TIMEOUT=60 bash scripts/gpu-compare.sh
+    CSATTN_BENCH_SECTIONS=attention_backward COMPARE_BENCH_TIMEOUT=45 bash scripts/gpu-compare.sh
 fi
 if has l; then
   mkdir -p "$O/l"
   OUT=$O/l COMPARE_FILTER='*CudaIndexerLoss*:*CudaBackward*:*CudaCp*:*CudaMxfp8*' \
-    COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=150 COMPARE_VAR=CSATTN_LOSS_DK_FLUSH \
+    COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=120 COMPARE_VAR=CSATTN_LOSS_DK_FLUSH \
     COMPARE_VALUES="lines" COMPARE_BENCH=0 bash scripts/gpu-compare.sh
   OUT=$O/l COMPARE_VAR=CSATTN_LOSS_DK_FLUSH COMPARE_VALUES="default lines" \
-    CSATTN_BENCH_SECTIONS=indexer_loss COMPARE_BENCH_TIMEOUT=100 bash scripts/gpu-compare.sh
+    CSATTN_BENCH_SECTIONS=indexer_loss COMPARE_BENCH_TIMEOUT=80 bash scripts/gpu-compare.sh
 fi
 rm -f "$O"/*/build.log "$O"/*/bench_*.json
 echo "gpu-ab-fourteenth: $SECONDS s"

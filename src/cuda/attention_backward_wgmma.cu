@@ -173,7 +173,7 @@ __device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, i
 // instruction, where flush_dk's fragment layout gives 16 rows x 32 bytes. The reductions
 // benchmark (perf.md, 2026-12-05): 3.75 TB/s in L2 for whole lines against 2.27 for the
 // fragment layout. In the kernel it costs 64 KB of shared-memory traffic per warpgroup and tile
-// and still wins: the attention backward is 20-30% faster with it (perf.md, 2026-12-06).
+// and still wins: the attention backward is 17-31% faster with it (perf.md, 2026-12-06).
 template <KeyGrads kMode>
 __device__ __forceinline__ void flush_dk_lines(const float (&dk)[64], const KeyList& keys,
                                                int limit, float* dkv_acc, float* dcomp_acc,
@@ -287,7 +287,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n = keys.n;
   const int tiles = (n + kKeys - 1) / kKeys;
   // Iteration i works on key tile key_tile(i): i itself, or rotated (fast mode, `rotate`).
-  const bool rotated = kMode == KeyGrads::atomic && rotate > 0 && tiles > 1;
+  const bool counting = kMode == KeyGrads::atomic && rotate > 0;  // every tile counts
+  const bool rotated = counting && tiles > 1;
   const int rot = rotated ? static_cast<int>(phase_s % static_cast<unsigned>(tiles)) : 0;
   auto key_tile = [&](int i) { return i + rot < tiles ? i + rot : i + rot - tiles; };
   // The slots whose dK leave the CTA: all, or (GradChunk::window_only) the window's.
@@ -389,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     flush(dim0 + 128);
     stamp(tile, 7);
     // One count a tile (WG0's first thread) for the rotated order's phase.
-    if (rotated && threadIdx.x == 0) atomicAdd(&g_backward_tiles_done, 1u);
+    if (counting && threadIdx.x == 0) atomicAdd(&g_backward_tiles_done, 1u);
   };
   // After this warpgroup issued its dQ: its dK chunks (dims dim0 ..) and finish_tile. A tile
   // with no slot below flush_limit (GradChunk::window_only: a compressed tile, whose dK the
@@ -508,7 +509,7 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention backward needs head_dim 512, got " + std::to_string(d.head_dim));
   // The dK chunks leave by whole 128-byte lines (flush_dk_lines) in the modes that write them
-  // all: 20-30% faster end to end than the fragment flush (perf.md, 2026-12-06 fourteenth
+  // all: 17-31% faster end to end than the fragment flush (perf.md, 2026-12-06 fourteenth
   // session). Where the staging area does not fit beside a long top-k row, and in the
   // partial-write measurement modes, the fragment flush.
   const bool by_lines = (phase_stamps != nullptr || writes == KeyGradWrites::all) &&

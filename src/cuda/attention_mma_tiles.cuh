@@ -1,6 +1,6 @@
-// The shared-memory tile layouts of the mma.sync attention backward kernels
-// (attention_backward_mma.cu, attention_backward_keyed.cu): [rows, 512] bf16 tiles of Q, dO and
-// keys read by ldmatrix, and the [64 x 32] bf16 P / dS tiles.
+// The shared-memory tile layouts of the mma.sync attention backward kernel
+// (attention_backward_mma.cu): [rows, 512] bf16 tiles of Q, dO and keys read by ldmatrix, and
+// the [64 x 32] bf16 P / dS tiles.
 #pragma once
 
 namespace csattn::cuda::mma_tiles {

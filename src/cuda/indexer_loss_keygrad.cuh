@@ -36,7 +36,7 @@ __device__ __forceinline__ void add_key_grad(const KeyGradSink& s, int t, int sl
 // minimum two wavefronts) and leave as 4 keys x 128 contiguous bytes a red.global.add.v4
 // instead of float2 atomics over 8 keys x 32 bytes an instruction (the reductions benchmark:
 // whole lines 1.65x the rate of 16 rows x 32 B in L2; the attention backward's flush_dk_lines
-// made that kernel 20-30% faster). key_row: this lane's key g, -1 for none (all lanes call
+// made that kernel 17-31% faster). key_row: this lane's key g, -1 for none (all lanes call
 // it; such keys add nothing). dim0: a multiple of 32 (the 128 bytes are one aligned line).
 __device__ __forceinline__ void add_key_grads_lines(const KeyGradSink& s, int key_row, int dim0,
                                                     const float (&v)[4][2], float* stage) {

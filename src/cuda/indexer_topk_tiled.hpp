@@ -23,7 +23,7 @@ void launch_indexer_topk_wgmma(const LayerDims& d, const DeviceMetadata& meta, c
 // number `block` (counted from 0 per CTA; blocks are taken longest rows first) and that
 // block's first run, at stamps[((cta * 2 + warpgroup) * (tiles + 1) + row) * phases + p].
 // Row u < tiles is the warpgroup's u-th key tile (tile 2u + warpgroup of the run): 0 loop
-// top, 1 the tile's keys ready (cp.async wait and the warpgroup's barrier), 2 the load two
+// top, 1 the tile's keys ready (the stage's mbarrier - TMA - and the warpgroup's barrier), 2 the load two
 // tiles ahead issued, 3 the MMAs done, 4 the head sums done, 5 the scores stored and
 // counted. Row `tiles`: 0 block start, 1 the run's queries and weights ready, 2 the run's
 // scoring done, 3 the block's selection done. Stamps not reached stay as the caller left

@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // block's selection 122K -> 104K cycles at 32K tokens against one row after another).
     // Rows that fit a quarter of the Q and key buffers, dead until the next block, are selected
     // from a copy in shared memory (measured 2026-12-06 on an H100: the block's selection
-    // 105K -> 73K cycles, the indexer 4-6% faster at 32K-64K tokens).
+    // 104.8K -> 72.1K cycles at 32K tokens, the indexer 1-6% faster at 32K-128K tokens).
     constexpr int kStageFloats = L::kHistOff / 4 / kRows / 4 * 4;
     idxblock::select_block<kThreads, true>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk,
                                      reinterpret_cast<float*>(smem),
@@ -263,8 +263,10 @@ template <int DI>
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                   const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
                   unsigned* stamps) {
-  require(d.comp_capacity > 0, ErrorKind::InvalidArgument, "the wgmma indexer needs comp_capacity > 0");
-  const CUtensorMap map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
+  // No compressed rows (a CSA batch of fewer than 4 rows, a CP rank without entries): no row
+  // has a visible key, no tile is loaded, the map is never read; the rows get -1 ids.
+  CUtensorMap map{};
+  if (d.comp_capacity > 0) map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
   // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
   auto kernel = stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true> : indexer_topk_wgmma_kernel<DI, false>;
   idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the wgmma indexer", d,

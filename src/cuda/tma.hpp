@@ -12,8 +12,9 @@
 
 namespace csattn::cuda {
 
-// Throws csattn::Error (Unsupported) when the driver lacks the encoder or refuses the shape
-// (base 16-byte aligned, cols * 2 a multiple of 16, box_cols * 2 == 128).
+// Throws csattn::Error: InvalidArgument for a bad shape (rows, cols, box_rows <= 0, box_rows
+// > 256, box_cols * 2 != 128), checked before the driver is asked; Unsupported when the driver
+// lacks the encoder or refuses the map (base not 16-byte aligned, cols * 2 not a multiple of 16).
 CUtensorMap bf16_rows_tensor_map(const bf16* base, long rows, int cols, int box_rows, int box_cols);
 
 }  // namespace csattn::cuda

@@ -20,6 +20,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "csattn/error.hpp"
@@ -331,6 +332,24 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsExact) {
   expect_contract(p, wg, "wgmma");
   expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
   expect_reference_rows(p, wg, sample_rows(p), "wgmma");
+}
+
+// A batch of fewer rows than the ratio (a CSA layer's smallest input, or a CP rank's share):
+// no compressed row exists (comp_capacity 0), so every row's ids are -1. The wgmma kernel
+// takes its key tiles through a TMA map over comp_capacity rows, which it must skip here.
+TEST(CudaIndexerTiny, NoCompressedRowsGiveEmptyRows) {
+  SKIP_WITHOUT_GPU();
+  const Problem p(64, 128, 32, {2, 1}, {2, 1}, Values::random, 14);
+  ASSERT_EQ(p.dims().comp_capacity, 0);
+  DeviceProblem dev(p);
+  dev.upload();
+  for (auto [name, which] : {std::pair{"wgmma", cuda::IndexerKernel::wgmma},
+                             std::pair{"tiled", cuda::IndexerKernel::tiled},
+                             std::pair{"automatic", cuda::IndexerKernel::automatic}}) {
+    const auto ids = dev.run(which);
+    expect_contract(p, ids, name);
+    for (std::int32_t id : ids) ASSERT_EQ(id, -1) << name;
+  }
 }
 
 // Every key equal: every row's scores tie, so the top K must be ids 0..K-1.
