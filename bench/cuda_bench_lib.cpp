@@ -282,10 +282,19 @@ json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double
     CSATTN_CUDA_CHECK(cudaMemsetAsync(dkeys, 0, sizeof(float) * Nc * DI, nullptr));
     launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f, dqi, dweff, dkeys, kept_buf, nullptr, launch_kernel);
   }, 1, 3);
+  // The kept value launch's first part alone (the wgmma teacher; the rest of value_ms is the
+  // rows kernel's predictor pass and KL): what taking the predictor's logits from the
+  // indexer's own scores would leave of the forward's loss work (design.md, "the indexer
+  // loss"). Timed last: at 128 heads it zeroes `kept` first, which the gradient launch reads.
+  // -1 where the launch has no separate teacher.
+  double teacher_ms = -1.0;
+  if (kept && sparse && indexer_teacher_wgmma_supported(d))
+    teacher_ms = median_ms([&] { launch_indexer_teacher_wgmma(d, m, a, kept_buf, nullptr); }, 1, 3);
   const double flops = pairs * (2.0 * H * D + 3 * 2.0 * HI * DI);
   json j{{"preset", preset}, {"heads", H}, {"tokens", T}, {"loss", sparse ? "sparse" : "dense"},
          {"kernel", kernel == IndexerLossKernel::baseline ? "baseline" : kept ? "tensor_core_kept" : "tensor_core"},
-         {"pairs", pairs}, {"ms", ms}, {"value_ms", value_ms}, {"tflops", flops / (ms * 1e-3) / 1e12}};
+         {"pairs", pairs}, {"ms", ms}, {"value_ms", value_ms}, {"teacher_ms", teacher_ms},
+         {"tflops", flops / (ms * 1e-3) / 1e12}};
   j["fraction_of_gemm"] = j["tflops"].get<double>() / gemm_tflops;
   for (void* p : bufs) cudaFree(p);
   return j;
@@ -576,9 +585,11 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       std::printf("\nindexer loss + gradients (CSA, one sequence; FLOPs = 2*H*512 + 3*2*64*128 per pair: "
                   "114,688 at H 64, 180,224 at H 128)\n");
       std::printf("(ms: the gradient launch; value ms: the value launch alone, the forward's; "
-                  "tensor_core_kept: the layer's path, the gradient launch reusing the value launch's teacher)\n");
-      std::printf("%6s %7s %7s %17s %12s %10s %9s %9s\n", "preset", "tokens", "loss", "kernel", "pairs", "ms",
-                  "TFLOPS", "value ms");
+                  "tensor_core_kept: the layer's path, the gradient launch reusing the value launch's teacher;\n"
+                  " teacher ms: the kept value launch's wgmma teacher alone, the rest of value ms is the rows "
+                  "kernel's predictor pass)\n");
+      std::printf("%6s %7s %7s %17s %12s %10s %9s %9s %11s\n", "preset", "tokens", "loss", "kernel", "pairs", "ms",
+                  "TFLOPS", "value ms", "teacher ms");
       constexpr auto base = IndexerLossKernel::baseline;
       constexpr auto tc = IndexerLossKernel::tensor_core;
       for (auto [preset, tokens, sparse, kernel, kept] :
@@ -589,9 +600,12 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
             std::tuple{"pro", 4096, true, tc, true}, std::tuple{"pro", 4096, false, tc, false}}) {
         std::fprintf(stderr, "cuda_bench: indexer loss %s at %d tokens\n", preset, tokens);
         json j = indexer_loss_case(tokens, sparse, kernel, gemm, preset, kept);
-        std::printf("%6s %7d %7s %17s %12.0f %10.3f %9.1f %9.3f\n", preset, tokens, j["loss"].get<std::string>().c_str(),
+        const double teacher_ms = j["teacher_ms"].get<double>();
+        char teacher[16] = "-";
+        if (teacher_ms >= 0.0) std::snprintf(teacher, sizeof(teacher), "%.3f", teacher_ms);
+        std::printf("%6s %7d %7s %17s %12.0f %10.3f %9.1f %9.3f %11s\n", preset, tokens, j["loss"].get<std::string>().c_str(),
                     j["kernel"].get<std::string>().c_str(), j["pairs"].get<double>(), j["ms"].get<double>(),
-                    j["tflops"].get<double>(), j["value_ms"].get<double>());
+                    j["tflops"].get<double>(), j["value_ms"].get<double>(), teacher);
         report["indexer_loss"].push_back(j);
       }
     }
