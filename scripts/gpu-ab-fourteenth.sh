@@ -9,8 +9,13 @@
 #      section per value (the rows at 32K-64K keys are the ones it should move);
 #   l/ CSATTN_LOSS_DK_FLUSH=lines - the tensor-core indexer loss's dK^I by whole 128-byte
 #      lines (add_key_grads_lines): the loss, backward, CP and MXFP8 tests with it, then the
-#      `indexer_loss` section per value (its "gradient launch" rows).
-# Both parts fit one 600 s call: at most 65 s of build + 120 + 2 x 45 (r) + 120 + 2 x 80 (l).
+#      `indexer_loss` section per value (its "gradient launch" rows);
+#   p/ (only when listed) CSATTN_LOSS_PREDICTOR=indexer - the sparse loss's value launch takes
+#      its predictor logits from the indexer's selected scores (forward.cpp): the loss,
+#      forward, backward, device-layer, CP and MXFP8 tests with it, then the `layer` section's
+#      CSA-relevant rows per value (its forward stage "indexer loss").
+# The default parts r and l fit one 600 s call: at most 65 s of build + 120 + 2 x 45 (r) +
+# 120 + 2 x 80 (l); p is a call of its own (AB_PARTS=p).
 # Keep each winner as the only path (its switch, README line and this script go).
 # Here, first: scripts/prepare-device-deps.sh; call the device tool with carry: [".device"].
 set -uo pipefail
@@ -32,6 +37,14 @@ if has l; then
     COMPARE_VALUES="lines" COMPARE_BENCH=0 bash scripts/gpu-compare.sh
   OUT=$O/l COMPARE_VAR=CSATTN_LOSS_DK_FLUSH COMPARE_VALUES="default lines" \
     CSATTN_BENCH_SECTIONS=indexer_loss COMPARE_BENCH_TIMEOUT=80 bash scripts/gpu-compare.sh
+fi
+if has p; then
+  mkdir -p "$O/p"
+  OUT=$O/p COMPARE_FILTER='*CudaIndexerLoss*:*CudaForward*:*CudaBackward*:*CudaDeviceLayer*:*CudaCp*:*CudaMxfp8*' \
+    COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=200 COMPARE_VAR=CSATTN_LOSS_PREDICTOR \
+    COMPARE_VALUES="indexer" COMPARE_BENCH=0 bash scripts/gpu-compare.sh
+  OUT=$O/p COMPARE_VAR=CSATTN_LOSS_PREDICTOR COMPARE_VALUES="default indexer" CSATTN_BENCH_SECTIONS=layer \
+    CSATTN_BENCH_LAYER_TOKENS=16384,65536 COMPARE_BENCH_TIMEOUT=120 bash scripts/gpu-compare.sh
 fi
 rm -f "$O"/*/build.log "$O"/*/bench_*.json
 echo "gpu-ab-fourteenth: $SECONDS s"

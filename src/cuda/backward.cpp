@@ -71,8 +71,10 @@ void check_backward_supported(const AttentionConfig& c, const ForwardParams& f, 
 
 void run_indexer_loss(const ForwardParams& f, const BackwardParams& b, cudaStream_t stream) {
   const IndexerLossArgs l = loss_args(f, b);
+  float* kept = loss_kept(f, b);
   launch_indexer_loss(f.dims, f.meta, l, f.act.loss_rows, f.act.loss, false, 0.0f, nullptr, nullptr,
-                      nullptr, loss_kept(f, b), stream);
+                      nullptr, kept, stream, IndexerLossKernel::automatic,
+                      kept != nullptr && loss_logits_from_selection(f));
 }
 
 bool mxfp8_predictor(const ForwardParams& f, const BackwardParams& b) {

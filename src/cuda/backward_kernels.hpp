@@ -189,10 +189,16 @@ enum class IndexerLossKernel { automatic, baseline, tensor_core };
 // same results. Both launches must see the same inputs and pick the same kernel (the
 // automatic choice does). Null: every launch computes everything. (A parameter, not a field
 // of IndexerLossArgs: a larger argument struct makes the 128-head instance spill.)
+// logits_kept (a candidate, CSATTN_LOSS_PREDICTOR=indexer): the value launch's `kept` already
+// holds, as the predictor logit of each candidate of every row with more visible entries than
+// top-k, the score the indexer selected it with (launch_indexer_topk's SelectedScores, stride
+// 2 into kept's logit entries); those rows skip the predictor pass. Only the automatic
+// kernel's value launch with the wgmma teacher reads them; every other launch computes them.
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
                          float* loss_rows, float* loss, bool grads, float grad_loss, bf16* dqi,
                          float* dweff, float* dkeys_acc, float* kept, cudaStream_t stream,
-                         IndexerLossKernel kernel = IndexerLossKernel::automatic);
+                         IndexerLossKernel kernel = IndexerLossKernel::automatic,
+                         bool logits_kept = false);
 // out[0] = grad_loss[0] * scale[0] on the device: the scale of a backward whose loss gradient
 // is on the device (a framework's autograd tensor, never read back), for IndexerLossArgs::scale
 // with a launch grad_loss of 1. (A field for it in IndexerLossArgs made the tensor-core
@@ -202,18 +208,26 @@ void launch_loss_gradient_scale(const float* grad_loss, const float* scale, floa
 // The tensor-core rows kernel (indexer_loss_mma.cu): head_dim 512, index_head_dim 128, at
 // most 64 index heads and 128 heads.
 bool indexer_loss_mma_supported(const LayerDims& d);
+// given: what `kept` already holds for the value launch's rows with the forward's LSE -
+// kGivenMasses (the wgmma teacher ran), kGivenLogits (the indexer wrote the selected ids'
+// scores as the predictor logits, for the rows with more visible entries than top-k).
+constexpr int kGivenMasses = 1, kGivenLogits = 2;
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_loss, bf16* dqi, float* dweff, float* dkeys_acc,
-                                  float* kept, bool masses_given, cudaStream_t stream);
+                                  float* kept, int given, cudaStream_t stream);
 // The sparse loss's teacher masses on wgmma (indexer_loss_teacher.cu): for every row whose
 // valid top-k ids are all visible, mass_j = sum_h exp(scale q_h . K_j - LSE_h) of its valid ids
 // j (in order) into kept[(t * topk + j) * 2], the entries launch_indexer_loss_rows_mma reads
-// with masses_given. Needs a.sparse, a.lse, head_dim 512. The value launch of
+// with kGivenMasses. Needs a.sparse, a.lse, head_dim 512. The value launch of
 // launch_indexer_loss runs it first where supported.
+// logits_kept: kept's logit entries already hold the predictor logits (launch_indexer_loss's
+// logits_kept), so where the head blocks' masses must start from zero only the masses are
+// zeroed.
 bool indexer_teacher_wgmma_supported(const LayerDims& d);
 void launch_indexer_teacher_wgmma(const LayerDims& d, const DeviceMetadata& meta,
-                                  const IndexerLossArgs& a, float* kept, cudaStream_t stream);
+                                  const IndexerLossArgs& a, float* kept, cudaStream_t stream,
+                                  bool logits_kept = false);
 
 // dw_raw = bf16(dweff * H_I^-1/2 * D_I^-1/2).
 void launch_indexer_weights_backward(const LayerDims& d, const float* dweff, bf16* dwraw,

@@ -4,6 +4,7 @@
 
 #include "cuda/check.hpp"
 #include "cuda/gemm.hpp"
+#include "cuda/kernel_switch.hpp"
 #include "cuda/kernels.hpp"
 
 namespace csattn::cuda {
@@ -84,7 +85,16 @@ void forward_selection(const ForwardParams& p, cudaStream_t stream) {
     sel_q = a.qi_proj;
     sel_keys = a.i_keys_mx;
   }
-  launch_indexer_topk(d, p.meta, sel_q, a.w_eff, sel_keys, a.topk, a.topk_scratch, stream);
+  SelectedScores scores;
+  if (loss_logits_from_selection(p)) scores = {a.loss_kept + 1, 2};  // (mass, logit) pairs
+  launch_indexer_topk(d, p.meta, sel_q, a.w_eff, sel_keys, a.topk, a.topk_scratch, stream,
+                      IndexerKernel::automatic, scores);
+}
+
+bool loss_logits_from_selection(const ForwardParams& p) {
+  static const bool on = kernel_switch("CSATTN_LOSS_PREDICTOR", {"indexer"}) == "indexer";
+  return on && p.act.loss_kept != nullptr && !p.forced_topk && p.dims.ratio == 4 &&
+         indexer_kernel_for(p.dims) == IndexerKernel::wgmma;
 }
 
 void forward_attention(const ForwardParams& p, cudaStream_t stream) {

@@ -53,6 +53,12 @@ void forward_compressor(const ForwardParams& p, Compressor which, const LayerDim
 void forward_indexer_queries(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream);
 // The top-k selection from qi, w_eff and i_keys (through MXFP8 first with that precision).
 void forward_selection(const ForwardParams& p, cudaStream_t stream);
+// Whether the selection also writes the selected ids' scores into the sparse loss's kept
+// logits (act.loss_kept), which the forward's loss launch then takes as its predictor logits
+// instead of recomputing them (a candidate, CSATTN_LOSS_PREDICTOR=indexer): where the loss
+// keeps values, the selection runs (no forced top-k) and on the wgmma indexer, the only one
+// that writes them. The selection and the loss launch both ask, so they agree.
+bool loss_logits_from_selection(const ForwardParams& p);
 // Sparse attention (attn, lse), then the inverse RoPE and the output projections (y).
 void forward_attention(const ForwardParams& p, cudaStream_t stream);
 void forward_output(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream);

@@ -86,11 +86,14 @@ __device__ __forceinline__ unsigned take_run(unsigned& todo, const Shared& sh, i
 // row of at most stage_floats scores is first copied there in one pass, and the select's
 // four passes read shared memory instead of L2 (the wgmma kernel: rows of up to 10240
 // candidates at index dim 128, 5120 at 64).
+// scores_out (may be null; kByRows only, the wgmma kernel): the selected ids' scores, row t's
+// k-th at scores_out[(t * K + k) * score_stride] (the rows selected here: n > K).
 template <int kThreads, bool kByRows>
 __device__ void select_block(const LayerDims& d, unsigned selecting, const Shared& sh, int t0,
                              const float* slot, long row_stride, unsigned* hist,
                              idxsel::SelectShared* sel, std::int32_t* topk,
-                             float* stage = nullptr, int stage_floats = 0) {
+                             float* stage = nullptr, int stage_floats = 0,
+                             float* scores_out = nullptr, int score_stride = 1) {
   __syncthreads();  // scores and histograms complete
   if constexpr (kByRows) {
     static_assert(kThreads % (32 * kRows) == 0, "whole warps per row");
@@ -118,8 +121,12 @@ __device__ void select_block(const LayerDims& d, unsigned selecting, const Share
         G::sync();
         scores = reinterpret_cast<const float*>(mine);
       }
+      float* row_scores = scores_out != nullptr
+                              ? scores_out + static_cast<long>(t0 + i) * d.topk * score_stride
+                              : nullptr;
       idxsel::select_topk_radix<G>(scores, n, d.topk, hist + i * idxsel::kBins, sel[i],
-                                   topk + static_cast<long>(t0 + i) * d.topk, staged);
+                                   topk + static_cast<long>(t0 + i) * d.topk, staged, row_scores,
+                                   score_stride);
     }
     __syncthreads();  // every row's select is done with hist, sel and stage before the next block
   } else {

@@ -317,7 +317,7 @@ __global__ void indexer_weights_backward_kernel(int n, float scale, const float*
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
                          float* loss_rows, float* loss, bool grads, float grad_loss, bf16* dqi,
                          float* dweff, float* dkeys_acc, float* kept, cudaStream_t stream,
-                         IndexerLossKernel kernel) {
+                         IndexerLossKernel kernel, bool logits_kept) {
   require(a.scale != nullptr, ErrorKind::InvalidArgument,
           "the indexer loss needs its scale on the device (IndexerLossArgs::scale: "
           "DeviceMetadata::loss_scale)");
@@ -337,9 +337,10 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
     const bool teacher = kernel == IndexerLossKernel::automatic && !grads &&
                          a.sparse && a.lse != nullptr && kept != nullptr && a.chunk.r0 == 0 &&
                          a.chunk.rows < 0 && indexer_teacher_wgmma_supported(d);
-    if (teacher) launch_indexer_teacher_wgmma(d, meta, a, kept, stream);
+    if (teacher) launch_indexer_teacher_wgmma(d, meta, a, kept, stream, logits_kept);
+    const int given = teacher ? kGivenMasses | (logits_kept ? kGivenLogits : 0) : 0;
     launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff, dkeys_acc,
-                                 kept, teacher, stream);
+                                 kept, given, stream);
   } else {
     require(a.chunk.scratch == nullptr && a.chunk.r0 == 0 && a.chunk.rows < 0, ErrorKind::Unsupported,
             "deterministic backward: the indexer loss needs its tensor-core kernel (head_dim 512, "

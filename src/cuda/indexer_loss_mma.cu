@@ -168,7 +168,7 @@ template <int kMaxGroups, bool kLines>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_loss_mma_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a,
                             float* loss_rows, bool grads, float grad_loss, bf16* dqi_out,
-                            float* dweff, float* dkeys_acc, float* kept_buf, bool masses_given) {
+                            float* dweff, float* dkeys_acc, float* kept_buf, int given_flags) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* wide_s = smem + SmemLayout::wide;
   unsigned char* ik_s = smem + SmemLayout::ikeys;
@@ -251,7 +251,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool read_kept = kept && grads;
   // The value launch after the wgmma teacher (indexer_loss_teacher.cu): a row with the
   // forward's LSE finds its masses in kept_buf and runs only the predictor's pass.
-  const bool given = masses_given && use_lse && kept_buf != nullptr && !grads;
+  const bool given = (given_flags & kGivenMasses) && use_lse && kept_buf != nullptr && !grads;
+  // ... and its predictor logits too: the indexer's scores of the ids it selected by radix
+  // (vis > K; a row with vis <= K took every visible id unscored).
+  const bool logits_given = given && (given_flags & kGivenLogits) && vis > d.topk;
 
   // Row inputs: qI (cp.async, joined by the first tile's wait), w', the forward LSE, and the
   // teacher's Q as A fragments in registers (rows past H zero).
@@ -568,6 +571,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       scal[1] = kept_buf[(static_cast<long>(d.rows) * d.topk + t) * 2 + 1];
     }
     cp_async_wait<0>();  // qI (the final pass's first wait joins it only when it loads keys)
+  } else if (logits_given) {
+    const float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
+    for (int j = tid; j < n; j += kThreads) {
+      const float2 v = *reinterpret_cast<const float2*>(kc + 2 * j);
+      mass_arr[j] = v.x;
+      logit_arr[j] = v.y;
+    }
+    __syncthreads();
+    cp_async_wait<0>();  // qI, loaded at the start and not read by this launch
+    // The predictor's LSE as its pass forms it: key j on lane j % 32, in order.
+    if (warp == 0)
+      for (int j = lane; j < n; j += 32) {
+        const float I = logit_arr[j];
+        const float mn = fmaxf(im, I);
+        il = il * expf(im - mn) + expf(I - mn);
+        im = mn;
+        tacc += mass_arr[j];
+      }
   } else if (given) {
     const float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
     for (int j = tid; j < n; j += kThreads) mass_arr[j] = kc[2 * j];
@@ -706,7 +727,7 @@ bool indexer_loss_mma_supported(const LayerDims& d) {
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_loss, bf16* dqi, float* dweff, float* dkeys_acc,
-                                  float* kept, bool masses_given, cudaStream_t stream) {
+                                  float* kept, int given, cudaStream_t stream) {
   require(indexer_loss_mma_supported(d), ErrorKind::Unsupported,
           "the tensor-core indexer loss needs head_dim 512, index_head_dim 128, at most 64 index "
           "heads and 128 heads");
@@ -716,7 +737,7 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
   const int rows = a.chunk.launch_rows(d.rows);
   if (rows <= 0) return;
   kernel<<<rows, kThreads, smem, stream>>>(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff,
-                                           dkeys_acc, kept, masses_given);
+                                           dkeys_acc, kept, given);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

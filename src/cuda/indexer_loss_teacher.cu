@@ -256,7 +256,8 @@ bool indexer_teacher_wgmma_supported(const LayerDims& d) {
 }
 
 void launch_indexer_teacher_wgmma(const LayerDims& d, const DeviceMetadata& meta,
-                                  const IndexerLossArgs& a, float* kept, cudaStream_t stream) {
+                                  const IndexerLossArgs& a, float* kept, cudaStream_t stream,
+                                  bool logits_kept) {
   if (d.rows <= 0) return;
   require(d.head_dim == kDim && d.ratio == 4 && d.heads <= 2 * kRows, ErrorKind::Unsupported,
           "the wgmma indexer-loss teacher needs head_dim 512, the CSA ratio 4 and at most 128 heads");
@@ -266,8 +267,13 @@ void launch_indexer_teacher_wgmma(const LayerDims& d, const DeviceMetadata& meta
   allow_dynamic_smem(indexer_teacher_wgmma_kernel, smem,
                      "the wgmma indexer-loss teacher (its shared memory grows with index_topk)");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
-  if (head_blocks > 1)  // the head blocks' partial masses add onto zeros
-    CSATTN_CUDA_CHECK(cudaMemsetAsync(kept, 0, sizeof(float) * 2 * static_cast<std::size_t>(d.rows) * d.topk, stream));
+  if (head_blocks > 1) {  // the head blocks' partial masses add onto zeros
+    const std::size_t entries = static_cast<std::size_t>(d.rows) * d.topk;
+    if (logits_kept)  // the masses only (every other float): the logits are the indexer's
+      CSATTN_CUDA_CHECK(cudaMemset2DAsync(kept, 2 * sizeof(float), 0, sizeof(float), entries, stream));
+    else
+      CSATTN_CUDA_CHECK(cudaMemsetAsync(kept, 0, sizeof(float) * 2 * entries, stream));
+  }
   const long items = static_cast<long>(d.rows) * head_blocks;
   require(items < (1l << 31), ErrorKind::Unsupported, "too many indexer-loss rows for one launch");
   const int grid = static_cast<int>(std::min<long>(items, multiprocessor_count()));

@@ -133,10 +133,12 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
 
 // Selects the top K of scores[0..n) (n > K; scores 16-byte aligned) and writes their ids in
 // ascending order to out[0..K). hist (kBins entries, shared) holds on entry the histogram of
-// digit0 over all n keys (built while scoring); it is overwritten.
+// digit0 over all n keys (built while scoring); it is overwritten. out_scores (may be null):
+// the selected ids' scores, out_scores[k * score_stride] beside out[k].
 template <class G>
 __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* hist,
-                                  SelectShared& sh, std::int32_t* out, bool odd_chunks = false) {
+                                  SelectShared& sh, std::int32_t* out, bool odd_chunks = false,
+                                  float* out_scores = nullptr, int score_stride = 1) {
   find_bin<G>(hist, 1 << kDigit0Bits, K, sh);
   unsigned prefix = static_cast<unsigned>(sh.bin) << (kDigit1Bits + kDigit2Bits);
   int need = sh.need;
@@ -183,7 +185,10 @@ __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* h
       const unsigned key = order_key(e[c]);
       bool take = key > threshold;
       if (key == threshold) take = equal_rank++ < need_equal;
-      if (take) out[slot++] = j + c;
+      if (take) {
+        if (out_scores != nullptr) out_scores[static_cast<long>(slot) * score_stride] = e[c];
+        out[slot++] = j + c;
+      }
     }
   }
   G::sync();  // hist and sh are reused by the next row

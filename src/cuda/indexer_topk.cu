@@ -318,27 +318,28 @@ IndexerKernel indexer_kernel_for(const LayerDims& d) {
   return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
 }
 
-void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
+bool launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                          const float* w_eff, const bf16* keys, std::int32_t* topk, void* scratch,
-                         cudaStream_t stream, IndexerKernel which) {
-  if (d.rows <= 0) return;
+                         cudaStream_t stream, IndexerKernel which, const SelectedScores& scores) {
+  if (d.rows <= 0) return false;
   require(d.index_dim <= 256, ErrorKind::Unsupported,
           "the CUDA indexer supports index_head_dim up to 256, got " + std::to_string(d.index_dim));
   if (which == IndexerKernel::automatic) which = indexer_kernel_for(d);
   switch (which) {
     case IndexerKernel::wgmma:
-      launch_indexer_topk_wgmma(d, meta, qi, w_eff, keys, topk, scratch, stream);
-      return;
+      launch_indexer_topk_wgmma(d, meta, qi, w_eff, keys, topk, scratch, stream, nullptr, scores);
+      return scores.base != nullptr;
     case IndexerKernel::tiled:
       launch_indexer_topk_tiled(d, meta, qi, w_eff, keys, topk, scratch, stream);
-      return;
+      return false;
     case IndexerKernel::mma1:
       require(indexer_mma_supported(d), ErrorKind::Unsupported,
               "the one-row tensor-core indexer needs index_n_heads <= 64 and index_head_dim a multiple of 64");
       launch_one_row(d, meta, qi, w_eff, keys, topk, true, stream);
-      return;
+      return false;
     default:
       launch_one_row(d, meta, qi, w_eff, keys, topk, false, stream);
+      return false;
   }
 }
 

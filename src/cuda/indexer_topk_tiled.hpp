@@ -15,7 +15,7 @@ void launch_indexer_topk_tiled(const LayerDims& d, const DeviceMetadata& meta, c
 void launch_indexer_topk_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                                const float* w_eff, const bf16* keys, std::int32_t* topk,
                                void* scratch, cudaStream_t stream,
-                               unsigned* phase_stamps = nullptr);
+                               unsigned* phase_stamps = nullptr, const SelectedScores& scores = {});
 
 // Measurement only (benchmarks): the wgmma indexer's phase_stamps, the multiprocessor's
 // 32-bit clock() with its lowest bit set (0 means "not reached"; subtract modulo 2^32),

@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                               const bf16* keys, std::int32_t* topk, unsigned* counter,
                               float* slots, long row_stride, unsigned* stamps,
-                              const __grid_constant__ CUtensorMap key_map) {
+                              const __grid_constant__ CUtensorMap key_map, float* scores_out,
+                              int score_stride) {
   using L = Layout<DI>;
   constexpr int kChunks = DI / 8, kSteps = DI / 16;
   extern __shared__ unsigned char smem_raw[];
@@ -252,8 +253,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 104.8K -> 72.1K cycles at 32K tokens, the indexer 1-6% faster at 32K-128K tokens).
     constexpr int kStageFloats = L::kHistOff / 4 / kRows / 4 * 4;
     idxblock::select_block<kThreads, true>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk,
-                                     reinterpret_cast<float*>(smem),
-                                     kStageFloats);
+                                     reinterpret_cast<float*>(smem), kStageFloats, scores_out,
+                                     score_stride);
     if constexpr (kStamps) stamping = local == Stamps::block;
     stamp(Stamps::tiles, 3);
   }
@@ -262,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int DI>
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                   const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
-                  unsigned* stamps) {
+                  unsigned* stamps, const SelectedScores& scores) {
   // No compressed rows (a CSA batch of fewer than 4 rows, a CP rank without entries): no row
   // has a visible key, no tile is loaded, the map is never read; the rows get -1 ids.
   CUtensorMap map{};
@@ -270,19 +271,21 @@ void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi
   // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
   auto kernel = stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true> : indexer_topk_wgmma_kernel<DI, false>;
   idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the wgmma indexer", d,
-                                meta, qi, w_eff, keys, topk, scratch, stream, stamps, map);
+                                meta, qi, w_eff, keys, topk, scratch, stream, stamps, map, scores.base,
+                                scores.stride);
 }
 
 }  // namespace
 
 void launch_indexer_topk_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                                const float* w_eff, const bf16* keys, std::int32_t* topk,
-                               void* scratch, cudaStream_t stream, unsigned* phase_stamps) {
+                               void* scratch, cudaStream_t stream, unsigned* phase_stamps,
+                               const SelectedScores& scores) {
   require(indexer_tiled_supported(d), ErrorKind::Unsupported,
           "the wgmma indexer needs index_n_heads <= 64 and index_head_dim 64 or 128");
   require(scratch != nullptr, ErrorKind::InvalidArgument, "the wgmma indexer needs its scratch");
-  if (d.index_dim == 128) launch_wgmma<128>(d, meta, qi, w_eff, keys, topk, scratch, stream, phase_stamps);
-  else launch_wgmma<64>(d, meta, qi, w_eff, keys, topk, scratch, stream, phase_stamps);
+  if (d.index_dim == 128) launch_wgmma<128>(d, meta, qi, w_eff, keys, topk, scratch, stream, phase_stamps, scores);
+  else launch_wgmma<64>(d, meta, qi, w_eff, keys, topk, scratch, stream, phase_stamps, scores);
 }
 
 }  // namespace csattn::cuda

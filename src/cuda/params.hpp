@@ -50,6 +50,13 @@ struct DeviceWeights {
   const float* omega = nullptr;  // RoPE frequencies [rope_dim / 2]
 };
 
+// Where the indexer writes the selected ids' scores (launch_indexer_topk): row t's k-th at
+// base[(t * K + k) * stride]; base null: not written.
+struct SelectedScores {
+  float* base = nullptr;
+  int stride = 1;
+};
+
 // Per-batch metadata on the device, rebuilt from cu_seqlens on every run.
 struct DeviceMetadata {
   const std::int32_t* cu_real = nullptr;    // [B+1]

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -118,21 +119,24 @@ struct Problem {
     if (pos >= real[b]) return 0;  // padding row
     return std::min((pos + 1) / 4, padded[b] / 4);
   }
+  // Row t's index score of its visible entry j, in double (exact for Values::exact).
+  double score(int t, int j) const {
+    const int base = comp_start[segment_of(t)];
+    double acc = 0.0;
+    for (int h = 0; h < HI; ++h) {
+      double dot = 0.0;
+      const float* qh = &q[(static_cast<std::size_t>(t) * HI + h) * DI];
+      const float* kj = &k[static_cast<std::size_t>(base + j) * DI];
+      for (int c = 0; c < DI; ++c) dot += static_cast<double>(qh[c]) * kj[c];
+      acc += w[static_cast<std::size_t>(t) * HI + h] * std::max(dot, 0.0);
+    }
+    return acc == 0.0 ? 0.0 : acc;  // -0 ties with +0
+  }
   // Host reference of row t (exact for Values::exact / equal_keys): ties to the smallest id.
   std::vector<std::int32_t> reference_row(int t) const {
-    const int n = visible(t), base = comp_start[segment_of(t)];
+    const int n = visible(t);
     std::vector<double> s(n);
-    for (int j = 0; j < n; ++j) {
-      double acc = 0.0;
-      for (int h = 0; h < HI; ++h) {
-        double dot = 0.0;
-        const float* qh = &q[(static_cast<std::size_t>(t) * HI + h) * DI];
-        const float* kj = &k[static_cast<std::size_t>(base + j) * DI];
-        for (int c = 0; c < DI; ++c) dot += static_cast<double>(qh[c]) * kj[c];
-        acc += w[static_cast<std::size_t>(t) * HI + h] * std::max(dot, 0.0);
-      }
-      s[j] = acc == 0.0 ? 0.0 : acc;  // -0 ties with +0
-    }
+    for (int j = 0; j < n; ++j) s[j] = score(t, j);
     std::vector<std::int32_t> ids(n);
     std::iota(ids.begin(), ids.end(), 0);
     std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return s[a] > s[b]; });
@@ -173,11 +177,12 @@ class DeviceProblem {
   const cuda::DeviceMetadata& meta() const { return metadata_.meta(); }
 
   // Runs one kernel on poisoned outputs and NaN scratch; the [T, K] ids.
-  std::vector<std::int32_t> run(cuda::IndexerKernel which) {
+  std::vector<std::int32_t> run(cuda::IndexerKernel which, const cuda::SelectedScores& scores = {}) {
     topk_.fill_bytes(0x5A);
     scratch_.fill_bytes(0xFF);
     cuda::launch_indexer_topk(d_, meta(), reinterpret_cast<const cuda::bf16*>(q_.get()), w_.get(),
-                              reinterpret_cast<const cuda::bf16*>(k_.get()), topk_.get(), scratch_.get(), nullptr, which);
+                              reinterpret_cast<const cuda::bf16*>(k_.get()), topk_.get(), scratch_.get(), nullptr, which,
+                              scores);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return topk_.download();
   }
@@ -332,6 +337,38 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsExact) {
   expect_contract(p, wg, "wgmma");
   expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
   expect_reference_rows(p, wg, sample_rows(p), "wgmma");
+}
+
+// The selected ids' scores (SelectedScores; the candidate CSATTN_LOSS_PREDICTOR=indexer takes
+// them as the sparse loss's predictor logits): the wgmma kernel writes, for every row it
+// selects by radix (n > K), the score of each selected id beside it at the given stride -
+// exactly the host's on exact inputs - and nothing else (NaN-poisoned entries of the other
+// rows and of the stride's gaps stay NaN); its ids are the same as without them.
+TEST_P(CudaIndexer, SelectedScoresAreTheIdsScores) {
+  SKIP_WITHOUT_GPU();
+  const Problem p = make_problem(GetParam(), Values::exact, 15);
+  DeviceProblem dev(p);
+  dev.upload();
+  const auto plain = dev.run(cuda::IndexerKernel::wgmma);
+  const std::size_t entries = static_cast<std::size_t>(p.T) * p.K;
+  DeviceArray<float> out(2 * entries);
+  out.fill_bytes(0xFF);
+  const auto ids = dev.run(cuda::IndexerKernel::wgmma, cuda::SelectedScores{out.get(), 2});
+  expect_equal_rows(p, ids, plain, "with scores vs without");
+  const std::vector<float> got = out.download();
+  int checked = 0;
+  for (int t = 0; t < p.T; ++t)
+    for (int k = 0; k < p.K; ++k) {
+      const std::size_t e = static_cast<std::size_t>(t) * p.K + k;
+      ASSERT_TRUE(std::isnan(got[2 * e + 1])) << "row " << t << ": the stride's gap written";
+      if (p.visible(t) > p.K) {
+        ASSERT_EQ(static_cast<double>(got[2 * e]), p.score(t, ids[e])) << "row " << t << " k " << k;
+        ++checked;
+      } else {
+        ASSERT_TRUE(std::isnan(got[2 * e])) << "row " << t << " (n <= K) got a score";
+      }
+    }
+  EXPECT_GT(checked, 0);
 }
 
 // A batch of fewer rows than the ratio (a CSA layer's smallest input, or a CP rank's share):

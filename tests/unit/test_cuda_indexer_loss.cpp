@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -574,6 +575,80 @@ TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
       EXPECT_GT(kept_rows, 0);
     }
     EXPECT_GT(T - kept_rows, 0);
+  }
+}
+
+// The candidate CSATTN_LOSS_PREDICTOR=indexer (launch_indexer_loss's logits_kept): the value
+// launch takes the predictor logits of every row with more visible entries than top-k from
+// `kept` (where the selection wrote its scores) instead of its predictor pass. Given the logits
+// the pass itself computes, the loss is bitwise the same (the same logits, the same order of
+// the LSE's sums), the teacher (128 heads: its zeroing) leaves them alone, the gradient launch
+// gives the same gradients; given NaN logits, exactly those rows' loss is NaN. Runs without
+// the variable (the flag is a launch parameter).
+TEST(CudaIndexerLoss, ValueLaunchTakesTheSelectionsLogits) {
+  SKIP_WITHOUT_GPU();
+  for (int heads : {64, 128}) {
+    LossCase c = ragged("selection's logits, H " + std::to_string(heads), true);
+    c.heads = heads;  // no holes, no future ids: the indexer's own rows (ids then -1)
+    SCOPED_TRACE(c.name);
+    Inputs in(c);
+    const int T = in.d.rows, K = in.d.topk;
+    // The rows that take the given logits: more visible entries than K (the rows the indexer
+    // selects by radix, so the ones whose scores it writes).
+    std::vector<char> given(T, 0);
+    int n_given = 0;
+    for (std::size_t b = 0, t0 = 0; b < c.real.size(); t0 += c.padded[b], ++b)
+      for (int pos = 0; pos < c.real[b]; ++pos) {
+        const int vis = std::min((pos + 1) / 4, c.padded[b] / 4);
+        given[t0 + pos] = vis > K;
+        n_given += vis > K;
+      }
+    ASSERT_GT(n_given, 0);
+    ASSERT_LT(n_given, T);
+    const std::size_t kept_floats = static_cast<std::size_t>(T) * (K + 1) * 2;
+    const IndexerLossKernel automatic = IndexerLossKernel::automatic;
+    DeviceArray<float> kept_ref(kept_floats);
+    kept_ref.fill_bytes(0xFF);
+    const float gs = 0.37f;
+    const Outputs ref = run(in, automatic, false, 0.0f, kept_ref.get());
+    const Outputs ref_g = run(in, automatic, true, gs, kept_ref.get());
+    const std::vector<float> ref_kept = kept_ref.download();
+
+    auto value_with = [&](const std::vector<float>& start, DeviceArray<float>& kept) {
+      kept.upload(start);
+      DeviceArray<float> rows(T), loss(1);
+      rows.fill_bytes(0xFF);
+      launch_indexer_loss(in.d, in.meta, in.args, rows.get(), loss.get(), false, 0.0f, nullptr, nullptr,
+                          nullptr, kept.get(), nullptr, automatic, /*logits_kept=*/true);
+      check(cudaDeviceSynchronize());
+      return rows.download();
+    };
+    // The logits the pass computes (masses and row sums poisoned: recomputed by the launch).
+    std::vector<float> start(kept_floats, std::nanf(""));
+    for (std::size_t e = 0; e < static_cast<std::size_t>(T) * K; ++e) start[2 * e + 1] = ref_kept[2 * e + 1];
+    DeviceArray<float> kept(kept_floats);
+    EXPECT_EQ(value_with(start, kept), ref.loss_rows);
+    const std::vector<float> after = kept.download();
+    for (int t = 0; t < T; ++t)
+      if (given[t])
+        for (int k = 0; k < K; ++k) {
+          const std::size_t e = static_cast<std::size_t>(t) * K + k;
+          ASSERT_EQ(std::memcmp(&after[2 * e + 1], &ref_kept[2 * e + 1], sizeof(float)), 0)
+              << "row " << t << " logit " << k << " changed";
+        }
+    const Outputs g = run(in, automatic, true, gs, kept.get());
+    EXPECT_EQ(g.loss_rows, ref_g.loss_rows);
+    EXPECT_EQ(g.dweff, ref_g.dweff);
+    EXPECT_EQ(g.dqi, ref_g.dqi);
+    expect_rel_l2(g.dkeys, ref_g.dkeys, 1e-5, c.name + " dkeys");
+
+    // NaN logits: the given rows read them, the others compute their own.
+    std::vector<float> nan_start(kept_floats, std::nanf(""));
+    const std::vector<float> rows = value_with(nan_start, kept);
+    for (int t = 0; t < T; ++t) {
+      if (given[t]) EXPECT_TRUE(std::isnan(rows[t])) << "row " << t << " did not take the given logits";
+      else EXPECT_EQ(rows[t], ref.loss_rows[t]) << "row " << t << " took logits it was not given";
+    }
   }
 }
 
