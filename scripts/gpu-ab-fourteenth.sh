@@ -12,8 +12,10 @@
 #      `indexer_loss` section per value (its "gradient launch" rows);
 #   p/ (only when listed) CSATTN_LOSS_PREDICTOR=indexer - the sparse loss's value launch takes
 #      its predictor logits from the indexer's selected scores (forward.cpp): the loss,
-#      forward, backward, device-layer, CP and MXFP8 tests with it, then the `layer` section's
-#      CSA-relevant rows per value (its forward stage "indexer loss").
+#      forward, backward, device-layer, CP and MXFP8 tests with it, then the `layer` section
+#      per value (compare the CSA forward's total: the score stores land in "indexer top-k",
+#      the saving in "indexer loss"; Flash shape only, so the 128-head teacher's masses-only
+#      memset is not timed).
 # The default parts r and l fit one 600 s call: at most 65 s of build + 120 + 2 x 45 (r) +
 # 120 + 2 x 80 (l); p is a call of its own (AB_PARTS=p).
 # Keep each winner as the only path (its switch, README line and this script go).

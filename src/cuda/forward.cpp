@@ -86,9 +86,13 @@ void forward_selection(const ForwardParams& p, cudaStream_t stream) {
     sel_keys = a.i_keys_mx;
   }
   SelectedScores scores;
-  if (loss_logits_from_selection(p)) scores = {a.loss_kept + 1, 2};  // (mass, logit) pairs
-  launch_indexer_topk(d, p.meta, sel_q, a.w_eff, sel_keys, a.topk, a.topk_scratch, stream,
-                      IndexerKernel::automatic, scores);
+  const bool logits = loss_logits_from_selection(p);
+  if (logits) scores = {a.loss_kept + 1, 2};  // (mass, logit) pairs
+  const bool written = launch_indexer_topk(d, p.meta, sel_q, a.w_eff, sel_keys, a.topk,
+                                           a.topk_scratch, stream, IndexerKernel::automatic, scores);
+  // The loss launch relies on them (d.rows > 0 here: a forward has rows).
+  require(written == logits || d.rows <= 0, ErrorKind::Internal,
+          "the selection did not write the scores the indexer loss will read as its logits");
 }
 
 bool loss_logits_from_selection(const ForwardParams& p) {
