@@ -24,29 +24,23 @@ set -uo pipefail
 O=${OUT:-$PWD/out}
 parts=" ${AB_PARTS:-r l} "
 has() { [[ "$parts" == *" $1 "* ]]; }
-if has r; then
-  mkdir -p "$O/r"
-  OUT=$O/r COMPARE_FILTER='*CudaAttentionBackward*:*CudaBackward*:*CudaDeviceLayer.*:Layers/CudaCp.*' \
-    COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=120 COMPARE_VAR=CSATTN_BWD_TILE_ORDER \
-    COMPARE_VALUES="rotated" COMPARE_BENCH=0 bash scripts/gpu-compare.sh
-  OUT=$O/r COMPARE_VAR=CSATTN_BWD_TILE_ORDER COMPARE_VALUES="default rotated" \
-    CSATTN_BENCH_SECTIONS=attention_backward COMPARE_BENCH_TIMEOUT=45 bash scripts/gpu-compare.sh
-fi
-if has l; then
-  mkdir -p "$O/l"
-  OUT=$O/l COMPARE_FILTER='*CudaIndexerLoss*:*CudaBackward*:*CudaCp*:*CudaMxfp8*' \
-    COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=120 COMPARE_VAR=CSATTN_LOSS_DK_FLUSH \
-    COMPARE_VALUES="lines" COMPARE_BENCH=0 bash scripts/gpu-compare.sh
-  OUT=$O/l COMPARE_VAR=CSATTN_LOSS_DK_FLUSH COMPARE_VALUES="default lines" \
-    CSATTN_BENCH_SECTIONS=indexer_loss COMPARE_BENCH_TIMEOUT=80 bash scripts/gpu-compare.sh
-fi
-if has p; then
-  mkdir -p "$O/p"
-  OUT=$O/p COMPARE_FILTER='*CudaIndexerLoss*:*CudaForward*:*CudaBackward*:*CudaDeviceLayer*:*CudaCp*:*CudaMxfp8*' \
-    COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=200 COMPARE_VAR=CSATTN_LOSS_PREDICTOR \
-    COMPARE_VALUES="indexer" COMPARE_BENCH=0 bash scripts/gpu-compare.sh
-  OUT=$O/p COMPARE_VAR=CSATTN_LOSS_PREDICTOR COMPARE_VALUES="default indexer" CSATTN_BENCH_SECTIONS=layer \
-    CSATTN_BENCH_LAYER_TOKENS=16384,65536 COMPARE_BENCH_TIMEOUT=120 bash scripts/gpu-compare.sh
-fi
+# One part: ab_part <dir> <variable> <candidate value> <gtest filter> <test timeout> <bench
+# timeout> <sections> [VAR=value ...for the benchmark]: the tests once with the candidate, then
+# the sections once per value (default, candidate), all under $O/<dir>.
+ab_part() {
+  local dir=$1 var=$2 value=$3 filter=$4 test_timeout=$5 bench_timeout=$6 sections=$7
+  shift 7
+  mkdir -p "$O/$dir"
+  OUT=$O/$dir COMPARE_FILTER=$filter COMPARE_TESTS_PER_VALUE=1 COMPARE_TEST_TIMEOUT=$test_timeout \
+    COMPARE_VAR=$var COMPARE_VALUES=$value COMPARE_BENCH=0 bash scripts/gpu-compare.sh
+  env "$@" OUT="$O/$dir" COMPARE_VAR="$var" COMPARE_VALUES="default $value" CSATTN_BENCH_SECTIONS="$sections" \
+    COMPARE_BENCH_TIMEOUT="$bench_timeout" bash scripts/gpu-compare.sh
+}
+has r && ab_part r CSATTN_BWD_TILE_ORDER rotated \
+  '*CudaAttentionBackward*:*CudaBackward*:*CudaDeviceLayer.*:Layers/CudaCp.*' 120 45 attention_backward
+has l && ab_part l CSATTN_LOSS_DK_FLUSH lines '*CudaIndexerLoss*:*CudaBackward*:*CudaCp*:*CudaMxfp8*' 120 80 indexer_loss
+has p && ab_part p CSATTN_LOSS_PREDICTOR indexer \
+  '*CudaIndexerLoss*:*CudaForward*:*CudaBackward*:*CudaDeviceLayer*:*CudaCp*:*CudaMxfp8*' 200 120 layer \
+  CSATTN_BENCH_LAYER_TOKENS=16384,65536
 rm -f "$O"/*/build.log "$O"/*/bench_*.json
 echo "gpu-ab-fourteenth: $SECONDS s"
