@@ -168,7 +168,8 @@ __device__ __forceinline__ void flush_dk(float (&dk)[64], const KeyList& keys, i
 
 // flush_dk's contract (fast and deterministic modes), by whole 128-byte lines: the chunk goes
 // through this warp's staging area `stage` ([8 rows x 32] fp32 of shared memory, its 16-byte
-// pieces XOR-swizzled by 2 x row so the fragment writes take the minimum two wavefronts),
+// pieces XOR-swizzled by 2 x row so the fragment writes take the minimum two wavefronts; the
+// layout of line_stage.cuh, kept inline here as measured),
 // 8 rows x 32 dims at a time, and leaves it as 4 rows x 128 contiguous bytes a warp
 // instruction, where flush_dk's fragment layout gives 16 rows x 32 bytes. The reductions
 // benchmark (perf.md, 2026-12-05): 3.75 TB/s in L2 for whole lines against 2.27 for the

@@ -6,6 +6,7 @@
 // launch_ordered_scatter then sums per key in row order (grad_chunk.hpp).
 #pragma once
 #include "cuda/atomic_util.cuh"
+#include "cuda/line_stage.cuh"
 #include "cuda/params.hpp"
 
 namespace csattn::cuda {
@@ -31,31 +32,21 @@ __device__ __forceinline__ void add_key_grad(const KeyGradSink& s, int t, int sl
 
 // Fast mode by whole 128-byte lines (a candidate, CSATTN_LOSS_DK_FLUSH=lines; the tensor-core
 // kernel's flush): a warp's 8 keys x 32 dims, lane (g, q) holding dims dim0 + 8 n + 2 q (+1)
-// of key g (the mma.sync C layout) at v[n], go through `stage` (8 x 32 floats of this warp's
-// shared memory, 16-byte pieces XOR-swizzled by 2 x row, so the fragment writes take the
-// minimum two wavefronts) and leave as 4 keys x 128 contiguous bytes a red.global.add.v4
-// instead of float2 atomics over 8 keys x 32 bytes an instruction (the reductions benchmark:
-// whole lines 1.65x the rate of 16 rows x 32 B in L2; the attention backward's flush_dk_lines
-// made that kernel 17-31% faster). key_row: this lane's key g, -1 for none (all lanes call
-// it; such keys add nothing). dim0: a multiple of 32 (the 128 bytes are one aligned line).
+// of key g (the mma.sync C layout) at v[n], go through `stage` (line_stage.cuh: 1 KB of this
+// warp's shared memory) and leave as 4 keys x 128 contiguous bytes a red.global.add.v4
+// instead of float2 atomics over 8 keys x 32 bytes an instruction (the attention backward's
+// flush_dk_lines, the same staging, made that kernel 17-31% faster). key_row: this lane's key
+// g, -1 for none (all lanes call it; such keys add nothing). dim0: a multiple of 32 (the 128
+// bytes are one aligned line).
 __device__ __forceinline__ void add_key_grads_lines(const KeyGradSink& s, int key_row, int dim0,
-                                                    const float (&v)[4][2], float* stage) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
-  auto at = [&](int row, int piece16) { return stage + row * 32 + (((piece16 ^ (2 * row)) & 7) << 2); };
-#pragma unroll
-  for (int n = 0; n < 4; ++n) {
-    const int col = 8 * n + 2 * qd;
-    *reinterpret_cast<float2*>(at(g, col >> 2) + (col & 3)) = make_float2(v[n][0], v[n][1]);
-  }
-  __syncwarp();
-  // Out: lane l takes staged keys l / 8 and l / 8 + 4, 16-byte piece l % 8.
-  const int rr = lane >> 3, piece = lane & 7;
+                                                    const float2 (&v)[4], float* stage) {
+  const int lane = threadIdx.x & 31;
+  line_stage_rows(stage, v);
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
-    const int row = rr + 4 * k;
-    const int kr = __shfl_sync(0xffffffffu, key_row, 4 * row);  // one shuffle: -1 = none
-    const float4 x = *reinterpret_cast<const float4*>(at(row, piece));
-    if (kr >= 0) red_add_v4(s.acc + static_cast<long>(kr) * s.dim + dim0 + 4 * piece, x.x, x.y, x.z, x.w);
+    const int kr = __shfl_sync(0xffffffffu, key_row, 4 * ((lane >> 3) + 4 * k));  // -1 = none
+    const float4 x = line_stage_piece(stage, k);
+    if (kr >= 0) red_add_v4(s.acc + static_cast<long>(kr) * s.dim + dim0 + 4 * (lane & 7), x.x, x.y, x.z, x.w);
   }
   __syncwarp();  // the staging area is rewritten next
 }

@@ -514,9 +514,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int r = 0; r < 2; ++r) {
               const int slot = tile * kKeys + kb + g + 8 * r;
               const int key_row = slot < count ? c0 + (a.sparse ? cand_s[slot] : slot) : -1;
-              const float v[4][2] = {{dk[0][2 * r], dk[0][2 * r + 1]}, {dk[1][2 * r], dk[1][2 * r + 1]},
-                                     {dk[2][2 * r], dk[2][2 * r + 1]}, {dk[3][2 * r], dk[3][2 * r + 1]}};
-              add_key_grads_lines(sink_out, key_row, db, v, xs + warp * (8 * 32));
+              const float2 v[4] = {make_float2(dk[0][2 * r], dk[0][2 * r + 1]), make_float2(dk[1][2 * r], dk[1][2 * r + 1]),
+                                   make_float2(dk[2][2 * r], dk[2][2 * r + 1]), make_float2(dk[3][2 * r], dk[3][2 * r + 1])};
+              add_key_grads_lines(sink_out, key_row, db, v, xs + warp * kLineStageFloats);
             }
           } else {
 #pragma unroll
@@ -559,25 +559,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  if (read_kept) {
+  // The row's kept (mass, logit) pairs into mass_arr / logit_arr.
+  auto load_kept_pairs = [&]() {
     const float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
     for (int j = tid; j < n; j += kThreads) {
       const float2 v = *reinterpret_cast<const float2*>(kc + 2 * j);
       mass_arr[j] = v.x;
       logit_arr[j] = v.y;
     }
+  };
+  if (read_kept) {
+    load_kept_pairs();
     if (tid == 0) {
       scal[0] = kept_buf[(static_cast<long>(d.rows) * d.topk + t) * 2];
       scal[1] = kept_buf[(static_cast<long>(d.rows) * d.topk + t) * 2 + 1];
     }
     cp_async_wait<0>();  // qI (the final pass's first wait joins it only when it loads keys)
   } else if (logits_given) {
-    const float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
-    for (int j = tid; j < n; j += kThreads) {
-      const float2 v = *reinterpret_cast<const float2*>(kc + 2 * j);
-      mass_arr[j] = v.x;
-      logit_arr[j] = v.y;
-    }
+    load_kept_pairs();
     __syncthreads();
     cp_async_wait<0>();  // qI, loaded at the start and not read by this launch
     // The predictor's LSE as its pass forms it: key j on lane j % 32, in order.
