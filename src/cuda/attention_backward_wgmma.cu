@@ -50,7 +50,6 @@
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
 #include "cuda/wgmma_tile.cuh"
-#include "cuda/kernel_switch.hpp"
 
 namespace csattn::cuda {
 
@@ -223,14 +222,15 @@ __device__ __forceinline__ void flush_dk_lines(const float (&dk)[64], const KeyL
     }
 }
 
-// The rotated tile order (a candidate, CSATTN_BWD_TILE_ORDER=rotated; fast mode only): key
-// tiles done by all CTAs of all launches so far. A CTA starts its (ascending) key list at
-// tile (done / SMs) mod tiles - the phase the CTAs already running have reached - so the
-// CTAs in flight work on the same part of every row's sorted top-k list, i.e. on the same
-// ~1/tiles of the compressed keys, and their dK reductions stay in L2 (perf.md, 2026-12-06:
-// at 64K keys the dK rows, 128 MB of fp32, miss L2; the kernel runs at 267 TFLOPS there
-// against 352 at 8K keys, 512 at any size without the dK writes). The order of a CTA's dQ
-// sum then depends on timing: fast mode only (its dK sums are unordered anyway).
+// The rotated tile order (fast mode): key tiles done by all CTAs of all launches so far. A
+// CTA starts its (ascending) key list at tile (done / SMs) mod tiles - the phase the CTAs
+// already running have reached - so the CTAs in flight work on the same part of every row's
+// sorted top-k list, i.e. on the same ~1/tiles of the compressed keys, and their dK
+// reductions stay in L2 (at 64K keys the dK rows, 128 MB of fp32, miss L2). Measured on an
+// H100 (perf.md, fifteenth session): Pro 306/272 -> 320/286 TFLOPS at 32K/64K keys, Flash
+// 222/187 -> 244/198; at 8K keys, where the dK rows fit L2, 1.5-2% slower (noise level).
+// The order of a CTA's dQ sum then depends on timing: fast mode only (its dK sums are
+// unordered anyway); the deterministic mode keeps the key tiles in order.
 __device__ unsigned g_backward_tiles_done = 0;
 
 // kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
@@ -485,11 +485,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool attention_backward_tile_order_rotated() {
-  static const bool rotated = kernel_switch("CSATTN_BWD_TILE_ORDER", {"rotated"}) == "rotated";
-  return rotated;
-}
-
 bool attention_backward_wgmma_supported(const LayerDims& d) {
   // The atomic instances have the most static shared memory (16 B: the rotated order's phase;
   // the others none): the default one speaks for all.
@@ -543,8 +538,7 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
   require(blocks < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
   // The rotated tile order: the fast mode's launches without stamps (the stamps' rows stay
   // the key tiles in order).
-  const int rotate = attention_backward_tile_order_rotated() && chunk.scratch == nullptr &&
-                             writes == KeyGradWrites::all && phase_stamps == nullptr
+  const int rotate = chunk.scratch == nullptr && writes == KeyGradWrites::all && phase_stamps == nullptr
                          ? multiprocessor_count()
                          : 0;
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(

@@ -68,7 +68,9 @@ void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata
 // are measurements only (benchmarks), wrong gradients on purpose: none skips every
 // key-gradient write (what the reductions cost); even_head_blocks drops those of the odd head
 // blocks (the write traffic a reduction of a token's two head blocks inside the GPU would
-// leave: its ceiling at 128 heads; perf.md, fifth session of 2026-12-04).
+// leave: its ceiling at 128 heads; perf.md, fifth session of 2026-12-04). The fast mode's
+// launches without phase stamps take the rotated tile order (attention_backward_wgmma.cu):
+// their dQ sums run in a timing-dependent order, so dQ is not bitwise repeatable there.
 enum class KeyGradWrites { all, none, even_head_blocks };
 bool attention_backward_wgmma_supported(const LayerDims& d);
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta,
@@ -80,10 +82,6 @@ void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& m
                                      const GradChunk& chunk = {},
                                      KeyGradWrites writes = KeyGradWrites::all,
                                      unsigned* phase_stamps = nullptr);
-// Whether the fast mode's launches (without phase stamps) take the rotated tile order
-// (CSATTN_BWD_TILE_ORDER=rotated, a candidate; attention_backward_wgmma.cu): their dQ sums
-// then run in a timing-dependent order, so dQ is not bitwise repeatable in the fast mode.
-bool attention_backward_tile_order_rotated();
 // Measurement only (benchmarks): the wgmma backward's phase_stamps, the multiprocessor's
 // 32-bit clock() with its lowest bit set (never 0: 0 means "not reached"; subtract modulo
 // 2^32), written by the first thread of each warpgroup of CTAs 0 .. ctas - 1 (fast mode), at

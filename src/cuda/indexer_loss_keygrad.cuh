@@ -1,6 +1,7 @@
 // Where the indexer loss puts the gradient of one candidate's key (dL/dK^I_j, fp32): the one
 // seam between the loss kernels and the key-gradient accumulation. Fast mode: fp32 vector
-// atomics into dkeys_acc [Nc, D_I] (the order of the adds between rows is not fixed).
+// reductions of whole 128-byte lines into dkeys_acc [Nc, D_I] (the order of the adds
+// between rows is not fixed).
 // Deterministic mode (scratch set): a plain store of the row's own contribution into the
 // chunk's scratch [rows, slots, D_I] (slot = the candidate's position in the row), which
 // launch_ordered_scatter then sums per key in row order (grad_chunk.hpp).
@@ -18,20 +19,16 @@ struct KeyGradSink {
   int r0 = 0, slots = 0;
 };
 
-// v0, v1: dims (dim, dim + 1) of candidate `slot` of query row t, whose key is compressed
-// row `key_row` (batch-global). `dim` is even.
-__device__ __forceinline__ void add_key_grad(const KeyGradSink& s, int t, int slot, long key_row,
-                                             int dim, float v0, float v1) {
-  if (s.scratch) {
-    *reinterpret_cast<float2*>(s.scratch + (static_cast<long>(t - s.r0) * s.slots + slot) * s.dim + dim) =
-        make_float2(v0, v1);
-    return;
-  }
-  atomicAdd(reinterpret_cast<float2*>(s.acc + key_row * s.dim + dim), make_float2(v0, v1));
+// Deterministic mode: v0, v1 are dims (dim, dim + 1) of candidate `slot` of query row t,
+// stored into the chunk's scratch. `dim` is even.
+__device__ __forceinline__ void store_key_grad(const KeyGradSink& s, int t, int slot, int dim, float v0,
+                                               float v1) {
+  *reinterpret_cast<float2*>(s.scratch + (static_cast<long>(t - s.r0) * s.slots + slot) * s.dim + dim) =
+      make_float2(v0, v1);
 }
 
-// Fast mode by whole 128-byte lines (a candidate, CSATTN_LOSS_DK_FLUSH=lines; the tensor-core
-// kernel's flush): a warp's 8 keys x 32 dims, lane (g, q) holding dims dim0 + 8 n + 2 q (+1)
+// Fast mode by whole 128-byte lines (the tensor-core kernel's flush; 1.5-4% faster than its
+// float2 atomics, perf.md fifteenth session): a warp's 8 keys x 32 dims, lane (g, q) holding dims dim0 + 8 n + 2 q (+1)
 // of key g (the mma.sync C layout) at v[n], go through `stage` (line_stage.cuh: 1 KB of this
 // warp's shared memory) and leave as 4 keys x 128 contiguous bytes a red.global.add.v4
 // instead of float2 atomics over 8 keys x 32 bytes an instruction (the attention backward's

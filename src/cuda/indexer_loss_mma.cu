@@ -52,7 +52,6 @@
 #include "cuda/check.hpp"
 #include "cuda/device_util.cuh"
 #include "cuda/indexer_loss_keygrad.cuh"
-#include "cuda/kernel_switch.hpp"
 #include "cuda/mma_util.cuh"
 
 namespace csattn::cuda {
@@ -162,9 +161,10 @@ __device__ __forceinline__ void head_sum_to(const float (&v)[2][4], int lane, fl
 enum class Teach { none, stats, mass };
 
 // kMaxGroups: 1 (up to 64 heads) or kGroups (past 64 heads); the one-group instance keeps the
-// registers of a kernel without groups (the group loops fold away). kLines: the fast mode's
-// dK^I leaves by whole lines (add_key_grads_lines; a candidate, CSATTN_LOSS_DK_FLUSH=lines).
-template <int kMaxGroups, bool kLines>
+// registers of a kernel without groups (the group loops fold away). The fast mode's dK^I
+// leaves by whole lines (add_key_grads_lines: measured 1.5-4% faster gradient launches than
+// float2 atomics, perf.md fifteenth session), the deterministic mode's into its scratch.
+template <int kMaxGroups>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_loss_mma_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a,
                             float* loss_rows, bool grads, float grad_loss, bf16* dqi_out,
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               mma_bf16(dk[2 * np + 1], ga, bv[2], bv[3]);
             }
           }
-          if (kLines && sink_out.scratch == nullptr) {
+          if (sink_out.scratch == nullptr) {
             // This warp's xs slot is free here: its partner read it before the syncs above,
             // and the next write is this warp's own, in the next tile.
 #pragma unroll
@@ -522,12 +522,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int slot = tile * kKeys + kb + g + 8 * r;
-              if (slot < count) {
-                const long key_row = c0 + (a.sparse ? cand_s[slot] : slot);
+              if (slot < count)
 #pragma unroll
                 for (int nt = 0; nt < 4; ++nt)
-                  add_key_grad(sink_out, t, slot, key_row, db + 8 * nt + 2 * qd, dk[nt][2 * r], dk[nt][2 * r + 1]);
-              }
+                  store_key_grad(sink_out, t, slot, db + 8 * nt + 2 * qd, dk[nt][2 * r], dk[nt][2 * r + 1]);
             }
           }
         }
@@ -703,17 +701,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid < HI) dweff[static_cast<long>(t) * HI + tid] = dwp[tid] + dwp[kIdxHeads + tid];
 }
 
-// CSATTN_LOSS_DK_FLUSH=lines: the fast mode's dK^I by whole lines (a candidate until measured).
-bool dk_by_lines() {
-  static const bool lines = kernel_switch("CSATTN_LOSS_DK_FLUSH", {"lines"}) == "lines";
-  return lines;
-}
-
 // The instance for d's heads: one head group up to 64 heads, two past.
 auto loss_kernel(const LayerDims& d) {
-  if (dk_by_lines())
-    return d.heads > kHeads ? indexer_loss_mma_kernel<kGroups, true> : indexer_loss_mma_kernel<1, true>;
-  return d.heads > kHeads ? indexer_loss_mma_kernel<kGroups, false> : indexer_loss_mma_kernel<1, false>;
+  return d.heads > kHeads ? indexer_loss_mma_kernel<kGroups> : indexer_loss_mma_kernel<1>;
 }
 
 }  // namespace

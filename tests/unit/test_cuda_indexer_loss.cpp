@@ -642,12 +642,32 @@ TEST(CudaIndexerLoss, ValueLaunchTakesTheSelectionsLogits) {
     EXPECT_EQ(g.dqi, ref_g.dqi);
     expect_rel_l2(g.dkeys, ref_g.dkeys, 1e-5, c.name + " dkeys");
 
-    // NaN logits: the given rows read them, the others compute their own.
-    std::vector<float> nan_start(kept_floats, std::nanf(""));
-    const std::vector<float> rows = value_with(nan_start, kept);
+    // Other logits: the given rows read them, the others compute their own. Not NaN: the
+    // sparse predictor's log-probability is clamped by fmaxf (at log FLT_MIN), which drops a
+    // NaN. Zero logits make the given rows' predictor uniform, so their loss is the teacher's
+    // KL from the uniform distribution: sum_j p_j (log p_j + log n) with p_j = mass_j / sum.
+    std::vector<float> zero_start(kept_floats, 0.0f);
+    const std::vector<float> rows = value_with(zero_start, kept);
+    const std::vector<float> masses = kept.download();
     for (int t = 0; t < T; ++t) {
-      if (given[t]) EXPECT_TRUE(std::isnan(rows[t])) << "row " << t << " did not take the given logits";
-      else EXPECT_EQ(rows[t], ref.loss_rows[t]) << "row " << t << " took logits it was not given";
+      if (!given[t]) {
+        EXPECT_EQ(rows[t], ref.loss_rows[t]) << "row " << t << " took logits it was not given";
+        continue;
+      }
+      int n = 0;
+      double sum = 0.0;
+      for (; n < K; ++n) {  // the row's candidates: more visible entries than K, so all K
+        const double m = masses[2 * (static_cast<std::size_t>(t) * K + n)];
+        sum += m;
+      }
+      double want = 0.0;
+      for (int j = 0; j < n; ++j) {
+        const double p = masses[2 * (static_cast<std::size_t>(t) * K + j)] / sum;
+        want += p * (std::log(std::max(p, 1e-10)) + std::log(static_cast<double>(n)));
+      }
+      EXPECT_NEAR(rows[t], want, 1e-4 * std::fabs(want) + 1e-5) << "row " << t << " did not take the given logits";
+      EXPECT_GT(std::fabs(rows[t] - ref.loss_rows[t]), 1e-3 * std::fabs(ref.loss_rows[t]))
+          << "row " << t << ": the uniform predictor's loss equals the row's own";
     }
   }
 }
