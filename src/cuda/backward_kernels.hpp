@@ -187,7 +187,7 @@ enum class IndexerLossKernel { automatic, baseline, tensor_core };
 // same results. Both launches must see the same inputs and pick the same kernel (the
 // automatic choice does). Null: every launch computes everything. (A parameter, not a field
 // of IndexerLossArgs: a larger argument struct makes the 128-head instance spill.)
-// logits_kept (a candidate, CSATTN_LOSS_PREDICTOR=indexer): the value launch's `kept` already
+// logits_kept (the layer's forward, loss_logits_from_selection): the value launch's `kept` already
 // holds, as the predictor logit of each candidate of every row with more visible entries than
 // top-k, the score the indexer selected it with (launch_indexer_topk's SelectedScores, stride
 // 2 into kept's logit entries); those rows skip the predictor pass. Only the automatic

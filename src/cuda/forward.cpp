@@ -4,7 +4,6 @@
 
 #include "cuda/check.hpp"
 #include "cuda/gemm.hpp"
-#include "cuda/kernel_switch.hpp"
 #include "cuda/kernels.hpp"
 
 namespace csattn::cuda {
@@ -96,8 +95,7 @@ void forward_selection(const ForwardParams& p, cudaStream_t stream) {
 }
 
 bool loss_logits_from_selection(const ForwardParams& p) {
-  static const bool on = kernel_switch("CSATTN_LOSS_PREDICTOR", {"indexer"}) == "indexer";
-  return on && p.act.loss_kept != nullptr && !p.forced_topk && p.dims.ratio == 4 &&
+  return p.act.loss_kept != nullptr && !p.forced_topk && p.dims.ratio == 4 &&
          indexer_kernel_for(p.dims) == IndexerKernel::wgmma;
 }
 

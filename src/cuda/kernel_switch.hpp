@@ -1,6 +1,6 @@
 // The environment variables that force a kernel choice or pick a candidate kernel
-// (CSATTN_ATTENTION, CSATTN_ATTENTION_BACKWARD, CSATTN_INDEXER, CSATTN_INDEXER_LOSS,
-// CSATTN_LOSS_PREDICTOR; README "On a Hopper GPU"):
+// (CSATTN_ATTENTION, CSATTN_ATTENTION_BACKWARD, CSATTN_INDEXER, CSATTN_INDEXER_LOSS; README
+// "On a Hopper GPU"):
 // for benchmarks, A/B runs
 // and bisecting. One reading rule for all of them, so a typo cannot silently measure the
 // default kernel: unset or empty means the default, any value outside the allowed list throws.

@@ -112,8 +112,8 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
 // shared memory. automatic: CSATTN_INDEXER=baseline|mma1|tiled, else the best supported one
 // (indexer_kernel_for). keys: [d.comp_capacity, D_I] (the layer's workspace; rows past the
 // real count may be read, as whole 64-key tiles, but are never selected).
-// scores (a candidate, the sparse loss's predictor logits from the selection,
-// CSATTN_LOSS_PREDICTOR=indexer): where base is set, the wgmma kernel also writes each
+// scores (the sparse loss's predictor logits from the selection, forward.cpp's
+// loss_logits_from_selection): where base is set, the wgmma kernel also writes each
 // selected id's score, row t's k-th at base[(t * K + k) * stride], for the rows it selects by
 // radix (n > K: more visible entries than K; the rows with n <= K are not scored). Returns
 // whether they were written (the wgmma kernel ran).

@@ -339,8 +339,8 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsExact) {
   expect_reference_rows(p, wg, sample_rows(p), "wgmma");
 }
 
-// The selected ids' scores (SelectedScores; the candidate CSATTN_LOSS_PREDICTOR=indexer takes
-// them as the sparse loss's predictor logits): the wgmma kernel writes, for every row it
+// The selected ids' scores (SelectedScores; the layer's forward takes them as the sparse
+// loss's predictor logits): the wgmma kernel writes, for every row it
 // selects by radix (n > K), the score of each selected id beside it at the given stride -
 // exactly the host's on exact inputs - and nothing else (NaN-poisoned entries of the other
 // rows and of the stride's gaps stay NaN); its ids are the same as without them.

@@ -578,13 +578,13 @@ TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
   }
 }
 
-// The candidate CSATTN_LOSS_PREDICTOR=indexer (launch_indexer_loss's logits_kept): the value
+// The layer's forward (launch_indexer_loss's logits_kept, loss_logits_from_selection): the value
 // launch takes the predictor logits of every row with more visible entries than top-k from
 // `kept` (where the selection wrote its scores) instead of its predictor pass. Given the logits
 // the pass itself computes, the loss is bitwise the same (the same logits, the same order of
 // the LSE's sums), the teacher (128 heads: its zeroing) leaves them alone, the gradient launch
-// gives the same gradients; given NaN logits, exactly those rows' loss is NaN. Runs without
-// the variable (the flag is a launch parameter).
+// gives the same gradients; given zero logits, exactly those rows' loss is the teacher's KL
+// from the uniform predictor.
 TEST(CudaIndexerLoss, ValueLaunchTakesTheSelectionsLogits) {
   SKIP_WITHOUT_GPU();
   for (int heads : {64, 128}) {
