@@ -86,9 +86,9 @@ __device__ __forceinline__ unsigned take_run(unsigned& todo, const Shared& sh, i
 // row of at most stage_floats scores is first copied there in one pass, and the select's
 // four passes read shared memory instead of L2 (the wgmma kernel: rows of up to 10240
 // candidates at index dim 128, 5120 at 64).
-// scores_out (may be null; kByRows only, the wgmma kernel): the selected ids' scores, row t's
-// k-th at scores_out[(t * K + k) * score_stride] (the rows selected here: n > K).
-template <int kThreads, bool kByRows>
+// kScores (kByRows only, the wgmma kernel): the selected ids' scores too, row t's k-th at
+// scores_out[(t * K + k) * score_stride] (the rows selected here: n > K).
+template <int kThreads, bool kByRows, bool kScores = false>
 __device__ void select_block(const LayerDims& d, unsigned selecting, const Shared& sh, int t0,
                              const float* slot, long row_stride, unsigned* hist,
                              idxsel::SelectShared* sel, std::int32_t* topk,
@@ -121,12 +121,14 @@ __device__ void select_block(const LayerDims& d, unsigned selecting, const Share
         G::sync();
         scores = reinterpret_cast<const float*>(mine);
       }
-      float* row_scores = scores_out != nullptr
-                              ? scores_out + static_cast<long>(t0 + i) * d.topk * score_stride
-                              : nullptr;
-      idxsel::select_topk_radix<G>(scores, n, d.topk, hist + i * idxsel::kBins, sel[i],
-                                   topk + static_cast<long>(t0 + i) * d.topk, staged, row_scores,
-                                   score_stride);
+      if constexpr (kScores)
+        idxsel::select_topk_radix<G, true>(scores, n, d.topk, hist + i * idxsel::kBins, sel[i],
+                                           topk + static_cast<long>(t0 + i) * d.topk, staged,
+                                           scores_out + static_cast<long>(t0 + i) * d.topk * score_stride,
+                                           score_stride);
+      else
+        idxsel::select_topk_radix<G>(scores, n, d.topk, hist + i * idxsel::kBins, sel[i],
+                                     topk + static_cast<long>(t0 + i) * d.topk, staged);
     }
     __syncthreads();  // every row's select is done with hist, sel and stage before the next block
   } else {

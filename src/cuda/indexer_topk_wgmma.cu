@@ -71,7 +71,9 @@ __device__ __forceinline__ std::uint32_t op_off(int row, int cc, int block_bytes
 // ([comp_capacity x DI] in boxes of 64 keys x 64 dims, the 128-byte swizzle), one thread of
 // the warpgroup issuing a tile's boxes on its stage's mbarrier, which counts their bytes:
 // 4-6% faster at 32K-128K tokens on an H100 than 8 cp.async a thread and tile (2026-12-06).
-template <int DI, bool kStamps>
+// kScores: the select also writes the selected ids' scores into scores_out (SelectedScores;
+// the layer's forward, for the sparse loss), an instance of its own (indexer_select.cuh).
+template <int DI, bool kStamps, bool kScores>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                               const bf16* keys, std::int32_t* topk, unsigned* counter,
@@ -252,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // from a copy in shared memory (measured 2026-12-06 on an H100: the block's selection
     // 104.8K -> 72.1K cycles at 32K tokens, the indexer 1-6% faster at 32K-128K tokens).
     constexpr int kStageFloats = L::kHistOff / 4 / kRows / 4 * 4;
-    idxblock::select_block<kThreads, true>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk,
+    idxblock::select_block<kThreads, true, kScores>(d, selecting, sh, t0, slot, row_stride, hist, sel, topk,
                                      reinterpret_cast<float*>(smem), kStageFloats, scores_out,
                                      score_stride);
     if constexpr (kStamps) stamping = local == Stamps::block;
@@ -269,7 +271,11 @@ void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi
   CUtensorMap map{};
   if (d.comp_capacity > 0) map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
   // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
-  auto kernel = stamps != nullptr ? indexer_topk_wgmma_kernel<DI, true> : indexer_topk_wgmma_kernel<DI, false>;
+  require(stamps == nullptr || scores.base == nullptr, ErrorKind::InvalidArgument,
+          "the wgmma indexer's phase stamps (benchmarks) come without selected scores");
+  auto kernel = stamps != nullptr        ? indexer_topk_wgmma_kernel<DI, true, false>
+                : scores.base != nullptr ? indexer_topk_wgmma_kernel<DI, false, true>
+                                         : indexer_topk_wgmma_kernel<DI, false, false>;
   idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the wgmma indexer", d,
                                 meta, qi, w_eff, keys, topk, scratch, stream, stamps, map, scores.base,
                                 scores.stride);
