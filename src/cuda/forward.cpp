@@ -96,7 +96,8 @@ void forward_selection(const ForwardParams& p, cudaStream_t stream) {
 
 bool loss_logits_from_selection(const ForwardParams& p) {
   return p.act.loss_kept != nullptr && !p.forced_topk && p.dims.ratio == 4 &&
-         indexer_kernel_for(p.dims) == IndexerKernel::wgmma;
+         (indexer_kernel_for(p.dims) == IndexerKernel::wgmma ||
+          indexer_kernel_for(p.dims) == IndexerKernel::wgmma_overlap);
 }
 
 void forward_attention(const ForwardParams& p, cudaStream_t stream) {

@@ -46,6 +46,14 @@ struct RowGroup {
   }
 };
 
+// One warp (the overlapped wgmma indexer's selecting warpgroup: a row a warp); __syncwarp
+// orders the lanes' shared-memory accesses like a barrier.
+struct WarpThreads {
+  static constexpr int kThreads = 32;
+  __device__ static int tid() { return static_cast<int>(threadIdx.x) & 31; }
+  __device__ static void sync() { __syncwarp(); }
+};
+
 // Inclusive suffix sums over the block's threads (thread G::kThreads - 1 is the highest) of two
 // counts at once; returns the sums of the threads strictly above in x/y of the result.
 template <class G>
@@ -108,8 +116,9 @@ __device__ void find_bin(const unsigned* hist, int bins, int need, SelectShared&
 }
 
 // Histogram of the digit at `shift` (bits wide) of the keys whose bits above shift + bits
-// equal `prefix`'s; hist (kBins entries) is zeroed here first.
-template <class G>
+// equal `prefix`'s; hist (kBins entries) is zeroed here first. kAll: every key counts (the
+// first digit, where the scoring did not count it: the prefix test would shift by 32).
+template <class G, bool kAll = false>
 __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int shift, int bits,
                                 unsigned* hist) {
   for (int i = G::tid(); i < kBins; i += G::kThreads) hist[i] = 0u;
@@ -125,7 +134,7 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
     for (int c = 0; c < 4; ++c) {
       if (4 * i + c >= n) break;
       const unsigned key = order_key(e[c]);
-      if ((key >> high) == (prefix >> high)) atomicAdd(&hist[(key >> shift) & digit_mask], 1u);
+      if (kAll || (key >> high) == (prefix >> high)) atomicAdd(&hist[(key >> shift) & digit_mask], 1u);
     }
   }
   G::sync();

@@ -319,6 +319,11 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsRandom) {
   expect_contract(p, wg, "wgmma");
   expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
   expect_equal_rows(p, wg, dev.run(cuda::IndexerKernel::wgmma), "wgmma run twice");
+  // The overlapped kernel (a candidate): the same scores, so the same ids, run after run.
+  const auto ov = dev.run(cuda::IndexerKernel::wgmma_overlap);
+  expect_contract(p, ov, "wgmma_overlap");
+  expect_equal_rows(p, ov, wg, "wgmma_overlap vs wgmma");
+  expect_equal_rows(p, ov, dev.run(cuda::IndexerKernel::wgmma_overlap), "wgmma_overlap run twice");
 }
 
 // Exact-arithmetic inputs (small integers, weights in {-1, -1/2, 1/2, 1, 2}): every kernel
@@ -337,10 +342,14 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsExact) {
   expect_contract(p, wg, "wgmma");
   expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
   expect_reference_rows(p, wg, sample_rows(p), "wgmma");
+  const auto ov = dev.run(cuda::IndexerKernel::wgmma_overlap);
+  expect_contract(p, ov, "wgmma_overlap");
+  expect_equal_rows(p, ov, tiled, "wgmma_overlap vs tiled");
+  expect_reference_rows(p, ov, sample_rows(p), "wgmma_overlap");
 }
 
 // The selected ids' scores (SelectedScores; the layer's forward takes them as the sparse
-// loss's predictor logits): the wgmma kernel writes, for every row it
+// loss's predictor logits): each wgmma kernel writes, for every row it
 // selects by radix (n > K), the score of each selected id beside it at the given stride -
 // exactly the host's on exact inputs - and nothing else (NaN-poisoned entries of the other
 // rows and of the stride's gaps stay NaN); its ids are the same as without them.
@@ -351,24 +360,27 @@ TEST_P(CudaIndexer, SelectedScoresAreTheIdsScores) {
   dev.upload();
   const auto plain = dev.run(cuda::IndexerKernel::wgmma);
   const std::size_t entries = static_cast<std::size_t>(p.T) * p.K;
-  DeviceArray<float> out(2 * entries);
-  out.fill_bytes(0xFF);
-  const auto ids = dev.run(cuda::IndexerKernel::wgmma, cuda::SelectedScores{out.get(), 2});
-  expect_equal_rows(p, ids, plain, "with scores vs without");
-  const std::vector<float> got = out.download();
-  int checked = 0;
-  for (int t = 0; t < p.T; ++t)
-    for (int k = 0; k < p.K; ++k) {
-      const std::size_t e = static_cast<std::size_t>(t) * p.K + k;
-      ASSERT_TRUE(std::isnan(got[2 * e + 1])) << "row " << t << ": the stride's gap written";
-      if (p.visible(t) > p.K) {
-        ASSERT_EQ(static_cast<double>(got[2 * e]), p.score(t, ids[e])) << "row " << t << " k " << k;
-        ++checked;
-      } else {
-        ASSERT_TRUE(std::isnan(got[2 * e])) << "row " << t << " (n <= K) got a score";
+  for (auto which : {cuda::IndexerKernel::wgmma, cuda::IndexerKernel::wgmma_overlap}) {
+    SCOPED_TRACE(which == cuda::IndexerKernel::wgmma ? "wgmma" : "wgmma_overlap");
+    DeviceArray<float> out(2 * entries);
+    out.fill_bytes(0xFF);
+    const auto ids = dev.run(which, cuda::SelectedScores{out.get(), 2});
+    expect_equal_rows(p, ids, plain, "with scores vs without");
+    const std::vector<float> got = out.download();
+    int checked = 0;
+    for (int t = 0; t < p.T; ++t)
+      for (int k = 0; k < p.K; ++k) {
+        const std::size_t e = static_cast<std::size_t>(t) * p.K + k;
+        ASSERT_TRUE(std::isnan(got[2 * e + 1])) << "row " << t << ": the stride's gap written";
+        if (p.visible(t) > p.K) {
+          ASSERT_EQ(static_cast<double>(got[2 * e]), p.score(t, ids[e])) << "row " << t << " k " << k;
+          ++checked;
+        } else {
+          ASSERT_TRUE(std::isnan(got[2 * e])) << "row " << t << " (n <= K) got a score";
+        }
       }
-    }
-  EXPECT_GT(checked, 0);
+    EXPECT_GT(checked, 0);
+  }
 }
 
 // A batch of fewer rows than the ratio (a CSA layer's smallest input, or a CP rank's share):
@@ -381,6 +393,7 @@ TEST(CudaIndexerTiny, NoCompressedRowsGiveEmptyRows) {
   DeviceProblem dev(p);
   dev.upload();
   for (auto [name, which] : {std::pair{"wgmma", cuda::IndexerKernel::wgmma},
+                             std::pair{"wgmma_overlap", cuda::IndexerKernel::wgmma_overlap},
                              std::pair{"tiled", cuda::IndexerKernel::tiled},
                              std::pair{"automatic", cuda::IndexerKernel::automatic}}) {
     const auto ids = dev.run(which);
@@ -404,6 +417,7 @@ TEST_P(CudaIndexer, AllTiesTakeTheSmallestIds) {
   }
   expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::mma1), "tiled vs mma1");
   expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma), tiled, "wgmma vs tiled");
+  expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap), tiled, "wgmma_overlap vs tiled");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaIndexer,
@@ -434,6 +448,7 @@ TEST(CudaIndexerLong, SegmentOf200KTokens) {
   expect_contract(p, wg, "wgmma");
   expect_reference_rows(p, wg, rows, "wgmma");
   expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
+  expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap), tiled, "wgmma_overlap vs tiled");
 }
 
 
@@ -515,8 +530,10 @@ TEST(CudaIndexerTiming, DISABLED_Flash) {
     const cuda::DeviceMetadata m = metadata.build(d, cu, cu);
     double pairs = 0;
     for (int t = 0; t < tokens; ++t) pairs += std::min((t + 1) / 4, Nc);
-    std::vector<std::pair<const char*, cuda::IndexerKernel>> kernels = {{"wgmma", cuda::IndexerKernel::wgmma},
-                                                                        {"tiled", cuda::IndexerKernel::tiled}};
+    std::vector<std::pair<const char*, cuda::IndexerKernel>> kernels = {
+        {"wgmma", cuda::IndexerKernel::wgmma},
+        {"overlap", cuda::IndexerKernel::wgmma_overlap},
+        {"tiled", cuda::IndexerKernel::tiled}};
     kernels.push_back({"mma1", cuda::IndexerKernel::mma1});
     std::vector<std::int32_t> first;
     for (auto [name, which] : kernels) {

@@ -1,0 +1,278 @@
+// The wgmma indexer with its selection overlapped with the scoring (a candidate,
+// CSATTN_INDEXER=overlap / IndexerKernel::wgmma_overlap; fifteenth session, not yet run).
+//
+// Why: the two-warpgroup kernel (indexer_topk_wgmma.cu) scores a block of 4 rows, then all
+// its threads select the rows' top-k while the tensor cores idle. Its phase stamps (H100,
+// perf.md fifteenth session): per block at 32K tokens, scoring 245K cycles, selection 74K -
+// 23% of the block with nothing on the tensor pipe. Here a third warpgroup selects block b
+// (a row a warp) while the two scoring warpgroups score block b + 1, so a block costs
+// max(scoring, selection) instead of their sum. The scoring warpgroups no longer count the
+// first radix digit (their "store+count" phase, 400-490 of 3.8K cycles a tile, loses its
+// shared atomics); the selecting warp counts it in a pass of its own over the row
+// (digit_histogram's kAll). Predicted: 355-381 -> 440-480 TFLOPS at 32K-128K tokens, if
+// one warp selects a row in under the block's scoring time (four passes over the row's
+// scores from L2 and three bin searches: ~70-150K cycles at 32K tokens against 245K), and
+// the selecting warps' issue slots do not slow the scoring epilogue much.
+//
+// The scoring is the two-warpgroup kernel's (the same TMA rings, MMAs and epilogue:
+// indexer_wgmma_tile.cuh), so the scores and the ids are bit for bit its own. The hand-over:
+// each CTA owns two score slots of the scratch (CTA c: slots 2c and 2c + 1; at most 132 CTAs
+// of the scratch's 264 slots) and two copies of the block state; block attempt a uses copy
+// p = a % 2. Named barrier 4 + p: "attempt a scored" (the scoring threads arrive, the
+// selecting warps wait); 6 + p: "copy p is free" (the selecting warps arrive after attempt a,
+// the scoring threads wait before attempt a + 2). A failed ticket is the stop signal.
+#include <algorithm>
+
+#include "cuda/check.hpp"
+#include "cuda/indexer_block.cuh"
+#include "cuda/indexer_topk_plan.hpp"
+#include "cuda/indexer_topk_tiled.hpp"
+#include "cuda/indexer_wgmma_tile.cuh"
+#include "cuda/mma_util.cuh"
+#include "cuda/tma.hpp"
+#include "cuda/wgmma.cuh"
+#include "cuda/wgmma_sync.cuh"
+
+namespace csattn::cuda {
+
+namespace {
+
+using idxwg::kCols;
+using idxwg::kHeads;
+using idxwg::kKeys;
+using idxwg::kRows;
+using idxwg::kStages;
+using idxwg::Layout;
+using idxwg::op_off;
+
+constexpr int kScoreThreads = 256;   // warpgroups 0 and 1
+constexpr int kSelectThreads = 128;  // warpgroup 2: warp 8 + r selects row r of a block
+constexpr int kThreads = kScoreThreads + kSelectThreads;
+static_assert(kSelectThreads / 32 == kRows, "one selecting warp a row");
+// setmaxnreg moves registers inside the launch allocation (65536 / 384 -> 168 a thread):
+// 256 x 216 + 128 x 72 = 384 x 168. The two-warpgroup kernel took 228 registers; here the
+// scoring fits 216 without its histogram, and the radix select spilled 24-32 bytes at 56
+// (ptxas, 224 / 56), none at 72.
+constexpr int kScoreRegs = 216, kSelectRegs = 72;
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+static_assert(kScoreThreads * kScoreRegs + kSelectThreads * kSelectRegs <= kThreads * kLaunchRegs,
+              "setmaxnreg budget exceeds the launch allocation");
+// Named barriers: 1 + wg each scoring warpgroup's own, kBarScoring both scoring warpgroups,
+// kBarScored0 + p and kBarFree0 + p the hand-over of copy p (all threads of the CTA count).
+constexpr int kBarScoring = 3, kBarScored0 = 4, kBarFree0 = 6;
+
+template <int DI, bool kScores>
+__global__ void __launch_bounds__(kThreads, 1)
+    indexer_topk_wgmma_overlap_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
+                                      const bf16* keys, std::int32_t* topk, unsigned* counter,
+                                      float* slots, long row_stride,
+                                      const __grid_constant__ CUtensorMap key_map, float* scores_out,
+                                      int score_stride) {
+  using L = Layout<DI>;
+  constexpr int kChunks = DI / 8, kSteps = DI / 16;
+  extern __shared__ unsigned char smem_raw[];
+  const std::uint32_t raw = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  const std::uint32_t base = smem_addr(smem);
+  unsigned* hist = reinterpret_cast<unsigned*>(smem + L::kHistOff);  // [kRows, kBins]: the selecting warps'
+  float* w_s = reinterpret_cast<float*>(smem + L::kWOff);             // [kRows, 64]
+  __shared__ idxsel::SelectShared sel[kRows];
+  __shared__ idxblock::Shared sh[2];  // the block state of attempts a with a % 2 = p
+  // Stage s of scoring warpgroup c's ring is full once full[c][s]'s phase completes.
+  __shared__ alignas(8) std::uint64_t full[2][kStages];
+
+  const int K = d.topk;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2;
+  const int blocks = (d.rows + kRows - 1) / kRows;
+  auto slot_of = [&](int p) { return slots + (static_cast<long>(blockIdx.x) * 2 + p) * kRows * row_stride; };
+
+  if (tid == 0) {
+    for (int c = 0; c < 2; ++c)
+      for (int st = 0; st < kStages; ++st) mbar_init(smem_addr(&full[c][st]), 1);
+    mbar_init_fence();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the warpgroups part here
+
+  if (wg == 2) {  // ---- selection: warp 8 + r takes row r of every scored block ----
+    setmaxnreg_dec<kSelectRegs>();
+    const int r = warp - 2 * 4;
+    for (int attempt = 0;; ++attempt) {
+      const int p = attempt & 1;
+      named_barrier_sync(kBarScored0 + p, kThreads);  // copy p and its slot hold attempt a
+      const int ticket = sh[p].ticket;
+      if (ticket >= blocks) break;  // the scoring warpgroups found no block: done
+      const int t0 = (blocks - 1 - ticket) * kRows, n = sh[p].n[r];
+      if (n > K) {  // scored (n <= K: the scoring threads wrote the row's ids)
+        const float* scores = slot_of(p) + r * row_stride;
+        unsigned* h = hist + r * idxsel::kBins;
+        std::int32_t* out = topk + static_cast<long>(t0 + r) * K;
+        idxsel::digit_histogram<idxsel::WarpThreads, true>(scores, n, 0u, idxsel::kDigit1Bits + idxsel::kDigit2Bits,
+                                                           idxsel::kDigit0Bits, h);
+        if constexpr (kScores)
+          idxsel::select_topk_radix<idxsel::WarpThreads, true>(
+              scores, n, K, h, sel[r], out, false, scores_out + static_cast<long>(t0 + r) * K * score_stride,
+              score_stride);
+        else
+          idxsel::select_topk_radix<idxsel::WarpThreads>(scores, n, K, h, sel[r], out);
+      }
+      __threadfence_block();
+      named_barrier_arrive(kBarFree0 + p, kThreads);  // done with copy p and its slot
+    }
+    return;
+  }
+
+  // ---- scoring: warpgroups 0 and 1, as in the two-warpgroup kernel ----
+  setmaxnreg_inc<kScoreRegs>();
+  const int HI = d.index_heads;
+  const int wtid = tid & 127, g = lane >> 2, qd = lane & 3;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  // This warpgroup's key tiles loaded so far, over all runs: load n goes to stage n % kStages
+  // and completes phase n / kStages of its barrier.
+  int loads_before = 0;
+
+  for (int attempt = 0;; ++attempt) {
+    const int p = attempt & 1;
+    idxblock::Shared& bs = sh[p];
+    // Attempt a - 2's selection is done with copy p and its slot (that arrival consumed).
+    if (attempt >= 2) named_barrier_sync(kBarFree0 + p, kThreads);
+    if (tid == 0) bs.ticket = static_cast<int>(atomicAdd(counter, 1u));
+    named_barrier_sync(kBarScoring, kScoreThreads);
+    const int ticket = bs.ticket;
+    if (ticket >= blocks) {
+      __threadfence_block();
+      named_barrier_arrive(kBarScored0 + p, kThreads);  // the selecting warps' stop
+      // Attempt a - 1's arrival on its copy's free barrier is the one no later attempt waits
+      // for: consumed here, so no barrier is left half-arrived at exit.
+      if (attempt >= 1) named_barrier_sync(kBarFree0 + (p ^ 1), kThreads);
+      return;
+    }
+    // The block (idxblock::next_block without the histograms): the longest rows first.
+    const int t0 = (blocks - 1 - ticket) * kRows;
+    if (tid < kRows) {
+      const int t = t0 + tid;
+      bs.seg[tid] = t < d.rows ? meta.row_segment[t] : -1;
+      bs.n[tid] = t < d.rows ? idxblock::visible(d, meta, t, bs.seg[tid]) : 0;
+    }
+    named_barrier_sync(kBarScoring, kScoreThreads);
+    unsigned todo = 0;
+    for (int i = 0; i < kRows; ++i)
+      if (bs.n[i] > K) todo |= 1u << i;
+    for (int i = 0; i < kRows; ++i) {  // every visible id at once where they fit
+      if (t0 + i >= d.rows || (todo >> i & 1u)) continue;
+      std::int32_t* out = topk + static_cast<long>(t0 + i) * K;
+      for (int k = tid; k < K; k += kScoreThreads) out[k] = k < bs.n[i] ? k : -1;
+    }
+    float* slot = slot_of(p);
+
+    while (todo != 0u) {
+      int run_seg = 0, n_run = 0;
+      const unsigned run = idxblock::take_run(todo, bs, run_seg, n_run);
+      const int seg_row0 = meta.comp_start[run_seg];  // once a run (measured: not a tile)
+      named_barrier_sync(kBarScoring, kScoreThreads);  // both warpgroups are done with the previous run's Q, w, stages
+      for (int i = tid; i < kCols * kChunks; i += kScoreThreads) {
+        const int col = i / kChunks, cc = i % kChunks, r = col / kHeads, h = col % kHeads;
+        const bool real = (run >> r & 1u) && h < HI;
+        const long src = real ? (static_cast<long>(t0 + r) * HI + h) * DI + cc * 8 : 0;
+        cp_async_16_zfill(base + L::kQOff + op_off(col, cc, L::kQBlock), qi + src, real);
+      }
+      cp_async_commit();
+      for (int i = tid; i < kCols; i += kScoreThreads) {
+        const int r = i / kHeads, h = i % kHeads;
+        w_s[i] = (run >> r & 1u) && h < HI ? w_eff[static_cast<long>(t0 + r) * HI + h] : 0.0f;
+      }
+      cp_async_wait<0>();
+      fence_proxy_async_smem();  // the cp.async writes of Q -> wgmma
+      named_barrier_sync(kBarScoring, kScoreThreads);
+
+      const int tiles = (n_run + kKeys - 1) / kKeys;
+      const int my_tiles = tiles > wg ? (tiles - wg + 1) / 2 : 0;  // tiles wg, wg + 2, ...
+      const std::uint32_t ring = base + L::kKOff + wg * kStages * L::kTileBytes;
+      auto stage_of = [&](int u) { return (loads_before + u) % kStages; };
+      auto load = [&](int u) {
+        const int tile = 2 * u + wg;
+        const std::uint32_t dst = ring + stage_of(u) * L::kTileBytes;
+        // Rows past the segment's end: other segments' keys or (past comp_capacity) zeros,
+        // scored but never stored.
+        if (u < my_tiles && wtid == 0) {
+          const std::uint32_t bar = smem_addr(&full[wg][stage_of(u)]);
+          mbar_arrive_expect_tx(bar, L::kTileBytes);
+          const int row = seg_row0 + tile * kKeys;
+#pragma unroll
+          for (int blk = 0; blk < L::kBlocks; ++blk) tma_load_2d(dst + blk * L::kKBlock, &key_map, 64 * blk, row, bar);
+        }
+      };
+      load(0);
+      load(1);
+      for (int u = 0; u < my_tiles; ++u) {
+        const int n = loads_before + u;
+        mbar_wait(smem_addr(&full[wg][n % kStages]), static_cast<std::uint32_t>(n / kStages) & 1u);
+        named_barrier_sync(1 + wg, 128);  // every warp's wgmma of tile u - 1 done: its stage is free
+        load(u + 2);
+        const std::uint32_t kt = ring + stage_of(u) * L::kTileBytes;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+          const std::uint32_t a = kt + (kk >> 2) * L::kKBlock + (kk & 3) * 32;
+          const std::uint32_t b = base + L::kQOff + (kk >> 2) * L::kQBlock + (kk & 3) * 32;
+          wgmma_m64n256k16_ss<0>(acc, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024),
+                                 kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_pin(acc);
+
+        float mine[2];
+        idxwg::head_sums(acc, w_s, qd, mine);
+        const int key0 = (2 * u + wg) * kKeys + 16 * (warp & 3) + g;
+        if (run >> qd & 1u) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int j = key0 + 8 * half;
+            if (j < bs.n[qd]) slot[qd * row_stride + j] = mine[half];
+          }
+        }
+      }
+      loads_before += my_tiles;
+    }
+    // The block's scores (global) and state (shared) to the selecting warps.
+    __threadfence_block();
+    named_barrier_arrive(kBarScored0 + p, kThreads);
+  }
+}
+
+template <int DI>
+void launch_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
+                    const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
+                    const SelectedScores& scores) {
+  CUtensorMap map{};  // none without compressed rows: no tile is loaded (as launch_wgmma)
+  if (d.comp_capacity > 0) map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
+  auto kernel = scores.base != nullptr ? indexer_topk_wgmma_overlap_kernel<DI, true>
+                                       : indexer_topk_wgmma_overlap_kernel<DI, false>;
+  // One CTA per SM; + 1 KB: the base's alignment to 1024.
+  idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the overlapped wgmma indexer",
+                                d, meta, qi, w_eff, keys, topk, scratch, stream, map, scores.base,
+                                scores.stride);
+}
+
+}  // namespace
+
+void launch_indexer_topk_wgmma_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
+                                       const float* w_eff, const bf16* keys, std::int32_t* topk,
+                                       void* scratch, cudaStream_t stream, const SelectedScores& scores) {
+  require(indexer_tiled_supported(d), ErrorKind::Unsupported,
+          "the wgmma indexer needs index_n_heads <= 64 and index_head_dim 64 or 128");
+  require(scratch != nullptr, ErrorKind::InvalidArgument, "the wgmma indexer needs its scratch");
+  // Two score slots a CTA: a card of more multiprocessors than half the scratch's slots takes
+  // the two-warpgroup kernel (the same ids).
+  if (2 * multiprocessor_count() > kIdxTiledMaxCtas) {
+    launch_indexer_topk_wgmma(d, meta, qi, w_eff, keys, topk, scratch, stream, nullptr, scores);
+    return;
+  }
+  if (d.index_dim == 128) launch_overlap<128>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores);
+  else launch_overlap<64>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores);
+}
+
+}  // namespace csattn::cuda
