@@ -30,15 +30,17 @@ struct SelectShared {
 template <int kN>
 struct BlockThreads {
   static constexpr int kThreads = kN;
+  static constexpr bool kSkewBins = false;  // (WarpThreads)
   __device__ static int tid() { return static_cast<int>(threadIdx.x); }
   __device__ static void sync() { __syncthreads(); }
 };
-// Ids 8 and up: the indexer kernels' own named barriers (1-4) are not touched by the selects.
+// Ids 8 and up: the indexer kernels' own named barriers (1-7) are not touched by the selects.
 constexpr int kRowGroupBarrier0 = 8;
 template <int kN>
 struct RowGroup {
   static_assert(kN % 32 == 0, "a row group is whole warps");
   static constexpr int kThreads = kN;
+  static constexpr bool kSkewBins = false;  // (WarpThreads)
   __device__ static int tid() { return static_cast<int>(threadIdx.x) % kN; }
   __device__ static void sync() {
     asm volatile("bar.sync %0, %1;\n" ::"r"(kRowGroupBarrier0 + static_cast<int>(threadIdx.x) / kN), "n"(kN)
@@ -50,6 +52,9 @@ struct RowGroup {
 // orders the lanes' shared-memory accesses like a barrier.
 struct WarpThreads {
   static constexpr int kThreads = 32;
+  // find_bin's lanes own 2048 / 32 consecutive bins: read in order, all 32 would hit one
+  // bank at once; each lane starts at its own offset instead (the sum does not change).
+  static constexpr bool kSkewBins = true;
   __device__ static int tid() { return static_cast<int>(threadIdx.x) & 31; }
   __device__ static void sync() { __syncwarp(); }
 };
@@ -99,7 +104,12 @@ __device__ void find_bin(const unsigned* hist, int bins, int need, SelectShared&
   const int per = bins / G::kThreads;
   const int lo = G::tid() * per;
   int local = 0;
-  for (int i = 0; i < per; ++i) local += static_cast<int>(hist[lo + i]);
+  if constexpr (G::kSkewBins) {  // per is a power of two (bins and kThreads are)
+#pragma unroll 8  // (fully unrolled, 64 loads in flight spill the 72-register warps)
+    for (int i = 0; i < per; ++i) local += static_cast<int>(hist[lo + ((i + G::tid()) & (per - 1))]);
+  } else {
+    for (int i = 0; i < per; ++i) local += static_cast<int>(hist[lo + i]);
+  }
   int above = block_suffix_above<G>(local, 0, sh).x;
   if (above < need && above + local >= need) {  // exactly one thread
     for (int i = per - 1; i >= 0; --i) {
@@ -142,7 +152,7 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
 
 // Selects the top K of scores[0..n) (n > K; scores 16-byte aligned) and writes their ids in
 // ascending order to out[0..K). hist (kBins entries, shared) holds on entry the histogram of
-// digit0 over all n keys (built while scoring); it is overwritten. kScores: the selected ids'
+// digit0 over all n keys (built while scoring, or by digit_histogram's kAll); it is overwritten. kScores: the selected ids'
 // scores too, out_scores[k * score_stride] beside out[k] (a compile-time choice: a null test
 // at run time made the select of the instances without scores 4.6% slower, 3-6% of the
 // indexer, H100 2026-12-06).

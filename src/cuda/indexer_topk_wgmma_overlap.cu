@@ -10,8 +10,9 @@
 // first radix digit (their "store+count" phase, 400-490 of 3.8K cycles a tile, loses its
 // shared atomics); the selecting warp counts it in a pass of its own over the row
 // (digit_histogram's kAll). Predicted: 355-381 -> 440-480 TFLOPS at 32K-128K tokens, if
-// one warp selects a row in under the block's scoring time (four passes over the row's
-// scores from L2 and three bin searches: ~70-150K cycles at 32K tokens against 245K), and
+// one warp selects a row in under the block's scoring time (five passes over the row's
+// scores from L2 - three digits, the count, the write - and three bin searches: ~70-150K
+// cycles at 32K tokens against 245K), and
 // the selecting warps' issue slots do not slow the scoring epilogue much.
 //
 // The scoring is the two-warpgroup kernel's (the same TMA rings, MMAs and epilogue:
