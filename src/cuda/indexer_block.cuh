@@ -143,8 +143,9 @@ __device__ void select_block(const LayerDims& d, unsigned selecting, const Share
 
 // The parameters both kernels start with, and their common launch (host): a persistent grid
 // of at most ctas_per_sm CTAs per SM (and no more than the scratch's kIdxTiledMaxCtas
-// slots), the scratch split into the ticket counter (zeroed here) and the CTAs' score slots.
-// `extra` arguments follow those (the wgmma kernel's measurement stamps).
+// slots), the scratch split into the ticket counter (zeroed here) and the CTAs' score slots
+// (one a CTA; the overlapped wgmma kernel takes two, so its launcher requires at most half
+// as many SMs as slots). `extra` arguments follow those (the wgmma kernels' tensor map...).
 template <class... Extra>
 inline void launch_block_kernel(void (*kernel)(LayerDims, DeviceMetadata, const bf16*, const float*,
                                                const bf16*, std::int32_t*, unsigned*, float*, long,
