@@ -137,9 +137,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int attempt = 0;; ++attempt) {
     const int p = attempt & 1;
     idxblock::Shared& bs = sh[p];
-    // Attempt a - 2's selection is done with copy p and its slot (that arrival consumed).
+    // The ticket's atomic is in flight while attempt a - 2's selection finishes with copy p
+    // and its slot (the free barrier; that arrival consumed), stored once it has.
+    const int taken = tid == 0 ? static_cast<int>(atomicAdd(counter, 1u)) : 0;
     if (attempt >= 2) named_barrier_sync(kBarFree0 + p, kThreads);
-    if (tid == 0) bs.ticket = static_cast<int>(atomicAdd(counter, 1u));
+    if (tid == 0) bs.ticket = taken;
     named_barrier_sync(kBarScoring, kScoreThreads);
     const int ticket = bs.ticket;
     if (ticket >= blocks) {
