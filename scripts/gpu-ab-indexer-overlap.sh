@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (device tool), from the repository root: the A/B of the
 # overlapped wgmma indexer (CSATTN_INDEXER=overlap, indexer_topk_wgmma_overlap.cu; written in
-# the fifteenth session without a device), one call of at most ~8 minutes:
+# the fifteenth session without a device), one call of at most ~9 minutes (45 s build, tests <= 300 s, 2 x <= 100 s):
 #   tests/  the indexer tests (they run the overlapped kernel directly, without the
 #           variable), then the forward, loss, device-layer, MXFP8, CP and graph tests with
 #           CSATTN_INDEXER=overlap (the layer's selection through it, its scores into the loss);
@@ -15,10 +15,10 @@ O=${OUT:-$PWD/out}
 mkdir -p "$O/tests" "$O/bench"
 rc=0
 OUT=$O/tests COMPARE_FILTER='*CudaIndexer*:*CudaForward*:*CudaIndexerLoss*:*CudaDeviceLayer*:*CudaMxfp8*:*CudaCp*:*CudaGraph*' \
-  COMPARE_TESTS_PER_VALUE=1 COMPARE_VAR=CSATTN_INDEXER COMPARE_VALUES=overlap COMPARE_TEST_TIMEOUT=200 \
+  COMPARE_TESTS_PER_VALUE=1 COMPARE_VAR=CSATTN_INDEXER COMPARE_VALUES=overlap COMPARE_TEST_TIMEOUT=300 \
   COMPARE_BENCH=0 bash scripts/gpu-compare.sh || rc=1
 OUT=$O/bench COMPARE_VAR=CSATTN_INDEXER COMPARE_VALUES="default overlap" CSATTN_BENCH_SECTIONS=indexer,layer \
-  CSATTN_BENCH_LAYER_TOKENS=65536 COMPARE_BENCH_TIMEOUT=120 bash scripts/gpu-compare.sh || rc=1
+  CSATTN_BENCH_LAYER_TOKENS=65536 COMPARE_BENCH_TIMEOUT=100 bash scripts/gpu-compare.sh || rc=1
 rm -f "$O"/*/build.log "$O"/*/bench_*.json
 echo "gpu-ab-indexer-overlap: rc $rc, $SECONDS s"
 exit $rc
