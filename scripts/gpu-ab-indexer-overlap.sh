@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (device tool), from the repository root: the A/B of the
 # overlapped wgmma indexer (CSATTN_INDEXER=overlap, indexer_topk_wgmma_overlap.cu; written in
-# the fifteenth session without a device), one call of at most ~9 minutes (45 s build, tests <= 300 s, 2 x <= 100 s):
+# the fifteenth session without a device), one call of at most ~9 minutes (a 45 s build,
+# tests <= 300 s, 2 benchmark runs <= 100 s each):
 #   tests/  the indexer tests (they run the overlapped kernel directly, without the
 #           variable), then the forward, loss, device-layer, MXFP8, CP and graph tests with
 #           CSATTN_INDEXER=overlap (the layer's selection through it, its scores into the loss);
