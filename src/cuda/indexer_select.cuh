@@ -30,7 +30,7 @@ struct SelectShared {
 template <int kN>
 struct BlockThreads {
   static constexpr int kThreads = kN;
-  static constexpr bool kSkewBins = false;  // (WarpThreads)
+  static constexpr bool kOneWarp = false;  // (WarpThreads)
   __device__ static int tid() { return static_cast<int>(threadIdx.x); }
   __device__ static void sync() { __syncthreads(); }
 };
@@ -40,7 +40,7 @@ template <int kN>
 struct RowGroup {
   static_assert(kN % 32 == 0, "a row group is whole warps");
   static constexpr int kThreads = kN;
-  static constexpr bool kSkewBins = false;  // (WarpThreads)
+  static constexpr bool kOneWarp = false;  // (WarpThreads)
   __device__ static int tid() { return static_cast<int>(threadIdx.x) % kN; }
   __device__ static void sync() {
     asm volatile("bar.sync %0, %1;\n" ::"r"(kRowGroupBarrier0 + static_cast<int>(threadIdx.x) / kN), "n"(kN)
@@ -52,9 +52,13 @@ struct RowGroup {
 // orders the lanes' shared-memory accesses like a barrier.
 struct WarpThreads {
   static constexpr int kThreads = 32;
-  // find_bin's lanes own 2048 / 32 consecutive bins: read in order, all 32 would hit one
-  // bank at once; each lane starts at its own offset instead (the sum does not change).
-  static constexpr bool kSkewBins = true;
+  // What one warp a row changes (kOneWarp): find_bin's lanes own 2048 / 32 consecutive bins,
+  // read in order all 32 would hit one bank at once, so each lane starts at its own offset
+  // (the sum does not change); and a lane's share of a pass is 1/32 of the row, so the
+  // passes that store between their loads (the histograms' atomics, the ids) load four
+  // float4 ahead (one at a time, a pass would be a chain of L2 latencies: ~38K cycles for an
+  // 8K-candidate row).
+  static constexpr bool kOneWarp = true;
   __device__ static int tid() { return static_cast<int>(threadIdx.x) & 31; }
   __device__ static void sync() { __syncwarp(); }
 };
@@ -104,7 +108,7 @@ __device__ void find_bin(const unsigned* hist, int bins, int need, SelectShared&
   const int per = bins / G::kThreads;
   const int lo = G::tid() * per;
   int local = 0;
-  if constexpr (G::kSkewBins) {  // per is a power of two (bins and kThreads are)
+  if constexpr (G::kOneWarp) {  // per is a power of two (bins and kThreads are)
 #pragma unroll 8  // (fully unrolled, 64 loads in flight spill the 72-register warps)
     for (int i = 0; i < per; ++i) local += static_cast<int>(hist[lo + ((i + G::tid()) & (per - 1))]);
   } else {
@@ -137,14 +141,35 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
   const unsigned digit_mask = (1u << bits) - 1u;
   const float4* s4 = reinterpret_cast<const float4*>(scores);
   const int n4 = (n + 3) / 4;
-  for (int i = G::tid(); i < n4; i += G::kThreads) {
-    const float4 v = s4[i];
+  auto count = [&](int i, const float4& v) {
     const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       if (4 * i + c >= n) break;
       const unsigned key = order_key(e[c]);
       if (kAll || (key >> high) == (prefix >> high)) atomicAdd(&hist[(key >> shift) & digit_mask], 1u);
+    }
+  };
+  if constexpr (G::kOneWarp) {  // four loads in flight a lane (WarpThreads)
+    for (int i0 = G::tid(); i0 < n4; i0 += 4 * G::kThreads) {
+      float4 v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (i0 + k * G::kThreads < n4) v[k] = s4[i0 + k * G::kThreads];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (i0 + k * G::kThreads < n4) count(i0 + k * G::kThreads, v[k]);
+    }
+  } else {  // (as measured for the other groups: written out, the lambda changed their code)
+    for (int i = G::tid(); i < n4; i += G::kThreads) {
+      const float4 v = s4[i];
+      const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (4 * i + c >= n) break;
+        const unsigned key = order_key(e[c]);
+        if (kAll || (key >> high) == (prefix >> high)) atomicAdd(&hist[(key >> shift) & digit_mask], 1u);
+      }
     }
   }
   G::sync();
@@ -197,8 +222,7 @@ __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* h
   const int2 before = block_prefix_before<G>(greater, equal, sh);
   int slot = before.x + min(before.y, need_equal);
   int equal_rank = before.y;
-  for (int j = lo; j < hi; j += 4) {
-    const float4 v = *reinterpret_cast<const float4*>(scores + j);
+  auto write = [&](int j, const float4& v) {
     const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -209,6 +233,33 @@ __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* h
       if (take) {
         if constexpr (kScores) out_scores[static_cast<long>(slot) * score_stride] = e[c];
         out[slot++] = j + c;
+      }
+    }
+  };
+  if constexpr (G::kOneWarp) {  // four loads in flight a lane, written in id order
+    for (int j0 = lo; j0 < hi; j0 += 16) {
+      float4 v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (j0 + 4 * k < hi) v[k] = *reinterpret_cast<const float4*>(scores + j0 + 4 * k);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (j0 + 4 * k < hi) write(j0 + 4 * k, v[k]);
+    }
+  } else {  // (as measured for the other groups: written out, the lambda changed their code)
+    for (int j = lo; j < hi; j += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(scores + j);
+      const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (j + c >= hi) break;
+        const unsigned key = order_key(e[c]);
+        bool take = key > threshold;
+        if (key == threshold) take = equal_rank++ < need_equal;
+        if (take) {
+          if constexpr (kScores) out_scores[static_cast<long>(slot) * score_stride] = e[c];
+          out[slot++] = j + c;
+        }
       }
     }
   }

@@ -51,10 +51,10 @@ constexpr int kSelectThreads = 128;  // warpgroup 2: warp 8 + r selects row r of
 constexpr int kThreads = kScoreThreads + kSelectThreads;
 static_assert(kSelectThreads / 32 == kRows, "one selecting warp a row");
 // setmaxnreg moves registers inside the launch allocation (65536 / 384 -> 168 a thread):
-// 256 x 216 + 128 x 72 = 384 x 168. The two-warpgroup kernel took 228 registers; here the
-// scoring fits 216 without its histogram, and the radix select spilled 24-32 bytes at 56
-// (ptxas, 224 / 56), none at 72.
-constexpr int kScoreRegs = 216, kSelectRegs = 72;
+// 256 x 208 + 128 x 88 = 384 x 168. The two-warpgroup kernel took 228 registers; here the
+// scoring fits 208 without its histogram (ptxas: no spill), and the one-warp radix select
+// with four loads in flight a lane spilled at 56 and 72, not at 88.
+constexpr int kScoreRegs = 208, kSelectRegs = 88;
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
 static_assert(kScoreThreads * kScoreRegs + kSelectThreads * kSelectRegs <= kThreads * kLaunchRegs,
               "setmaxnreg budget exceeds the launch allocation");
