@@ -208,8 +208,10 @@ void launch_loss_gradient_scale(const float* grad_loss, const float* scale, floa
 bool indexer_loss_mma_supported(const LayerDims& d);
 // given: what `kept` already holds for the value launch's rows with the forward's LSE -
 // kGivenMasses (the wgmma teacher ran), kGivenLogits (the indexer wrote the selected ids'
-// scores as the predictor logits, for the rows with more visible entries than top-k).
-constexpr int kGivenMasses = 1, kGivenLogits = 2;
+// scores as the predictor logits, for the rows with more visible entries than top-k);
+// kGivenLight (a candidate, with both: those rows' top-k are the indexer's K visible ids, and
+// warp 0 forms their KL from `kept` alone - indexer_loss_mma.cu).
+constexpr int kGivenMasses = 1, kGivenLogits = 2, kGivenLight = 4;
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_loss, bf16* dqi, float* dweff, float* dkeys_acc,

@@ -325,8 +325,10 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
     if (!grads && loss) CSATTN_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), stream));
     return;
   }
-  // CSATTN_INDEXER_LOSS=baseline asks for the CUDA-core kernel (benchmarks, bisecting).
-  static const bool force_baseline = kernel_switch("CSATTN_INDEXER_LOSS", {"baseline"}) == "baseline";
+  // CSATTN_INDEXER_LOSS=baseline asks for the CUDA-core kernel (benchmarks, bisecting);
+  // =light, a candidate: the given-logits rows' KL by one warp from `kept` (kGivenLight).
+  static const std::string loss_env = kernel_switch("CSATTN_INDEXER_LOSS", {"baseline", "light"});
+  const bool force_baseline = loss_env == "baseline";
   const bool mma = kernel == IndexerLossKernel::tensor_core ||
                    (kernel == IndexerLossKernel::automatic && !force_baseline &&
                     indexer_loss_mma_supported(d));
@@ -338,7 +340,8 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                          a.sparse && a.lse != nullptr && kept != nullptr && a.chunk.r0 == 0 &&
                          a.chunk.rows < 0 && indexer_teacher_wgmma_supported(d);
     if (teacher) launch_indexer_teacher_wgmma(d, meta, a, kept, stream, logits_kept);
-    const int given = teacher ? kGivenMasses | (logits_kept ? kGivenLogits : 0) : 0;
+    const int light = loss_env == "light" ? kGivenLight : 0;
+    const int given = teacher ? kGivenMasses | (logits_kept ? kGivenLogits | light : 0) : 0;
     launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff, dkeys_acc,
                                  kept, given, stream);
   } else {

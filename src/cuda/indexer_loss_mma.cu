@@ -199,6 +199,53 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int vis = meta.row_is_padding[t]
                       ? 0
                       : min((pos + 1) / d.ratio, meta.comp_start[b + 1] - meta.comp_start[b]);
+  // kGivenLight (a candidate, CSATTN_INDEXER_LOSS=light): a value-launch row whose masses and
+  // logits are both given (the layer's rows with more visible entries than K: the indexer's
+  // K ids, all visible) needs only its KL from `kept` - warp 0 forms it there and the CTA
+  // leaves, skipping the candidates' compaction, qI's load and the final pass's tile loop
+  // (~12 us a row at 1 CTA an SM: ~6 ms at CSA 64K, perf.md fifteenth session). The masses'
+  // sum and the LSE in the order of the logits_given branch below (the same bits in `kept`
+  // for the gradient launch); the KL's sum in lane order (the loss row to rounding).
+  if ((given_flags & kGivenLight) && (given_flags & kGivenLogits) && (given_flags & kGivenMasses) && !grads &&
+      kept_buf != nullptr && a.lse != nullptr && vis > d.topk) {
+    if (warp != 0) return;
+    const float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
+    float lm = -INFINITY, ll = 0.0f, macc = 0.0f;
+#pragma unroll 8  // (loads only: eight (mass, logit) pairs in flight a lane)
+    for (int j = lane; j < d.topk; j += 32) {
+      const float2 v = *reinterpret_cast<const float2*>(kc + 2 * j);
+      const float mn = fmaxf(lm, v.y);
+      ll = ll * expf(lm - mn) + expf(v.y - mn);
+      lm = mn;
+      macc += v.x;
+    }
+    const float tsum = fmaxf(warp_sum(macc), FLT_MIN);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float mo = __shfl_xor_sync(0xffffffffu, lm, o), lo = __shfl_xor_sync(0xffffffffu, ll, o);
+      const float mn = fmaxf(lm, mo);
+      if (mn != -INFINITY) {
+        ll = ll * expf(lm - mn) + lo * expf(mo - mn);
+        lm = mn;
+      }
+    }
+    const float lse = lm + logf(ll);
+    float row_kl = 0.0f;
+#pragma unroll 8
+    for (int j = lane; j < d.topk; j += 32) {
+      const float2 v = *reinterpret_cast<const float2*>(kc + 2 * j);
+      const float tj = v.x / tsum;
+      const float logp = fmaxf(v.y - lse, logf(FLT_MIN));  // the compact softmax's clamp
+      row_kl += tj * (logf(fmaxf(tj, 1e-10f)) - logp);
+    }
+    row_kl = warp_sum(row_kl);
+    if (lane == 0) {
+      loss_rows[t] = row_kl;
+      kept_buf[(static_cast<long>(d.rows) * d.topk + t) * 2] = tsum;
+      kept_buf[(static_cast<long>(d.rows) * d.topk + t) * 2 + 1] = lse;
+    }
+    return;
+  }
   // The candidates: the top-k row's visible ids in order (a block-wide ballot compaction; a
   // thread-0 loop over the row cost microseconds a row); `drop`: the row holds an id the
   // loss drops - in the attention's denominator, not in this loss's.

@@ -672,6 +672,75 @@ TEST(CudaIndexerLoss, ValueLaunchTakesTheSelectionsLogits) {
   }
 }
 
+// The candidate kGivenLight (CSATTN_INDEXER_LOSS=light): the value launch's rows with given
+// masses and logits and more visible entries than K take their KL from `kept` alone (warp 0,
+// the CTA's other warps leave). Against the same launch without it, on the same kept
+// logits: the masses' sum and the LSE it keeps for the gradient launch are bitwise the same
+// (the same order), so are the gradients; its loss rows agree to rounding (the KL summed in
+// another order); the other rows run as before, bitwise.
+TEST(CudaIndexerLoss, LightRowsTakeTheirKlFromKept) {
+  SKIP_WITHOUT_GPU();
+  for (int heads : {64, 128}) {
+    LossCase c = ragged("light rows, H " + std::to_string(heads), true);
+    c.heads = heads;  // no holes, no future ids: the indexer's own rows
+    SCOPED_TRACE(c.name);
+    Inputs in(c);
+    const int T = in.d.rows, K = in.d.topk;
+    std::vector<char> light(T, 0);
+    int n_light = 0;
+    for (std::size_t b = 0, t0 = 0; b < c.real.size(); t0 += c.padded[b], ++b)
+      for (int pos = 0; pos < c.real[b]; ++pos) {
+        const int vis = std::min((pos + 1) / 4, c.padded[b] / 4);
+        light[t0 + pos] = vis > K;
+        n_light += vis > K;
+      }
+    ASSERT_GT(n_light, 0);
+    ASSERT_LT(n_light, T);
+    const std::size_t kept_floats = static_cast<std::size_t>(T) * (K + 1) * 2;
+    // The predictor logits the rows kernel computes (its own pass), as the selection gives them.
+    DeviceArray<float> own(kept_floats);
+    own.fill_bytes(0xFF);
+    run(in, IndexerLossKernel::automatic, false, 0.0f, own.get());
+    const std::vector<float> own_kept = own.download();
+    std::vector<float> start(kept_floats, std::nanf(""));
+    for (std::size_t e = 0; e < static_cast<std::size_t>(T) * K; ++e) start[2 * e + 1] = own_kept[2 * e + 1];
+
+    auto value = [&](int given, DeviceArray<float>& kept) {
+      kept.upload(start);
+      DeviceArray<float> rows(T);
+      rows.fill_bytes(0xFF);
+      launch_indexer_teacher_wgmma(in.d, in.meta, in.args, kept.get(), nullptr, /*logits_kept=*/true);
+      launch_indexer_loss_rows_mma(in.d, in.meta, in.args, rows.get(), false, 0.0f, nullptr, nullptr, nullptr,
+                                   kept.get(), given, nullptr);
+      check(cudaDeviceSynchronize());
+      return rows.download();
+    };
+    DeviceArray<float> kept_plain(kept_floats), kept_light(kept_floats);
+    const std::vector<float> plain = value(kGivenMasses | kGivenLogits, kept_plain);
+    const std::vector<float> lit = value(kGivenMasses | kGivenLogits | kGivenLight, kept_light);
+    const std::vector<float> kp = kept_plain.download(), kl = kept_light.download();
+    for (int t = 0; t < T; ++t) {
+      const std::size_t sums = (static_cast<std::size_t>(T) * K + t) * 2;
+      if (light[t]) {
+        ASSERT_TRUE(std::isfinite(lit[t])) << "row " << t;
+        EXPECT_NEAR(lit[t], plain[t], 1e-5 * std::fabs(plain[t]) + 1e-7) << "row " << t;
+      } else {
+        EXPECT_EQ(std::memcmp(&lit[t], &plain[t], sizeof(float)), 0) << "row " << t << " (not a light row)";
+      }
+      if (in.host_vis[t] > 0) {  // the row sums the gradient launch reads
+        EXPECT_EQ(std::memcmp(&kl[sums], &kp[sums], 2 * sizeof(float)), 0) << "row " << t << " sums";
+      }
+    }
+    const float gs = 0.37f;
+    const Outputs g_plain = run(in, IndexerLossKernel::automatic, true, gs, kept_plain.get());
+    const Outputs g_light = run(in, IndexerLossKernel::automatic, true, gs, kept_light.get());
+    EXPECT_EQ(g_light.loss_rows, g_plain.loss_rows);
+    EXPECT_EQ(g_light.dweff, g_plain.dweff);
+    EXPECT_EQ(g_light.dqi, g_plain.dqi);
+    expect_rel_l2(g_light.dkeys, g_plain.dkeys, 1e-5, c.name + " dkeys");  // (atomics)
+  }
+}
+
 // The wgmma teacher (indexer_loss_teacher.cu) against the rows kernel's own mma.sync teacher:
 // the masses it writes for every served row - the forward's LSE applies: no dropped id, at
 // least one candidate - match (to fp32 summation order), it writes nothing else (NaN-poisoned
