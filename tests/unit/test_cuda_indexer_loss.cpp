@@ -677,7 +677,8 @@ TEST(CudaIndexerLoss, ValueLaunchTakesTheSelectionsLogits) {
 // the CTA's other warps leave). Against the same launch without it, on the same kept
 // logits: the masses' sum and the LSE it keeps for the gradient launch are bitwise the same
 // (the same order), so are the gradients; its loss rows agree to rounding (the KL summed in
-// another order); the other rows run as before, bitwise.
+// another order); the other rows run as before, bitwise. The light rows' top-k ids are -1
+// when the rows kernel runs, so a row that missed the light path shows (its loss would be 0).
 TEST(CudaIndexerLoss, LightRowsTakeTheirKlFromKept) {
   SKIP_WITHOUT_GPU();
   for (int heads : {64, 128}) {
@@ -705,14 +706,26 @@ TEST(CudaIndexerLoss, LightRowsTakeTheirKlFromKept) {
     std::vector<float> start(kept_floats, std::nanf(""));
     for (std::size_t e = 0; e < static_cast<std::size_t>(T) * K; ++e) start[2 * e + 1] = own_kept[2 * e + 1];
 
+    // The light rows read neither their top-k ids nor anything but `kept`: with light, their
+    // ids are replaced by -1 after the teacher has read them (a row that still ran the slow
+    // path would find no candidate and give 0).
+    const std::vector<std::int32_t> ids = in.topk.download();
+    std::vector<std::int32_t> no_ids = ids;
+    for (int t = 0; t < T; ++t)
+      if (light[t]) std::fill(no_ids.begin() + static_cast<long>(t) * K, no_ids.begin() + static_cast<long>(t + 1) * K, -1);
     auto value = [&](int given, DeviceArray<float>& kept) {
       kept.upload(start);
       DeviceArray<float> rows(T);
       rows.fill_bytes(0xFF);
       launch_indexer_teacher_wgmma(in.d, in.meta, in.args, kept.get(), nullptr, /*logits_kept=*/true);
+      if (given & kGivenLight) {
+        check(cudaDeviceSynchronize());
+        in.topk.upload(no_ids);
+      }
       launch_indexer_loss_rows_mma(in.d, in.meta, in.args, rows.get(), false, 0.0f, nullptr, nullptr, nullptr,
                                    kept.get(), given, nullptr);
       check(cudaDeviceSynchronize());
+      in.topk.upload(ids);
       return rows.download();
     };
     DeviceArray<float> kept_plain(kept_floats), kept_light(kept_floats);
