@@ -203,11 +203,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // logits are both given (the layer's rows with more visible entries than K: the indexer's
   // K ids, all visible) needs only its KL from `kept` - warp 0 forms it there and the CTA
   // leaves, skipping the candidates' compaction, qI's load and the final pass's tile loop
-  // (~12 us a row at 1 CTA an SM: ~6 ms at CSA 64K, perf.md fifteenth session). The masses'
-  // sum and the LSE in the order of the logits_given branch below (the same bits in `kept`
-  // for the gradient launch); the KL's sum in lane order (the loss row to rounding).
+  // (~12 us a row at 1 CTA an SM: ~6 ms at CSA 64K, perf.md fifteenth session). Everything
+  // in the order of the logits_given branch and the final pass below, lane 0's sums shared
+  // as scal[] shares them: the same bits in the loss row and in `kept`. The row's top-k ids
+  // are not read: the caller's contract (backward_kernels.hpp, kGivenLight).
   if ((given_flags & kGivenLight) && (given_flags & kGivenLogits) && (given_flags & kGivenMasses) && !grads &&
-      kept_buf != nullptr && a.lse != nullptr && vis > d.topk) {
+      a.sparse && kept_buf != nullptr && a.lse != nullptr && vis > d.topk) {
     if (warp != 0) return;
     const float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
     float lm = -INFINITY, ll = 0.0f, macc = 0.0f;
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       lm = mn;
       macc += v.x;
     }
-    const float tsum = fmaxf(warp_sum(macc), FLT_MIN);
+    const float tsum = __shfl_sync(0xffffffffu, fmaxf(warp_sum(macc), FLT_MIN), 0);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const float mo = __shfl_xor_sync(0xffffffffu, lm, o), lo = __shfl_xor_sync(0xffffffffu, ll, o);
@@ -229,7 +230,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         lm = mn;
       }
     }
-    const float lse = lm + logf(ll);
+    // Lane 0's, as scal[1]: the butterfly's two partners may round their fma differently.
+    const float lse = __shfl_sync(0xffffffffu, lm + logf(ll), 0);
     float row_kl = 0.0f;
 #pragma unroll 8
     for (int j = lane; j < d.topk; j += 32) {

@@ -675,14 +675,17 @@ TEST(CudaIndexerLoss, ValueLaunchTakesTheSelectionsLogits) {
 // The candidate kGivenLight (CSATTN_INDEXER_LOSS=light): the value launch's rows with given
 // masses and logits and more visible entries than K take their KL from `kept` alone (warp 0,
 // the CTA's other warps leave). Against the same launch without it, on the same kept
-// logits: the masses' sum and the LSE it keeps for the gradient launch are bitwise the same
-// (the same order), so are the gradients; its loss rows agree to rounding (the KL summed in
-// another order); the other rows run as before, bitwise. The light rows' top-k ids are -1
-// when the rows kernel runs, so a row that missed the light path shows (its loss would be 0).
+// logits: the loss rows, the masses' sum and the LSE it keeps for the gradient launch are
+// bitwise the same (the same orders), so are the gradients; the other rows run as before.
+// The light rows' top-k ids are -1 when the rows kernel runs, so a row that missed the light
+// path shows (its loss would be 0). The ragged batch at top-16 (part of a warp) and one
+// Flash sequence at top-512 (16 pairs a lane).
 TEST(CudaIndexerLoss, LightRowsTakeTheirKlFromKept) {
   SKIP_WITHOUT_GPU();
-  for (int heads : {64, 128}) {
-    LossCase c = ragged("light rows, H " + std::to_string(heads), true);
+  for (int variant = 0; variant < 3; ++variant) {
+    const int heads = variant == 1 ? 128 : 64;
+    LossCase c = variant < 2 ? ragged("light rows, H " + std::to_string(heads), true)
+                             : one_sequence("light rows, flash", true, 64, 512);
     c.heads = heads;  // no holes, no future ids: the indexer's own rows
     SCOPED_TRACE(c.name);
     Inputs in(c);
@@ -734,12 +737,9 @@ TEST(CudaIndexerLoss, LightRowsTakeTheirKlFromKept) {
     const std::vector<float> kp = kept_plain.download(), kl = kept_light.download();
     for (int t = 0; t < T; ++t) {
       const std::size_t sums = (static_cast<std::size_t>(T) * K + t) * 2;
-      if (light[t]) {
-        ASSERT_TRUE(std::isfinite(lit[t])) << "row " << t;
-        EXPECT_NEAR(lit[t], plain[t], 1e-5 * std::fabs(plain[t]) + 1e-7) << "row " << t;
-      } else {
-        EXPECT_EQ(std::memcmp(&lit[t], &plain[t], sizeof(float)), 0) << "row " << t << " (not a light row)";
-      }
+      if (light[t]) ASSERT_TRUE(std::isfinite(lit[t]) && lit[t] > 0.0f) << "row " << t << ": " << lit[t];
+      EXPECT_EQ(std::memcmp(&lit[t], &plain[t], sizeof(float)), 0)
+          << "row " << t << (light[t] ? " (light)" : " (not light)") << ": " << lit[t] << " vs " << plain[t];
       if (in.host_vis[t] > 0) {  // the row sums the gradient launch reads
         EXPECT_EQ(std::memcmp(&kl[sums], &kp[sums], 2 * sizeof(float)), 0) << "row " << t << " sums";
       }
