@@ -41,13 +41,10 @@ namespace csattn::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // two warpgroups
-using idxwg::kCols;
-using idxwg::kHeads;
 using idxwg::kKeys;
 using idxwg::kRows;
 using idxwg::kStages;
 using idxwg::Layout;
-using idxwg::op_off;
 
 // kStamps (measurement only): clock() at the phase boundaries into `stamps`, laid out as
 // IndexerStamps (indexer_topk_tiled.hpp) says. The key tiles come by TMA through `key_map`
@@ -64,7 +61,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const __grid_constant__ CUtensorMap key_map, float* scores_out,
                               int score_stride) {
   using L = Layout<DI>;
-  constexpr int kChunks = DI / 8, kSteps = DI / 16;
   extern __shared__ unsigned char smem_raw[];
   const std::uint32_t raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -76,10 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Stage s of warpgroup c's ring is full once full[c][s]'s phase completes.
   __shared__ alignas(8) std::uint64_t full[2][kStages];
 
-  const int HI = d.index_heads;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wg = warp >> 2, wtid = tid & 127;
-  const int g = lane >> 2, qd = lane & 3;
+  const int tid = threadIdx.x;
   float* slot = slots + static_cast<long>(blockIdx.x) * kRows * row_stride;
   float acc[128];
 #pragma unroll
@@ -121,84 +114,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Once a run: a global load a tile would sit on the warpgroup's critical path (measured).
       const int seg_row0 = meta.comp_start[run_seg];
 
-      // The select's staging (generic writes into the Q and key buffers) before the TMA writes
-      // of this run's key tiles (async proxy).
-      fence_proxy_async_smem();
-      __syncthreads();  // both warpgroups are done with the previous run's Q, w and stages
-      for (int i = tid; i < kCols * kChunks; i += kThreads) {
-        const int col = i / kChunks, cc = i % kChunks, r = col / kHeads, h = col % kHeads;
-        const bool real = (run >> r & 1u) && h < HI;
-        const long src = real ? (static_cast<long>(t0 + r) * HI + h) * DI + cc * 8 : 0;
-        cp_async_16_zfill(base + L::kQOff + op_off(col, cc, L::kQBlock), qi + src, real);
-      }
-      cp_async_commit();
-      for (int i = tid; i < kCols; i += kThreads) {
-        const int r = i / kHeads, h = i % kHeads;
-        w_s[i] = (run >> r & 1u) && h < HI ? w_eff[static_cast<long>(t0 + r) * HI + h] : 0.0f;
-      }
-      cp_async_wait<0>();
-      fence_proxy_async_smem();  // the cp.async writes of Q -> wgmma
-      __syncthreads();
-      stamp(Stamps::tiles, 1);
-
-      const int tiles = (n_run + kKeys - 1) / kKeys;
-      const int my_tiles = tiles > wg ? (tiles - wg + 1) / 2 : 0;  // tiles wg, wg + 2, ...
-      const std::uint32_t ring = base + L::kKOff + wg * kStages * L::kTileBytes;
-      auto stage_of = [&](int u) { return (loads_before + u) % kStages; };
-      auto load = [&](int u) {
-        const int tile = 2 * u + wg;
-        const std::uint32_t dst = ring + stage_of(u) * L::kTileBytes;
-        // Rows past the segment's end: other segments' keys or (past comp_capacity) zeros,
-        // scored but never stored.
-        if (u < my_tiles && wtid == 0) {
-          const std::uint32_t bar = smem_addr(&full[wg][stage_of(u)]);
-          mbar_arrive_expect_tx(bar, L::kTileBytes);
-          const int row = seg_row0 + tile * kKeys;
-#pragma unroll
-          for (int blk = 0; blk < L::kBlocks; ++blk) tma_load_2d(dst + blk * L::kKBlock, &key_map, 64 * blk, row, bar);
-        }
-      };
-      load(0);
-      load(1);
-      for (int u = 0; u < my_tiles; ++u) {
-        stamp_tile(u, 0);
-        const int n = loads_before + u;
-        mbar_wait(smem_addr(&full[wg][n % kStages]), static_cast<std::uint32_t>(n / kStages) & 1u);
-        named_barrier_sync(1 + wg, 128);  // every warp's wgmma of tile u - 1 done: its stage is free
-        stamp_tile(u, 1);
-        load(u + 2);
-        stamp_tile(u, 2);
-        const std::uint32_t kt = ring + stage_of(u) * L::kTileBytes;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kSteps; ++kk) {
-          const std::uint32_t a = kt + (kk >> 2) * L::kKBlock + (kk & 3) * 32;
-          const std::uint32_t b = base + L::kQOff + (kk >> 2) * L::kQBlock + (kk & 3) * 32;
-          wgmma_m64n256k16_ss<0>(acc, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024),
-                                 kk > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_pin(acc);
-        stamp_tile(u, 3);
-
-        float mine[2];
-        idxwg::head_sums(acc, w_s, qd, mine);
-        stamp_tile(u, 4);
-        const int key0 = (2 * u + wg) * kKeys + 16 * (warp & 3) + g;
-        if (run >> qd & 1u) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int j = key0 + 8 * half;
-            if (j < sh.n[qd]) {
-              slot[qd * row_stride + j] = mine[half];
-              atomicAdd(&hist[qd * idxsel::kBins + idxsel::digit0(order_key(mine[half]))], 1u);
-            }
-          }
-        }
-        stamp_tile(u, 5);
-      }
-      loads_before += my_tiles;
+      idxwg::score_run<DI, true>(d, qi, w_eff, &key_map, base, w_s, hist, full, sh, run, t0, n_run, seg_row0, slot,
+                                 row_stride, loads_before, acc, [] { __syncthreads(); },
+                                 [&](int phase) { stamp(Stamps::tiles, phase); }, stamp_tile);
       stamp(Stamps::tiles, 2);
       stamping = false;  // the block's first run only
     }

@@ -15,8 +15,8 @@
 // cycles at 32K tokens against 245K), and
 // the selecting warps' issue slots do not slow the scoring epilogue much.
 //
-// The scoring is the two-warpgroup kernel's (the same TMA rings, MMAs and epilogue:
-// indexer_wgmma_tile.cuh), so the scores and the ids are bit for bit its own. The hand-over:
+// The scoring is the two-warpgroup kernel's (idxwg::score_run, indexer_wgmma_tile.cuh, without
+// the histogram), so the scores and the ids are bit for bit its own. The hand-over:
 // each CTA owns two score slots of the scratch (CTA c: slots 2c and 2c + 1; at most 132 CTAs
 // of the scratch's 264 slots) and two copies of the block state; block attempt a uses copy
 // p = a % 2. Named barrier 4 + p: "attempt a scored" (the scoring threads arrive, the
@@ -38,13 +38,10 @@ namespace csattn::cuda {
 
 namespace {
 
-using idxwg::kCols;
-using idxwg::kHeads;
 using idxwg::kKeys;
 using idxwg::kRows;
 using idxwg::kStages;
 using idxwg::Layout;
-using idxwg::op_off;
 
 constexpr int kScoreThreads = 256;   // warpgroups 0 and 1
 constexpr int kSelectThreads = 128;  // warpgroup 2: warp 8 + r selects row r of a block
@@ -70,7 +67,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       const __grid_constant__ CUtensorMap key_map, float* scores_out,
                                       int score_stride) {
   using L = Layout<DI>;
-  constexpr int kChunks = DI / 8, kSteps = DI / 16;
   extern __shared__ unsigned char smem_raw[];
   const std::uint32_t raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -83,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ alignas(8) std::uint64_t full[2][kStages];
 
   const int K = d.topk;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, warp = tid >> 5;
   const int wg = warp >> 2;
   const int blocks = (d.rows + kRows - 1) / kRows;
   auto slot_of = [&](int p) { return slots + (static_cast<long>(blockIdx.x) * 2 + p) * kRows * row_stride; };
@@ -125,8 +121,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- scoring: warpgroups 0 and 1, as in the two-warpgroup kernel ----
   setmaxnreg_inc<kScoreRegs>();
-  const int HI = d.index_heads;
-  const int wtid = tid & 127, g = lane >> 2, qd = lane & 3;
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -174,71 +168,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       int run_seg = 0, n_run = 0;
       const unsigned run = idxblock::take_run(todo, bs, run_seg, n_run);
       const int seg_row0 = meta.comp_start[run_seg];  // once a run (measured: not a tile)
-      named_barrier_sync(kBarScoring, kScoreThreads);  // both warpgroups are done with the previous run's Q, w, stages
-      for (int i = tid; i < kCols * kChunks; i += kScoreThreads) {
-        const int col = i / kChunks, cc = i % kChunks, r = col / kHeads, h = col % kHeads;
-        const bool real = (run >> r & 1u) && h < HI;
-        const long src = real ? (static_cast<long>(t0 + r) * HI + h) * DI + cc * 8 : 0;
-        cp_async_16_zfill(base + L::kQOff + op_off(col, cc, L::kQBlock), qi + src, real);
-      }
-      cp_async_commit();
-      for (int i = tid; i < kCols; i += kScoreThreads) {
-        const int r = i / kHeads, h = i % kHeads;
-        w_s[i] = (run >> r & 1u) && h < HI ? w_eff[static_cast<long>(t0 + r) * HI + h] : 0.0f;
-      }
-      cp_async_wait<0>();
-      fence_proxy_async_smem();  // the cp.async writes of Q -> wgmma
-      named_barrier_sync(kBarScoring, kScoreThreads);
-
-      const int tiles = (n_run + kKeys - 1) / kKeys;
-      const int my_tiles = tiles > wg ? (tiles - wg + 1) / 2 : 0;  // tiles wg, wg + 2, ...
-      const std::uint32_t ring = base + L::kKOff + wg * kStages * L::kTileBytes;
-      auto stage_of = [&](int u) { return (loads_before + u) % kStages; };
-      auto load = [&](int u) {
-        const int tile = 2 * u + wg;
-        const std::uint32_t dst = ring + stage_of(u) * L::kTileBytes;
-        // Rows past the segment's end: other segments' keys or (past comp_capacity) zeros,
-        // scored but never stored.
-        if (u < my_tiles && wtid == 0) {
-          const std::uint32_t bar = smem_addr(&full[wg][stage_of(u)]);
-          mbar_arrive_expect_tx(bar, L::kTileBytes);
-          const int row = seg_row0 + tile * kKeys;
-#pragma unroll
-          for (int blk = 0; blk < L::kBlocks; ++blk) tma_load_2d(dst + blk * L::kKBlock, &key_map, 64 * blk, row, bar);
-        }
-      };
-      load(0);
-      load(1);
-      for (int u = 0; u < my_tiles; ++u) {
-        const int n = loads_before + u;
-        mbar_wait(smem_addr(&full[wg][n % kStages]), static_cast<std::uint32_t>(n / kStages) & 1u);
-        named_barrier_sync(1 + wg, 128);  // every warp's wgmma of tile u - 1 done: its stage is free
-        load(u + 2);
-        const std::uint32_t kt = ring + stage_of(u) * L::kTileBytes;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kSteps; ++kk) {
-          const std::uint32_t a = kt + (kk >> 2) * L::kKBlock + (kk & 3) * 32;
-          const std::uint32_t b = base + L::kQOff + (kk >> 2) * L::kQBlock + (kk & 3) * 32;
-          wgmma_m64n256k16_ss<0>(acc, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024),
-                                 kk > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_pin(acc);
-
-        float mine[2];
-        idxwg::head_sums(acc, w_s, qd, mine);
-        const int key0 = (2 * u + wg) * kKeys + 16 * (warp & 3) + g;
-        if (run >> qd & 1u) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int j = key0 + 8 * half;
-            if (j < bs.n[qd]) slot[qd * row_stride + j] = mine[half];
-          }
-        }
-      }
-      loads_before += my_tiles;
+      idxwg::score_run<DI, false>(d, qi, w_eff, &key_map, base, w_s, nullptr, full, bs, run, t0, n_run, seg_row0,
+                                  slot, row_stride, loads_before, acc,
+                                  [] { named_barrier_sync(kBarScoring, kScoreThreads); }, [](int) {},
+                                  [](int, int) {});
     }
     // The block's scores (global) and state (shared) to the selecting warps.
     __threadfence_block();
