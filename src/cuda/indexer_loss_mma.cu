@@ -158,6 +158,20 @@ __device__ __forceinline__ void head_sum_to(const float (&v)[2][4], int lane, fl
     }
 }
 
+// The predictor's (max, sum) of the warp's lanes merged by an xor butterfly, natural log;
+// lane 0's result is the one kept (a partner pair may round its fma differently).
+__device__ __forceinline__ void merge_lse_lanes(float& m, float& l) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
+    const float mn = fmaxf(m, mo);
+    if (mn != -INFINITY) {
+      l = l * expf(m - mn) + lo * expf(mo - mn);
+      m = mn;
+    }
+  }
+}
+
 enum class Teach { none, stats, mass };
 
 // kMaxGroups: 1 (up to 64 heads) or kGroups (past 64 heads); the one-group instance keeps the
@@ -221,15 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       macc += v.x;
     }
     const float tsum = __shfl_sync(0xffffffffu, fmaxf(warp_sum(macc), FLT_MIN), 0);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float mo = __shfl_xor_sync(0xffffffffu, lm, o), lo = __shfl_xor_sync(0xffffffffu, ll, o);
-      const float mn = fmaxf(lm, mo);
-      if (mn != -INFINITY) {
-        ll = ll * expf(lm - mn) + lo * expf(mo - mn);
-        lm = mn;
-      }
-    }
+    merge_lse_lanes(lm, ll);
     // Lane 0's, as scal[1]: the butterfly's two partners may round their fma differently.
     const float lse = __shfl_sync(0xffffffffu, lm + logf(ll), 0);
     float row_kl = 0.0f;
@@ -685,15 +691,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       for (int h = 0; h < groups * kHeads; ++h) tsum += ratio_s[h];
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float mo = __shfl_xor_sync(0xffffffffu, im, o), lo = __shfl_xor_sync(0xffffffffu, il, o);
-      const float mn = fmaxf(im, mo);
-      if (mn != -INFINITY) {
-        il = il * expf(im - mn) + lo * expf(mo - mn);
-        im = mn;
-      }
-    }
+    merge_lse_lanes(im, il);
     if (lane == 0) {
       scal[0] = fmaxf(tsum, FLT_MIN);
       scal[1] = im + logf(il);
