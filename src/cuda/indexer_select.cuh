@@ -109,7 +109,7 @@ __device__ void find_bin(const unsigned* hist, int bins, int need, SelectShared&
   const int lo = G::tid() * per;
   int local = 0;
   if constexpr (G::kOneWarp) {  // per is a power of two (bins and kThreads are)
-#pragma unroll 8  // (fully unrolled, 64 loads in flight spill the 72-register warps)
+#pragma unroll 8  // (fully unrolled, its 64 loads in flight spilled the selecting warps)
     for (int i = 0; i < per; ++i) local += static_cast<int>(hist[lo + ((i + G::tid()) & (per - 1))]);
   } else {
     for (int i = 0; i < per; ++i) local += static_cast<int>(hist[lo + i]);
@@ -177,10 +177,10 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
 
 // Selects the top K of scores[0..n) (n > K; scores 16-byte aligned) and writes their ids in
 // ascending order to out[0..K). hist (kBins entries, shared) holds on entry the histogram of
-// digit0 over all n keys (built while scoring, or by digit_histogram's kAll); it is overwritten. kScores: the selected ids'
-// scores too, out_scores[k * score_stride] beside out[k] (a compile-time choice: a null test
-// at run time made the select of the instances without scores 4.6% slower, 3-6% of the
-// indexer, H100 2026-12-06).
+// digit0 over all n keys (built while scoring, or by digit_histogram's kAll); it is
+// overwritten. kScores: the selected ids' scores too, out_scores[k * score_stride] beside
+// out[k] (a compile-time choice: a null test at run time made the select of the instances
+// without scores 4.6% slower, 3-6% of the indexer, H100 2026-12-06).
 template <class G, bool kScores = false>
 __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* hist,
                                   SelectShared& sh, std::int32_t* out, bool odd_chunks = false,

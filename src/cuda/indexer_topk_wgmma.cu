@@ -41,6 +41,7 @@ namespace csattn::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // two warpgroups
+static_assert(kThreads == idxwg::kScoreThreads, "score_run's threads are the whole CTA");
 using idxwg::kKeys;
 using idxwg::kRows;
 using idxwg::kStages;

@@ -43,7 +43,7 @@ using idxwg::kRows;
 using idxwg::kStages;
 using idxwg::Layout;
 
-constexpr int kScoreThreads = 256;   // warpgroups 0 and 1
+constexpr int kScoreThreads = idxwg::kScoreThreads;  // warpgroups 0 and 1 (score_run's)
 constexpr int kSelectThreads = 128;  // warpgroup 2: warp 8 + r selects row r of a block
 constexpr int kThreads = kScoreThreads + kSelectThreads;
 static_assert(kSelectThreads / 32 == kRows, "one selecting warp a row");

@@ -19,6 +19,7 @@ constexpr int kCols = kRows * kHeads; // the wgmma N
 static_assert(kCols == 256, "one m64n256 wgmma covers the CTA's rows");
 constexpr int kKeys = 64;             // keys per tile (the wgmma M)
 constexpr int kStages = 3;            // per scoring warpgroup
+constexpr int kScoreThreads = 256;    // the two scoring warpgroups, threads 0-255 of the CTA
 
 template <int DI>
 struct Layout {  // byte offsets from the 1024-aligned base
@@ -92,7 +93,7 @@ __device__ __forceinline__ void score_run(const LayerDims& d, const bf16* qi, co
                                           float (&acc)[128], Both both, StampRun stamp_run,
                                           StampTile stamp_tile) {
   using L = Layout<DI>;
-  constexpr int kChunks = DI / 8, kSteps = DI / 16, kScoreThreads = 256;
+  constexpr int kChunks = DI / 8, kSteps = DI / 16;
   const int HI = d.index_heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wtid = tid & 127;
