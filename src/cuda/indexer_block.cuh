@@ -107,17 +107,8 @@ __device__ void select_block(const LayerDims& d, unsigned selecting, const Share
         float4* mine = reinterpret_cast<float4*>(stage + static_cast<long>(i) * stage_floats);
         const float4* from = reinterpret_cast<const float4*>(scores);
         const int n4 = (n + 3) / 4;
-        // Four loads in flight a thread before their stores (the pointers may alias as far as
-        // the compiler knows: one at a time would cost a whole L2 pass in latency).
-        for (int j = G::tid(); j < n4; j += 4 * G::kThreads) {
-          float4 v[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            if (j + k * G::kThreads < n4) v[k] = from[j + k * G::kThreads];
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            if (j + k * G::kThreads < n4) mine[j + k * G::kThreads] = v[k];
-        }
+        // Four loads in flight a thread before their stores.
+        idxsel::for_each_float4<4>(from, G::tid(), n4, G::kThreads, [&](int j, const float4& v) { mine[j] = v; });
         G::sync();
         scores = reinterpret_cast<const float*>(mine);
       }

@@ -129,6 +129,23 @@ __device__ void find_bin(const unsigned* hist, int bins, int need, SelectShared&
   G::sync();
 }
 
+// Calls f(i, src[i]) for i = first, first + step, ... below end, in that order, with kAhead
+// loads issued before the first of their calls. Where f stores (atomics, ids, a copy), the
+// compiler cannot move the next load above it (the pointers may alias as far as it knows):
+// one load at a time, a pass over a row in L2 is a chain of latencies.
+template <int kAhead, class F>
+__device__ __forceinline__ void for_each_float4(const float4* src, int first, int end, int step, F&& f) {
+  for (int i0 = first; i0 < end; i0 += kAhead * step) {
+    float4 v[kAhead];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k)
+      if (i0 + k * step < end) v[k] = src[i0 + k * step];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k)
+      if (i0 + k * step < end) f(i0 + k * step, v[k]);
+  }
+}
+
 // Histogram of the digit at `shift` (bits wide) of the keys whose bits above shift + bits
 // equal `prefix`'s; hist (kBins entries) is zeroed here first. kAll: every key counts (the
 // first digit, where the scoring did not count it: the prefix test would shift by 32).
@@ -151,15 +168,7 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
     }
   };
   if constexpr (G::kOneWarp) {  // four loads in flight a lane (WarpThreads)
-    for (int i0 = G::tid(); i0 < n4; i0 += 4 * G::kThreads) {
-      float4 v[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (i0 + k * G::kThreads < n4) v[k] = s4[i0 + k * G::kThreads];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (i0 + k * G::kThreads < n4) count(i0 + k * G::kThreads, v[k]);
-    }
+    for_each_float4<4>(s4, G::tid(), n4, G::kThreads, count);
   } else {  // (as measured for the other groups: written out, the lambda changed their code)
     for (int i = G::tid(); i < n4; i += G::kThreads) {
       const float4 v = s4[i];
@@ -236,16 +245,10 @@ __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* h
       }
     }
   };
-  if constexpr (G::kOneWarp) {  // four loads in flight a lane, written in id order
-    for (int j0 = lo; j0 < hi; j0 += 16) {
-      float4 v[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (j0 + 4 * k < hi) v[k] = *reinterpret_cast<const float4*>(scores + j0 + 4 * k);
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (j0 + 4 * k < hi) write(j0 + 4 * k, v[k]);
-    }
+  if constexpr (G::kOneWarp) {  // four loads in flight a lane, written in id order (lo and hi
+                                // are multiples of 4 but for hi = n, or lo = hi = n: empty)
+    for_each_float4<4>(reinterpret_cast<const float4*>(scores), (lo + 3) / 4, (hi + 3) / 4, 1,
+                       [&](int i, const float4& v) { write(4 * i, v); });
   } else {  // (as measured for the other groups: written out, the lambda changed their code)
     for (int j = lo; j < hi; j += 4) {
       const float4 v = *reinterpret_cast<const float4*>(scores + j);
