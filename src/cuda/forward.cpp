@@ -95,9 +95,9 @@ void forward_selection(const ForwardParams& p, cudaStream_t stream) {
 }
 
 bool loss_logits_from_selection(const ForwardParams& p) {
-  return p.act.loss_kept != nullptr && !p.forced_topk && p.dims.ratio == 4 &&
-         (indexer_kernel_for(p.dims) == IndexerKernel::wgmma ||
-          indexer_kernel_for(p.dims) == IndexerKernel::wgmma_overlap);
+  if (p.act.loss_kept == nullptr || p.forced_topk || p.dims.ratio != 4) return false;
+  const IndexerKernel k = indexer_kernel_for(p.dims);
+  return k == IndexerKernel::wgmma || k == IndexerKernel::wgmma_overlap;
 }
 
 void forward_attention(const ForwardParams& p, cudaStream_t stream) {

@@ -57,8 +57,8 @@ void forward_selection(const ForwardParams& p, cudaStream_t stream);
 // logits (act.loss_kept), which the forward's loss launch then takes as its predictor logits
 // instead of recomputing them (CSA forward at 64K tokens 84.4 -> 79.5 ms on an H100, perf.md
 // fifteenth session): where the loss
-// keeps values, the selection runs (no forced top-k) and on the wgmma indexer, the only one
-// that writes them. The selection and the loss launch both ask, so they agree.
+// keeps values, the selection runs (no forced top-k) and on a wgmma indexer (the two-
+// warpgroup or the overlapped kernel), the ones that write them. The selection and the loss launch both ask, so they agree.
 bool loss_logits_from_selection(const ForwardParams& p);
 // Sparse attention (attn, lse), then the inverse RoPE and the output projections (y).
 void forward_attention(const ForwardParams& p, cudaStream_t stream);

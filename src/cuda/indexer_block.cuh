@@ -28,28 +28,30 @@ __device__ __forceinline__ int visible(const LayerDims& d, const DeviceMetadata&
   return meta.row_is_padding[t] ? 0 : min((meta.row_position[t] + 1) / d.ratio, seg_entries);
 }
 
-// Takes the CTA's next block (false, for every thread, when none is left). Otherwise t0 is
-// its first row, sh.seg / sh.n hold its rows, the rows' histograms ([kRows, kBins]) are zero,
-// the rows with n <= K are written (ids 0..n-1, then -1), and the result mask has the rows
-// left to score and select.
-template <int kThreads>
-__device__ bool next_block(const LayerDims& d, const DeviceMetadata& meta, unsigned* counter,
-                           std::int32_t* topk, unsigned* hist, Shared& sh, int& t0, unsigned& todo) {
-  const int tid = threadIdx.x, K = d.topk;
+// Block `ticket`'s first row: the tickets go to the longest rows first (a short tail).
+__device__ __forceinline__ int block_first_row(const LayerDims& d, int ticket) {
   const int blocks = (d.rows + kRows - 1) / kRows;
-  if (tid == 0) sh.ticket = static_cast<int>(atomicAdd(counter, 1u));
-  __syncthreads();
-  const int ticket = sh.ticket;
-  if (ticket >= blocks) return false;
-  t0 = (blocks - 1 - ticket) * kRows;  // the longest rows first: a short tail
+  return (blocks - 1 - ticket) * kRows;
+}
+
+// Thread tid < kRows records row t0 + tid's segment and visible count in sh (the caller's
+// barrier follows).
+__device__ __forceinline__ void block_rows(const LayerDims& d, const DeviceMetadata& meta, int tid, int t0,
+                                           Shared& sh) {
   if (tid < kRows) {
     const int t = t0 + tid;
     sh.seg[tid] = t < d.rows ? meta.row_segment[t] : -1;
     sh.n[tid] = t < d.rows ? visible(d, meta, t, sh.seg[tid]) : 0;
   }
-  for (int i = tid; i < kRows * idxsel::kBins; i += kThreads) hist[i] = 0u;
-  __syncthreads();
-  todo = 0;
+}
+
+// After block_rows and a barrier: the rows with n <= K written at once (ids 0..n-1, then -1)
+// by the kThreads threads from tid, and the mask of the rows left to score and select.
+template <int kThreads>
+__device__ __forceinline__ unsigned block_todo(const LayerDims& d, int tid, int t0, const Shared& sh,
+                                               std::int32_t* topk) {
+  const int K = d.topk;
+  unsigned todo = 0;
   for (int i = 0; i < kRows; ++i)
     if (sh.n[i] > K) todo |= 1u << i;
   for (int i = 0; i < kRows; ++i) {
@@ -57,6 +59,27 @@ __device__ bool next_block(const LayerDims& d, const DeviceMetadata& meta, unsig
     std::int32_t* out = topk + static_cast<long>(t0 + i) * K;
     for (int k = tid; k < K; k += kThreads) out[k] = k < sh.n[i] ? k : -1;
   }
+  return todo;
+}
+
+// Takes the CTA's next block (false, for every thread, when none is left). Otherwise t0 is
+// its first row, sh.seg / sh.n hold its rows, the rows' histograms ([kRows, kBins]) are zero,
+// the rows with n <= K are written (ids 0..n-1, then -1), and the result mask has the rows
+// left to score and select.
+template <int kThreads>
+__device__ bool next_block(const LayerDims& d, const DeviceMetadata& meta, unsigned* counter,
+                           std::int32_t* topk, unsigned* hist, Shared& sh, int& t0, unsigned& todo) {
+  const int tid = threadIdx.x;
+  const int blocks = (d.rows + kRows - 1) / kRows;
+  if (tid == 0) sh.ticket = static_cast<int>(atomicAdd(counter, 1u));
+  __syncthreads();
+  const int ticket = sh.ticket;
+  if (ticket >= blocks) return false;
+  t0 = block_first_row(d, ticket);
+  block_rows(d, meta, tid, t0, sh);
+  for (int i = tid; i < kRows * idxsel::kBins; i += kThreads) hist[i] = 0u;
+  __syncthreads();
+  todo = block_todo<kThreads>(d, tid, t0, sh, topk);
   return true;
 }
 

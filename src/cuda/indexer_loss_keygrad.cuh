@@ -27,12 +27,11 @@ __device__ __forceinline__ void store_key_grad(const KeyGradSink& s, int t, int 
       make_float2(v0, v1);
 }
 
-// Fast mode by whole 128-byte lines (the tensor-core kernel's flush; 1.5-4% faster than its
-// float2 atomics, perf.md fifteenth session): a warp's 8 keys x 32 dims, lane (g, q) holding dims dim0 + 8 n + 2 q (+1)
-// of key g (the mma.sync C layout) at v[n], go through `stage` (line_stage.cuh: 1 KB of this
-// warp's shared memory) and leave as 4 keys x 128 contiguous bytes a red.global.add.v4
-// instead of float2 atomics over 8 keys x 32 bytes an instruction (the attention backward's
-// flush_dk_lines, the same staging, made that kernel 17-31% faster). key_row: this lane's key
+// Fast mode by whole 128-byte lines (the tensor-core kernel's flush): a warp's 8 keys x 32
+// dims, lane (g, q) holding dims dim0 + 8 n + 2 q (+1) of key g (the mma.sync C layout) at
+// v[n], go through `stage` (line_stage.cuh: 1 KB of this warp's shared memory) and leave as
+// 4 keys x 128 contiguous bytes a red.global.add.v4 instead of float2 atomics over 8 keys x
+// 32 bytes an instruction: 1.5-4% faster gradient launches (perf.md fifteenth session). key_row: this lane's key
 // g, -1 for none (all lanes call it; such keys add nothing). dim0: a multiple of 32 (the 128
 // bytes are one aligned line).
 __device__ __forceinline__ void add_key_grads_lines(const KeyGradSink& s, int key_row, int dim0,

@@ -158,6 +158,17 @@ __device__ __forceinline__ void head_sum_to(const float (&v)[2][4], int lane, fl
     }
 }
 
+// One logit x into a running (max m, sum l) of exp, natural log: the predictor's LSE, key by
+// key in the order its pass takes them.
+__device__ __forceinline__ void lse_add(float& m, float& l, float x) {
+  const float mn = fmaxf(m, x);
+  l = l * expf(m - mn) + expf(x - mn);
+  m = mn;
+}
+
+// The KL term of a candidate: teacher probability tj against the predictor's log-probability.
+__device__ __forceinline__ float kl_term(float tj, float logp) { return tj * (logf(fmaxf(tj, 1e-10f)) - logp); }
+
 // The predictor's (max, sum) of the warp's lanes merged by an xor butterfly, natural log;
 // lane 0's result is the one kept (a partner pair may round its fma differently).
 __device__ __forceinline__ void merge_lse_lanes(float& m, float& l) {
@@ -221,17 +232,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // in the order of the logits_given branch and the final pass below, lane 0's sums shared
   // as scal[] shares them: the same bits in the loss row and in `kept`. The row's top-k ids
   // are not read: the caller's contract (backward_kernels.hpp, kGivenLight).
-  if ((given_flags & kGivenLight) && (given_flags & kGivenLogits) && (given_flags & kGivenMasses) && !grads &&
-      a.sparse && kept_buf != nullptr && a.lse != nullptr && vis > d.topk) {
+  if ((given_flags & kGivenLight) && !grads && a.sparse && kept_buf != nullptr && vis > d.topk) {
     if (warp != 0) return;
     const float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
     float lm = -INFINITY, ll = 0.0f, macc = 0.0f;
 #pragma unroll 8  // (loads only: eight (mass, logit) pairs in flight a lane)
     for (int j = lane; j < d.topk; j += 32) {
       const float2 v = *reinterpret_cast<const float2*>(kc + 2 * j);
-      const float mn = fmaxf(lm, v.y);
-      ll = ll * expf(lm - mn) + expf(v.y - mn);
-      lm = mn;
+      lse_add(lm, ll, v.y);
       macc += v.x;
     }
     const float tsum = __shfl_sync(0xffffffffu, fmaxf(warp_sum(macc), FLT_MIN), 0);
@@ -244,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float2 v = *reinterpret_cast<const float2*>(kc + 2 * j);
       const float tj = v.x / tsum;
       const float logp = fmaxf(v.y - lse, logf(FLT_MIN));  // the compact softmax's clamp
-      row_kl += tj * (logf(fmaxf(tj, 1e-10f)) - logp);
+      row_kl += kl_term(tj, logp);
     }
     row_kl = warp_sum(row_kl);
     if (lane == 0) {
@@ -490,9 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (!final_pass) {
               if (pred) {  // the predictor's pass (a later head group's mass pass has none)
                 if (a.sparse) logit_arr[j] = I;
-                const float mn = fmaxf(im, I);
-                il = il * expf(im - mn) + expf(I - mn);
-                im = mn;
+                lse_add(im, il, I);
               }
               if (store_mass && teach == Teach::mass) {  // head groups in order
                 mass_arr[j] = grp == 0 ? mass : mass_arr[j] + mass;
@@ -503,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               const float lp = I - scal[1];
               // The sparse predictor is the compact softmax, clamped at FLT_MIN like the CPU's.
               const float logp = a.sparse ? fmaxf(lp, logf(FLT_MIN)) : lp;
-              kl += tj * (logf(fmaxf(tj, 1e-10f)) - logp);
+              kl += kl_term(tj, logp);
               gk_s[lane] = grad_scale_s * (expf(lp) - tj);
             }
           } else if (final_pass) {
@@ -635,10 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The predictor's LSE as its pass forms it: key j on lane j % 32, in order.
     if (warp == 0)
       for (int j = lane; j < n; j += 32) {
-        const float I = logit_arr[j];
-        const float mn = fmaxf(im, I);
-        il = il * expf(im - mn) + expf(I - mn);
-        im = mn;
+        lse_add(im, il, logit_arr[j]);
         tacc += mass_arr[j];
       }
   } else if (given) {

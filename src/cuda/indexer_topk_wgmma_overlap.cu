@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_barrier_sync(kBarScored0 + p, kThreads);  // copy p and its slot hold attempt a
       const int ticket = sh[p].ticket;
       if (ticket >= blocks) break;  // the scoring warpgroups found no block: done
-      const int t0 = (blocks - 1 - ticket) * kRows, n = sh[p].n[r];
+      const int t0 = idxblock::block_first_row(d, ticket), n = sh[p].n[r];
       if (n > K) {  // scored (n <= K: the scoring threads wrote the row's ids)
         const float* scores = slot_of(p) + r * row_stride;
         unsigned* h = hist + r * idxsel::kBins;
@@ -146,22 +146,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (attempt >= 1) named_barrier_sync(kBarFree0 + (p ^ 1), kThreads);
       return;
     }
-    // The block (idxblock::next_block without the histograms): the longest rows first.
-    const int t0 = (blocks - 1 - ticket) * kRows;
-    if (tid < kRows) {
-      const int t = t0 + tid;
-      bs.seg[tid] = t < d.rows ? meta.row_segment[t] : -1;
-      bs.n[tid] = t < d.rows ? idxblock::visible(d, meta, t, bs.seg[tid]) : 0;
-    }
+    // The block (idxblock::next_block without the histograms: the selecting warp counts them).
+    const int t0 = idxblock::block_first_row(d, ticket);
+    idxblock::block_rows(d, meta, tid, t0, bs);
     named_barrier_sync(kBarScoring, kScoreThreads);
-    unsigned todo = 0;
-    for (int i = 0; i < kRows; ++i)
-      if (bs.n[i] > K) todo |= 1u << i;
-    for (int i = 0; i < kRows; ++i) {  // every visible id at once where they fit
-      if (t0 + i >= d.rows || (todo >> i & 1u)) continue;
-      std::int32_t* out = topk + static_cast<long>(t0 + i) * K;
-      for (int k = tid; k < K; k += kScoreThreads) out[k] = k < bs.n[i] ? k : -1;
-    }
+    unsigned todo = idxblock::block_todo<kScoreThreads>(d, tid, t0, bs, topk);
     float* slot = slot_of(p);
 
     while (todo != 0u) {

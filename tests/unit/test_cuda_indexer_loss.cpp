@@ -73,6 +73,7 @@ struct Inputs {
   DeviceMetadata meta;
   IndexerLossArgs args;
   std::vector<int> host_vis;  // candidates per row (0: none)
+  std::vector<int> host_visible;  // visible compressed entries per row (0: padding)
   std::vector<char> host_drop;  // the row's top-k holds an id the loss drops (not yet visible)
 
   explicit Inputs(const LossCase& c) {
@@ -116,12 +117,14 @@ struct Inputs {
     // ascending, then -1; padding rows all -1.
     std::vector<std::int32_t> sel(static_cast<std::size_t>(T) * c.topk, -1);
     host_vis.assign(T, 0);
+    host_visible.assign(T, 0);
     host_drop.assign(T, 0);
     for (int b = 0; b < B; ++b)
       for (int pos = 0; pos < c.padded[b]; ++pos) {
         const int t = cp[b] + pos;
         if (pos >= c.real[b]) continue;
         const int count = c.padded[b] / 4, vis = std::min((pos + 1) / 4, count);
+        host_visible[t] = vis;
         std::int32_t* row = sel.data() + static_cast<std::size_t>(t) * c.topk;
         std::vector<int> ids(vis);
         std::iota(ids.begin(), ids.end(), 0);
@@ -597,12 +600,7 @@ TEST(CudaIndexerLoss, ValueLaunchTakesTheSelectionsLogits) {
     // selects by radix, so the ones whose scores it writes).
     std::vector<char> given(T, 0);
     int n_given = 0;
-    for (std::size_t b = 0, t0 = 0; b < c.real.size(); t0 += c.padded[b], ++b)
-      for (int pos = 0; pos < c.real[b]; ++pos) {
-        const int vis = std::min((pos + 1) / 4, c.padded[b] / 4);
-        given[t0 + pos] = vis > K;
-        n_given += vis > K;
-      }
+    for (int t = 0; t < T; ++t) n_given += given[t] = in.host_visible[t] > K;
     ASSERT_GT(n_given, 0);
     ASSERT_LT(n_given, T);
     const std::size_t kept_floats = static_cast<std::size_t>(T) * (K + 1) * 2;
@@ -690,14 +688,9 @@ TEST(CudaIndexerLoss, LightRowsTakeTheirKlFromKept) {
     SCOPED_TRACE(c.name);
     Inputs in(c);
     const int T = in.d.rows, K = in.d.topk;
-    std::vector<char> light(T, 0);
+    std::vector<char> light(T, 0);  // the rows the indexer selects by radix
     int n_light = 0;
-    for (std::size_t b = 0, t0 = 0; b < c.real.size(); t0 += c.padded[b], ++b)
-      for (int pos = 0; pos < c.real[b]; ++pos) {
-        const int vis = std::min((pos + 1) / 4, c.padded[b] / 4);
-        light[t0 + pos] = vis > K;
-        n_light += vis > K;
-      }
+    for (int t = 0; t < T; ++t) n_light += light[t] = in.host_visible[t] > K;
     ASSERT_GT(n_light, 0);
     ASSERT_LT(n_light, T);
     const std::size_t kept_floats = static_cast<std::size_t>(T) * (K + 1) * 2;
@@ -737,7 +730,9 @@ TEST(CudaIndexerLoss, LightRowsTakeTheirKlFromKept) {
     const std::vector<float> kp = kept_plain.download(), kl = kept_light.download();
     for (int t = 0; t < T; ++t) {
       const std::size_t sums = (static_cast<std::size_t>(T) * K + t) * 2;
-      if (light[t]) ASSERT_TRUE(std::isfinite(lit[t]) && lit[t] > 0.0f) << "row " << t << ": " << lit[t];
+      if (light[t]) {
+        ASSERT_TRUE(std::isfinite(lit[t]) && lit[t] > 0.0f) << "row " << t << ": " << lit[t];
+      }
       EXPECT_EQ(std::memcmp(&lit[t], &plain[t], sizeof(float)), 0)
           << "row " << t << (light[t] ? " (light)" : " (not light)") << ": " << lit[t] << " vs " << plain[t];
       if (in.host_vis[t] > 0) {  // the row sums the gradient launch reads
