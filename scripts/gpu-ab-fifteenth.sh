@@ -18,7 +18,7 @@
 # Here, first: scripts/prepare-device-deps.sh; call the device tool with carry: [".device"].
 set -uo pipefail
 O=${OUT:-$PWD/out}
-parts=" ${AB_PARTS:-o} "
+parts=" ${AB_PARTS:-l} "
 has() { [[ "$parts" == *" $1 "* ]]; }
 rc=0
 # ab_part <dir> <variable> <candidate value> <gtest filter> <sections> [VAR=value ...for the

@@ -209,8 +209,8 @@ bool indexer_loss_mma_supported(const LayerDims& d);
 // given: what `kept` already holds for the value launch's rows with the forward's LSE -
 // kGivenMasses (the wgmma teacher ran), kGivenLogits (the indexer wrote the selected ids'
 // scores as the predictor logits, for the rows with more visible entries than top-k);
-// kGivenLight (a candidate; set only with both, after the wgmma teacher, so the forward's LSE
-// is there; the sparse loss): warp 0 forms those rows' KL from
+// kGivenLight (set only with both, after the wgmma teacher, so the forward's LSE is there;
+// the sparse loss): warp 0 forms those rows' KL from
 // `kept` alone (indexer_loss_mma.cu) without reading their top-k ids - the caller's contract
 // is that each such row holds K visible ids (no -1, none >= its visible count), as the
 // indexer's own selection does (the only caller: the layer's forward, logits_kept).

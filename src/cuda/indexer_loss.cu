@@ -325,9 +325,8 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
     if (!grads && loss) CSATTN_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), stream));
     return;
   }
-  // CSATTN_INDEXER_LOSS=baseline asks for the CUDA-core kernel (benchmarks, bisecting);
-  // =light, a candidate: the given-logits rows' KL by one warp from `kept` (kGivenLight).
-  static const std::string loss_env = kernel_switch("CSATTN_INDEXER_LOSS", {"baseline", "light"});
+  // CSATTN_INDEXER_LOSS=baseline asks for the CUDA-core kernel (benchmarks, bisecting).
+  static const std::string loss_env = kernel_switch("CSATTN_INDEXER_LOSS", {"baseline"});
   const bool force_baseline = loss_env == "baseline";
   const bool mma = kernel == IndexerLossKernel::tensor_core ||
                    (kernel == IndexerLossKernel::automatic && !force_baseline &&
@@ -340,8 +339,8 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                          a.sparse && a.lse != nullptr && kept != nullptr && a.chunk.r0 == 0 &&
                          a.chunk.rows < 0 && indexer_teacher_wgmma_supported(d);
     if (teacher) launch_indexer_teacher_wgmma(d, meta, a, kept, stream, logits_kept);
-    const int light = loss_env == "light" ? kGivenLight : 0;
-    const int given = teacher ? kGivenMasses | (logits_kept ? kGivenLogits | light : 0) : 0;
+    // Rows with given masses and logits take their KL from `kept` alone (kGivenLight).
+    const int given = teacher ? kGivenMasses | (logits_kept ? kGivenLogits | kGivenLight : 0) : 0;
     launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff, dkeys_acc,
                                  kept, given, stream);
   } else {

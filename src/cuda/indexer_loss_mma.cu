@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int vis = meta.row_is_padding[t]
                       ? 0
                       : min((pos + 1) / d.ratio, meta.comp_start[b + 1] - meta.comp_start[b]);
-  // kGivenLight (a candidate, CSATTN_INDEXER_LOSS=light): a value-launch row whose masses and
+  // kGivenLight: a value-launch row whose masses and
   // logits are both given (the layer's rows with more visible entries than K: the indexer's
   // K ids, all visible) needs only its KL from `kept` - warp 0 forms it there and the CTA
   // leaves, skipping the candidates' compaction, qI's load and the final pass's tile loop

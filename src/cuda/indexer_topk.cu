@@ -310,12 +310,12 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
 }
 
 IndexerKernel indexer_kernel_for(const LayerDims& d) {
-  static const std::string env = kernel_switch("CSATTN_INDEXER", {"tiled", "mma1", "baseline", "overlap"});
+  static const std::string env = kernel_switch("CSATTN_INDEXER", {"wgmma", "tiled", "mma1", "baseline"});
   if (env == "baseline") return IndexerKernel::baseline;
-  if (env == "overlap" && indexer_tiled_supported(d)) return IndexerKernel::wgmma_overlap;
   if (env == "mma1") return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
   if (env == "tiled" && indexer_tiled_supported(d)) return IndexerKernel::tiled;
-  if (indexer_tiled_supported(d)) return IndexerKernel::wgmma;
+  if (env == "wgmma" && indexer_tiled_supported(d)) return IndexerKernel::wgmma;
+  if (indexer_tiled_supported(d)) return IndexerKernel::wgmma_overlap;
   return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
 }
 
