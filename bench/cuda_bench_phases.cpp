@@ -193,12 +193,15 @@ json attention_backward_phases_case(int heads, int topk, int keys, int queries) 
   return j;
 }
 
-// The wgmma indexer's phases: per warpgroup the mean cycles of each phase per key tile over
-// the stamped block's first run (its 4 query rows against their visible compressed keys),
-// and the block's set-up, scoring and selection. Flash CSA geometry (64 heads x 128, top-512),
-// one sequence of `tokens` rows with random operands.
+// The wgmma indexers' phases, Flash CSA geometry (64 heads x 128, top-512), one sequence of
+// `tokens` rows with random operands. The two-warpgroup kernel: per warpgroup the mean cycles
+// of each phase per key tile over the stamped block's first run (its 4 query rows against
+// their visible compressed keys), and the block's set-up, scoring and selection. The
+// overlapped kernel (the default): per block, where its scoring and selecting sides spend
+// their time (IndexerOverlapTotals), means over the CTAs.
 json indexer_phases_case(int tokens) {
   using Stamps = IndexerStamps;
+  using Totals = cuda::IndexerOverlapTotals;
   AttentionConfig cfg = ModelConfig::preset("flash").base;
   cfg.compress_ratio = 4;
   const int T = tokens, Nc = tokens / 4, HI = cfg.index_n_heads, DI = cfg.index_head_dim;
@@ -217,10 +220,12 @@ json indexer_phases_case(int tokens) {
   for (std::size_t i = 0; i < wh.size(); ++i) wh[i] = (i % 7 == 3 ? -0.5f : 1.0f) / 64.0f;
   CSATTN_CUDA_CHECK(cudaMemcpy(w_eff.base, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
   const cuda::DeviceMetadata m = upload_one_sequence_metadata(meta_buf.base, T, T, Nc, 0);
+  const auto* q_ptr = static_cast<const bf16*>(qi.base);
+  const auto* w_ptr = static_cast<const float*>(w_eff.base);
+  const auto* k_ptr = static_cast<const bf16*>(keys.base);
+  auto* ids = static_cast<std::int32_t*>(topk.base);
   auto launch = [&](unsigned* stamps) {
-    cuda::launch_indexer_topk_wgmma(d, m, static_cast<const bf16*>(qi.base), static_cast<const float*>(w_eff.base),
-                                    static_cast<const bf16*>(keys.base), static_cast<std::int32_t*>(topk.base),
-                                    scratch.base, nullptr, stamps);
+    cuda::launch_indexer_topk_wgmma(d, m, q_ptr, w_ptr, k_ptr, ids, scratch.base, nullptr, stamps);
   };
   launch(nullptr);  // warm-up
   const std::vector<unsigned> h = stamps_of(Stamps::count(), launch);
@@ -238,6 +243,42 @@ json indexer_phases_case(int tokens) {
     for (int p = 0; p < 3; ++p) w["block_cycles"][block_names[p]] = pm.extra[p];
     j[wg == 0 ? "wg0" : "wg1"] = w;
   }
+
+  // The overlapped kernel's totals (a warm-up launch first; zeroed: CTAs past the grid stay 0).
+  cuda::DeviceArena totals_buf;
+  auto* totals = reinterpret_cast<unsigned long long*>(totals_buf.reserve(sizeof(unsigned long long) * Totals::size()));
+  auto launch_overlap = [&](unsigned long long* t) {
+    cuda::launch_indexer_topk_wgmma_overlap(d, m, q_ptr, w_ptr, k_ptr, ids, scratch.base, nullptr, {}, t);
+  };
+  launch_overlap(nullptr);
+  CSATTN_CUDA_CHECK(cudaMemset(totals, 0, sizeof(unsigned long long) * Totals::size()));
+  launch_overlap(totals);
+  CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> t(static_cast<std::size_t>(Totals::size()));
+  CSATTN_CUDA_CHECK(cudaMemcpy(t.data(), totals, sizeof(unsigned long long) * t.size(), cudaMemcpyDeviceToHost));
+  double blocks = 0, scoring_side[3] = {}, rows[Totals::rows][4] = {};
+  for (int c = 0; c < Totals::ctas; ++c) {
+    const unsigned long long* x = t.data() + static_cast<long>(c) * Totals::slots;
+    blocks += static_cast<double>(x[Totals::blocks]);
+    for (int k = 0; k < 3; ++k) scoring_side[k] += static_cast<double>(x[Totals::free_wait + k]);
+    for (int r = 0; r < Totals::rows; ++r)
+      for (int k = 0; k < Totals::row_slots; ++k) rows[r][k] += static_cast<double>(x[Totals::row_slot(r, k)]);
+  }
+  json o{{"blocks", blocks}};
+  if (blocks > 0) {  // none on a card of more SMs (the two-warpgroup kernel ran)
+    static const char* const side_names[3] = {"ticket + free wait", "setup", "scoring"};
+    for (int k = 0; k < 3; ++k) o["scoring_side_cycles_per_block"][side_names[k]] = scoring_side[k] / blocks;
+    for (int r = 0; r < Totals::rows; ++r) {
+      json w{{"selected_blocks", rows[r][Totals::selected]},
+             {"scored_wait_per_block", rows[r][Totals::scored_wait] / blocks}};
+      if (rows[r][Totals::selected] > 0) {
+        w["count_per_selected_block"] = rows[r][Totals::count] / rows[r][Totals::selected];
+        w["select_per_selected_block"] = rows[r][Totals::select] / rows[r][Totals::selected];
+      }
+      o["select_rows"].push_back(w);
+    }
+  }
+  j["overlap"] = o;
   return j;
 }
 
@@ -259,6 +300,23 @@ json indexer_phases() {
     std::printf("      block: to queries ready %.0f, scoring %.0f, selection %.0f (%ld blocks)\n",
                 w["block_cycles"]["to queries ready"].get<double>(), w["block_cycles"]["scoring"].get<double>(),
                 w["block_cycles"]["selection"].get<double>(), w["blocks"].get<long>());
+  }
+  const json& o = j["overlap"];
+  if (o["blocks"].get<double>() > 0) {
+    const json& s = o["scoring_side_cycles_per_block"];
+    std::printf("overlapped kernel (the default), cycles a block over all %.0f blocks:\n", o["blocks"].get<double>());
+    std::printf("  scoring warpgroups | ticket + free wait %.0f | setup %.0f | scoring %.0f\n",
+                s["ticket + free wait"].get<double>(), s["setup"].get<double>(), s["scoring"].get<double>());
+    for (std::size_t r = 0; r < o["select_rows"].size(); ++r) {
+      const json& w = o["select_rows"][r];
+      std::printf("  selecting warp %zu   | scored wait %.0f a block", r, w["scored_wait_per_block"].get<double>());
+      if (w.contains("count_per_selected_block"))
+        std::printf(" | per selected block (%.0f): first-digit count %.0f, select %.0f", w["selected_blocks"].get<double>(),
+                    w["count_per_selected_block"].get<double>(), w["select_per_selected_block"].get<double>());
+      std::printf("\n");
+    }
+  } else {
+    std::printf("overlapped kernel: not run (more multiprocessors than its slots; the two-warpgroup kernel ran)\n");
   }
   return j;
 }

@@ -17,10 +17,12 @@ void launch_indexer_topk_wgmma(const LayerDims& d, const DeviceMetadata& meta, c
                                void* scratch, cudaStream_t stream,
                                unsigned* phase_stamps = nullptr, const SelectedScores& scores = {});
 // The wgmma indexer with a third warpgroup selecting block b while the other two score block
-// b + 1 (indexer_topk_wgmma_overlap.cu; a candidate): the same ids and scores.
+// b + 1 (indexer_topk_wgmma_overlap.cu; the default where the tiled shapes hold): the same
+// ids and scores. totals: IndexerOverlapTotals (measurement only; without selected scores).
 void launch_indexer_topk_wgmma_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                                        const float* w_eff, const bf16* keys, std::int32_t* topk,
-                                       void* scratch, cudaStream_t stream, const SelectedScores& scores = {});
+                                       void* scratch, cudaStream_t stream, const SelectedScores& scores = {},
+                                       unsigned long long* totals = nullptr);
 
 // Measurement only (benchmarks): the wgmma indexer's phase_stamps, the multiprocessor's
 // 32-bit clock() with its lowest bit set (0 means "not reached"; subtract modulo 2^32),
@@ -36,6 +38,26 @@ void launch_indexer_topk_wgmma_overlap(const LayerDims& d, const DeviceMetadata&
 struct IndexerStamps {
   static constexpr int ctas = 132, block = 2, tiles = 64, phases = 6;
   static constexpr long count() { return static_cast<long>(ctas) * 2 * (tiles + 1) * phases; }
+};
+
+// Measurement only (benchmarks): the overlapped wgmma indexer's clock64() totals over the
+// whole launch, per CTA c < ctas at totals[c * slots + slot] (the caller zeroes them; a card
+// of more SMs takes the two-warpgroup kernel, which writes none). The scoring side (the CTA's
+// thread 0), summed over the blocks it scored: `blocks`; `free_wait` - from the top of an
+// attempt to its copy of the block state being free (the ticket's atomic and the wait for the
+// selection of the block two attempts back); `setup` - the block's rows and which of them to
+// score; `scoring` - its runs scored and handed over. The selecting warp of row r (lane 0),
+// at row_slot(r, .): `scored_wait` - waiting for a scored block (and the stop), `count` - the
+// first digit's histogram, `select` - the rest of the radix select and the id writes, over
+// the `selected` blocks whose row r had more visible entries than top-k.
+struct IndexerOverlapTotals {
+  static constexpr int ctas = 132;
+  enum Slot { blocks, free_wait, setup, scoring, first_row_slot };
+  enum RowSlot { scored_wait, count, select, selected, row_slots };
+  static constexpr int rows = 4;
+  static constexpr int slots = first_row_slot + rows * row_slots;
+  static constexpr int row_slot(int r, int s) { return first_row_slot + r * row_slots + s; }
+  static constexpr long size() { return static_cast<long>(ctas) * slots; }
 };
 
 }  // namespace csattn::cuda

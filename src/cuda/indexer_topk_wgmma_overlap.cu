@@ -59,13 +59,17 @@ static_assert(kScoreThreads * kScoreRegs + kSelectThreads * kSelectRegs <= kThre
 // kBarScored0 + p and kBarFree0 + p the hand-over of copy p (all threads of the CTA count).
 constexpr int kBarScoring = 3, kBarScored0 = 4, kBarFree0 = 6;
 
-template <int DI, bool kScores>
+// kTotals (measurement only): clock64() totals of where each side's time goes into `totals`
+// (IndexerOverlapTotals, indexer_topk_tiled.hpp); an instance of its own, so the measured
+// kernels carry none of it.
+template <int DI, bool kScores, bool kTotals>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_overlap_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                                       const bf16* keys, std::int32_t* topk, unsigned* counter,
-                                      float* slots, long row_stride,
+                                      float* slots, long row_stride, unsigned long long* totals,
                                       const __grid_constant__ CUtensorMap key_map, float* scores_out,
                                       int score_stride) {
+  using Totals = IndexerOverlapTotals;
   using L = Layout<DI>;
   extern __shared__ unsigned char smem_raw[];
   const std::uint32_t raw = smem_addr(smem_raw);
@@ -94,9 +98,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 2) {  // ---- selection: warp 8 + r takes row r of every scored block ----
     setmaxnreg_dec<kSelectRegs>();
     const int r = warp - 2 * 4;
+    // kTotals: this warp's sums (Totals::RowSlot order), written by lane 0 at the end.
+    unsigned long long sums[Totals::row_slots] = {};
+    [[maybe_unused]] long long mark = kTotals ? clock64() : 0;
+    auto add_since = [&](int what) {
+      if constexpr (kTotals) {
+        const long long now = clock64();
+        sums[what] += static_cast<unsigned long long>(now - mark);
+        mark = now;
+      }
+    };
     for (int attempt = 0;; ++attempt) {
       const int p = attempt & 1;
       named_barrier_sync(kBarScored0 + p, kThreads);  // copy p and its slot hold attempt a
+      add_since(Totals::scored_wait);
       const int ticket = sh[p].ticket;
       if (ticket >= blocks) break;  // the scoring warpgroups found no block: done
       const int t0 = idxblock::block_first_row(d, ticket), n = sh[p].n[r];
@@ -106,15 +121,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         std::int32_t* out = topk + static_cast<long>(t0 + r) * K;
         idxsel::digit_histogram<idxsel::WarpThreads, true>(scores, n, 0u, idxsel::kDigit1Bits + idxsel::kDigit2Bits,
                                                            idxsel::kDigit0Bits, h);
+        add_since(Totals::count);
         if constexpr (kScores)
           idxsel::select_topk_radix<idxsel::WarpThreads, true>(
               scores, n, K, h, sel[r], out, false, scores_out + static_cast<long>(t0 + r) * K * score_stride,
               score_stride);
         else
           idxsel::select_topk_radix<idxsel::WarpThreads>(scores, n, K, h, sel[r], out);
+        add_since(Totals::select);
+        if constexpr (kTotals) ++sums[Totals::selected];
       }
       __threadfence_block();
       named_barrier_arrive(kBarFree0 + p, kThreads);  // done with copy p and its slot
+    }
+    if constexpr (kTotals) {
+      if ((tid & 31) == 0 && blockIdx.x < Totals::ctas)
+        for (int k = 0; k < Totals::row_slots; ++k) totals[blockIdx.x * Totals::slots + Totals::row_slot(r, k)] = sums[k];
     }
     return;
   }
@@ -127,6 +149,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This warpgroup's key tiles loaded so far, over all runs: load n goes to stage n % kStages
   // and completes phase n / kStages of its barrier.
   int loads_before = 0;
+  // kTotals: thread 0's sums (Totals::Slot order up to first_row_slot), written at the end.
+  unsigned long long sums[Totals::first_row_slot] = {};
+  [[maybe_unused]] long long mark = kTotals ? clock64() : 0;
+  auto add_since = [&](int what) {
+    if constexpr (kTotals) {
+      const long long now = clock64();
+      sums[what] += static_cast<unsigned long long>(now - mark);
+      mark = now;
+    }
+  };
 
   for (int attempt = 0;; ++attempt) {
     const int p = attempt & 1;
@@ -144,14 +176,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Attempt a - 1's arrival on its copy's free barrier is the one no later attempt waits
       // for: consumed here, so no barrier is left half-arrived at exit.
       if (attempt >= 1) named_barrier_sync(kBarFree0 + (p ^ 1), kThreads);
+      if constexpr (kTotals) {
+        if (tid == 0 && blockIdx.x < Totals::ctas)
+          for (int k = 0; k < Totals::first_row_slot; ++k) totals[blockIdx.x * Totals::slots + k] = sums[k];
+      }
       return;
     }
+    add_since(Totals::free_wait);
     // The block (idxblock::next_block without the histograms: the selecting warp counts them).
     const int t0 = idxblock::block_first_row(d, ticket);
     idxblock::block_rows(d, meta, tid, t0, bs);
     named_barrier_sync(kBarScoring, kScoreThreads);
     unsigned todo = idxblock::block_todo<kScoreThreads>(d, tid, t0, bs, topk);
     float* slot = slot_of(p);
+    add_since(Totals::setup);
 
     while (todo != 0u) {
       int run_seg = 0, n_run = 0;
@@ -165,20 +203,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The block's scores (global) and state (shared) to the selecting warps.
     __threadfence_block();
     named_barrier_arrive(kBarScored0 + p, kThreads);
+    add_since(Totals::scoring);
+    if constexpr (kTotals) ++sums[Totals::blocks];
   }
 }
 
 template <int DI>
 void launch_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                     const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
-                    const SelectedScores& scores) {
+                    const SelectedScores& scores, unsigned long long* totals) {
   CUtensorMap map{};  // none without compressed rows: no tile is loaded (as launch_wgmma)
   if (d.comp_capacity > 0) map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
-  auto kernel = scores.base != nullptr ? indexer_topk_wgmma_overlap_kernel<DI, true>
-                                       : indexer_topk_wgmma_overlap_kernel<DI, false>;
+  require(totals == nullptr || scores.base == nullptr, ErrorKind::InvalidArgument,
+          "the overlapped wgmma indexer's totals (benchmarks) come without selected scores");
+  auto kernel = totals != nullptr        ? indexer_topk_wgmma_overlap_kernel<DI, false, true>
+                : scores.base != nullptr ? indexer_topk_wgmma_overlap_kernel<DI, true, false>
+                                         : indexer_topk_wgmma_overlap_kernel<DI, false, false>;
   // One CTA per SM; + 1 KB: the base's alignment to 1024.
   idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the overlapped wgmma indexer",
-                                d, meta, qi, w_eff, keys, topk, scratch, stream, map, scores.base,
+                                d, meta, qi, w_eff, keys, topk, scratch, stream, totals, map, scores.base,
                                 scores.stride);
 }
 
@@ -186,7 +229,8 @@ void launch_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* 
 
 void launch_indexer_topk_wgmma_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                                        const float* w_eff, const bf16* keys, std::int32_t* topk,
-                                       void* scratch, cudaStream_t stream, const SelectedScores& scores) {
+                                       void* scratch, cudaStream_t stream, const SelectedScores& scores,
+                                       unsigned long long* totals) {
   require(indexer_tiled_supported(d), ErrorKind::Unsupported,
           "the wgmma indexer needs index_n_heads <= 64 and index_head_dim 64 or 128");
   require(scratch != nullptr, ErrorKind::InvalidArgument, "the wgmma indexer needs its scratch");
@@ -196,8 +240,8 @@ void launch_indexer_topk_wgmma_overlap(const LayerDims& d, const DeviceMetadata&
     launch_indexer_topk_wgmma(d, meta, qi, w_eff, keys, topk, scratch, stream, nullptr, scores);
     return;
   }
-  if (d.index_dim == 128) launch_overlap<128>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores);
-  else launch_overlap<64>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores);
+  if (d.index_dim == 128) launch_overlap<128>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, totals);
+  else launch_overlap<64>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, totals);
 }
 
 }  // namespace csattn::cuda
