@@ -193,6 +193,9 @@ json attention_backward_phases_case(int heads, int topk, int keys, int queries) 
   return j;
 }
 
+// The overlapped indexer's selecting phases (IndexerOverlapTotals, count .. write).
+constexpr const char* kOverlapSelectPhases[6] = {"count", "digit1", "digit2", "threshold", "rank", "write"};
+
 // The wgmma indexers' phases, Flash CSA geometry (64 heads x 128, top-512), one sequence of
 // `tokens` rows with random operands. The two-warpgroup kernel: per warpgroup the mean cycles
 // of each phase per key tile over the stamped block's first run (its 4 query rows against
@@ -256,7 +259,7 @@ json indexer_phases_case(int tokens) {
   CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<unsigned long long> t(static_cast<std::size_t>(Totals::size()));
   CSATTN_CUDA_CHECK(cudaMemcpy(t.data(), totals, sizeof(unsigned long long) * t.size(), cudaMemcpyDeviceToHost));
-  double blocks = 0, scoring_side[3] = {}, rows[Totals::rows][4] = {};
+  double blocks = 0, scoring_side[3] = {}, rows[Totals::rows][Totals::row_slots] = {};
   for (int c = 0; c < Totals::ctas; ++c) {
     const unsigned long long* x = t.data() + static_cast<long>(c) * Totals::slots;
     blocks += static_cast<double>(x[Totals::blocks]);
@@ -271,10 +274,9 @@ json indexer_phases_case(int tokens) {
     for (int r = 0; r < Totals::rows; ++r) {
       json w{{"selected_blocks", rows[r][Totals::selected]},
              {"scored_wait_per_block", rows[r][Totals::scored_wait] / blocks}};
-      if (rows[r][Totals::selected] > 0) {
-        w["count_per_selected_block"] = rows[r][Totals::count] / rows[r][Totals::selected];
-        w["select_per_selected_block"] = rows[r][Totals::select] / rows[r][Totals::selected];
-      }
+      if (rows[r][Totals::selected] > 0)
+        for (int k = Totals::count; k < Totals::selected; ++k)
+          w["cycles_per_selected_block"][kOverlapSelectPhases[k - Totals::count]] = rows[r][k] / rows[r][Totals::selected];
       o["select_rows"].push_back(w);
     }
   }
@@ -310,9 +312,11 @@ json indexer_phases() {
     for (std::size_t r = 0; r < o["select_rows"].size(); ++r) {
       const json& w = o["select_rows"][r];
       std::printf("  selecting warp %zu   | scored wait %.0f a block", r, w["scored_wait_per_block"].get<double>());
-      if (w.contains("count_per_selected_block"))
-        std::printf(" | per selected block (%.0f): first-digit count %.0f, select %.0f", w["selected_blocks"].get<double>(),
-                    w["count_per_selected_block"].get<double>(), w["select_per_selected_block"].get<double>());
+      if (w.contains("cycles_per_selected_block")) {
+        std::printf(" | per selected block (%.0f):", w["selected_blocks"].get<double>());
+        for (const char* name : kOverlapSelectPhases)
+          std::printf(" %s %.0f", name, w["cycles_per_selected_block"][name].get<double>());
+      }
       std::printf("\n");
     }
   } else {

@@ -184,29 +184,108 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
   G::sync();
 }
 
+// One warp's id writes in a single pass (select_topk_radix's kScan): steps of 128 entries,
+// lane l's float4 holding entries 4l .. 4l + 3 of its step (coalesced, four steps' loads in
+// flight), each step's ranks from one warp scan of the lane's counts of keys above and equal
+// to the threshold, packed in 16-bit halves: the equal keys are taken in id order, the first
+// need_equal - (equal keys before) of them. The same ids in the same slots as the counting
+// pass and the chunked writes, which it replaces. (measured the one-warp select: see
+// indexer_topk_wgmma_overlap.cu.)
+template <bool kScores>
+__device__ __forceinline__ void write_ids_warp_scan(const float* scores, int n, unsigned threshold, int need_equal,
+                                                    std::int32_t* out, float* out_scores, int score_stride) {
+  constexpr int kAhead = 4;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const float4* s4 = reinterpret_cast<const float4*>(scores);
+  const int n4 = (n + 3) / 4;
+  int base = 0, equal_base = 0;  // slots taken and equal keys seen before the step (warp-uniform)
+  for (int s0 = 0; s0 < n4; s0 += kAhead * 32) {
+    float4 v[kAhead];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int i = s0 + 32 * k + lane;
+      v[k] = i < n4 ? s4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int i = s0 + 32 * k + lane;
+      const float e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+      unsigned above = 0u, equal = 0u;  // bit c: entry 4i + c
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const unsigned key = order_key(e[c]);
+        const bool real = 4 * i + c < n;
+        above |= static_cast<unsigned>(real && key > threshold) << c;
+        equal |= static_cast<unsigned>(real && key == threshold) << c;
+      }
+      // Inclusive scan of (above count) << 16 | (equal count) over the lanes.
+      const int mine = (__popc(above) << 16) | __popc(equal);
+      int incl = mine;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+      }
+      const int total = __shfl_sync(0xffffffffu, incl, 31);
+      const int before = incl - mine;
+      const int equal_before = equal_base + (before & 0xffff);
+      // Equal keys still to take when this lane's turn comes, and the lane's first slot.
+      int left = need_equal - equal_before;
+      int slot = base + (before >> 16) + min(before & 0xffff, max(0, need_equal - equal_base));
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        bool take = (above >> c) & 1u;
+        if ((equal >> c) & 1u) take = left-- > 0;
+        if (take) {
+          if constexpr (kScores) out_scores[static_cast<long>(slot) * score_stride] = e[c];
+          out[slot++] = 4 * i + c;
+        }
+      }
+      base += (total >> 16) + min(total & 0xffff, max(0, need_equal - equal_base));
+      equal_base += total & 0xffff;
+    }
+  }
+}
+
 // Selects the top K of scores[0..n) (n > K; scores 16-byte aligned) and writes their ids in
 // ascending order to out[0..K). hist (kBins entries, shared) holds on entry the histogram of
 // digit0 over all n keys (built while scoring, or by digit_histogram's kAll); it is
 // overwritten. kScores: the selected ids' scores too, out_scores[k * score_stride] beside
 // out[k] (a compile-time choice: a null test at run time made the select of the instances
-// without scores 4.6% slower, 3-6% of the indexer, H100 2026-12-06).
-template <class G, bool kScores = false>
+// without scores 4.6% slower, 3-6% of the indexer, H100 2026-12-06). kScan (one warp only):
+// the ids written by write_ids_warp_scan, without the counting pass. mark(p) (measurement
+// hooks, no-ops by default): p = 1 after the second digit's histogram, 2 after the third's,
+// 3 the threshold found, 4 the ranks counted (not with kScan), 5 the ids written.
+struct NoMark {
+  __device__ void operator()(int) const {}
+};
+template <class G, bool kScores = false, bool kScan = false, class Mark = NoMark>
 __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* hist,
                                   SelectShared& sh, std::int32_t* out, bool odd_chunks = false,
-                                  float* out_scores = nullptr, int score_stride = 1) {
+                                  float* out_scores = nullptr, int score_stride = 1, Mark mark = {}) {
+  static_assert(!kScan || G::kOneWarp, "the scan writes are one warp's");
   find_bin<G>(hist, 1 << kDigit0Bits, K, sh);
   unsigned prefix = static_cast<unsigned>(sh.bin) << (kDigit1Bits + kDigit2Bits);
   int need = sh.need;
   G::sync();  // everyone has read sh before it is rewritten
   digit_histogram<G>(scores, n, prefix, kDigit2Bits, kDigit1Bits, hist);
+  mark(1);
   find_bin<G>(hist, 1 << kDigit1Bits, need, sh);
   prefix |= static_cast<unsigned>(sh.bin) << kDigit2Bits;
   need = sh.need;
   G::sync();
   digit_histogram<G>(scores, n, prefix, 0, kDigit2Bits, hist);
+  mark(2);
   find_bin<G>(hist, 1 << kDigit2Bits, need, sh);
   const unsigned threshold = prefix | static_cast<unsigned>(sh.bin);
   const int need_equal = sh.need;
+  mark(3);
+  if constexpr (kScan) {
+    write_ids_warp_scan<kScores>(scores, n, threshold, need_equal, out, out_scores, score_stride);
+    mark(5);
+    G::sync();  // hist and sh are reused by the next row
+    return;
+  }
 
   // Each thread owns a contiguous chunk (a multiple of 4 entries), so ranks follow id order:
   // count the keys above and equal to the threshold, prefix both over the block, write.
@@ -229,6 +308,7 @@ __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* h
     }
   }
   const int2 before = block_prefix_before<G>(greater, equal, sh);
+  mark(4);
   int slot = before.x + min(before.y, need_equal);
   int equal_rank = before.y;
   auto write = [&](int j, const float4& v) {
@@ -266,6 +346,7 @@ __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* h
       }
     }
   }
+  mark(5);
   G::sync();  // hist and sh are reused by the next row
 }
 

@@ -47,13 +47,15 @@ struct IndexerStamps {
 // attempt to its copy of the block state being free (the ticket's atomic and the wait for the
 // selection of the block two attempts back); `setup` - the block's rows and which of them to
 // score; `scoring` - its runs scored and handed over. The selecting warp of row r (lane 0),
-// at row_slot(r, .): `scored_wait` - waiting for a scored block (and the stop), `count` - the
-// first digit's histogram, `select` - the rest of the radix select and the id writes, over
-// the `selected` blocks whose row r had more visible entries than top-k.
+// at row_slot(r, .): `scored_wait` - waiting for a scored block (and the stop), then over the
+// `selected` blocks whose row r had more visible entries than top-k: `count` - the first
+// digit's histogram, `digit1` - its bin found and the second digit's histogram, `digit2` -
+// the same for the third, `threshold` - its bin found, `rank` - the counting pass (none with
+// the scan writes), `write` - the ids written.
 struct IndexerOverlapTotals {
   static constexpr int ctas = 132;
   enum Slot { blocks, free_wait, setup, scoring, first_row_slot };
-  enum RowSlot { scored_wait, count, select, selected, row_slots };
+  enum RowSlot { scored_wait, count, digit1, digit2, threshold, rank, write, selected, row_slots };
   static constexpr int rows = 4;
   static constexpr int slots = first_row_slot + rows * row_slots;
   static constexpr int row_slot(int r, int s) { return first_row_slot + r * row_slots + s; }

@@ -534,12 +534,14 @@ TEST(CudaIndexerStamps, OverlapTotalsAccountForEveryBlock) {
   for (int c = 0; c < Totals::ctas; ++c) {
     const unsigned long long* x = t.data() + static_cast<std::size_t>(c) * Totals::slots;
     scored += static_cast<long>(x[Totals::blocks]);
-    if (x[Totals::blocks] > 0) EXPECT_GT(x[Totals::scoring], 0u) << "CTA " << c;
+    if (x[Totals::blocks] > 0) {
+      EXPECT_GT(x[Totals::scoring], 0u) << "CTA " << c;
+    }
     for (int r = 0; r < Totals::rows; ++r) {
       selected[r] += static_cast<long>(x[Totals::row_slot(r, Totals::selected)]);
       if (x[Totals::row_slot(r, Totals::selected)] > 0) {
         EXPECT_GT(x[Totals::row_slot(r, Totals::count)], 0u) << "CTA " << c << " row " << r;
-        EXPECT_GT(x[Totals::row_slot(r, Totals::select)], 0u) << "CTA " << c << " row " << r;
+        EXPECT_GT(x[Totals::row_slot(r, Totals::write)], 0u) << "CTA " << c << " row " << r;
       }
     }
   }
