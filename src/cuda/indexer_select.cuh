@@ -54,10 +54,10 @@ struct WarpThreads {
   static constexpr int kThreads = 32;
   // What one warp a row changes (kOneWarp): find_bin's lanes own 2048 / 32 consecutive bins,
   // read in order all 32 would hit one bank at once, so each lane starts at its own offset
-  // (the sum does not change); and a lane's share of a pass is 1/32 of the row, so the
-  // passes that store between their loads (the histograms' atomics, the ids) load four
-  // float4 ahead (one at a time, a pass would be a chain of L2 latencies: ~38K cycles for an
-  // 8K-candidate row).
+  // (the sum does not change); a lane's share of a pass is 1/32 of the row, so the
+  // histograms, which store between their loads (atomics), load four float4 ahead (one at a
+  // time, a pass would be a chain of L2 latencies: ~38K cycles for an 8K-candidate row); and
+  // the ids are written in one coalesced pass (write_ids_warp_scan).
   static constexpr bool kOneWarp = true;
   __device__ static int tid() { return static_cast<int>(threadIdx.x) & 31; }
   __device__ static void sync() { __syncwarp(); }
@@ -184,13 +184,15 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
   G::sync();
 }
 
-// One warp's id writes in a single pass (select_topk_radix's kScan): steps of 128 entries,
+// One warp's id writes in a single pass (select_topk_radix with WarpThreads): steps of 128 entries,
 // lane l's float4 holding entries 4l .. 4l + 3 of its step (coalesced, four steps' loads in
 // flight), each step's ranks from one warp scan of the lane's counts of keys above and equal
 // to the threshold, packed in 16-bit halves: the equal keys are taken in id order, the first
 // need_equal - (equal keys before) of them. The same ids in the same slots as the counting
-// pass and the chunked writes, which it replaces. (measured the one-warp select: see
-// indexer_topk_wgmma_overlap.cu.)
+// pass and the chunked writes of the other groups. Measured (H100, 2026-12-06, perf.md
+// sixteenth session) against those two passes by one warp - each lane's contiguous chunk, 32
+// cache lines a warp load, the counting pass one load at a time: the one-warp select 156K ->
+// 138K cycles a block at 32K tokens, the overlapped indexer +7-13% at 32K-128K tokens.
 template <bool kScores>
 __device__ __forceinline__ void write_ids_warp_scan(const float* scores, int n, unsigned threshold, int need_equal,
                                                     std::int32_t* out, float* out_scores, int score_stride) {
@@ -252,18 +254,17 @@ __device__ __forceinline__ void write_ids_warp_scan(const float* scores, int n, 
 // digit0 over all n keys (built while scoring, or by digit_histogram's kAll); it is
 // overwritten. kScores: the selected ids' scores too, out_scores[k * score_stride] beside
 // out[k] (a compile-time choice: a null test at run time made the select of the instances
-// without scores 4.6% slower, 3-6% of the indexer, H100 2026-12-06). kScan (one warp only):
-// the ids written by write_ids_warp_scan, without the counting pass. mark(p) (measurement
+// without scores 4.6% slower, 3-6% of the indexer, H100 2026-12-06). One warp (WarpThreads)
+// writes the ids by write_ids_warp_scan, without the counting pass. mark(p) (measurement
 // hooks, no-ops by default): p = 1 after the second digit's histogram, 2 after the third's,
-// 3 the threshold found, 4 the ranks counted (not with kScan), 5 the ids written.
+// 3 the threshold found, 4 the ranks counted (not by one warp), 5 the ids written.
 struct NoMark {
   __device__ void operator()(int) const {}
 };
-template <class G, bool kScores = false, bool kScan = false, class Mark = NoMark>
+template <class G, bool kScores = false, class Mark = NoMark>
 __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* hist,
                                   SelectShared& sh, std::int32_t* out, bool odd_chunks = false,
                                   float* out_scores = nullptr, int score_stride = 1, Mark mark = {}) {
-  static_assert(!kScan || G::kOneWarp, "the scan writes are one warp's");
   find_bin<G>(hist, 1 << kDigit0Bits, K, sh);
   unsigned prefix = static_cast<unsigned>(sh.bin) << (kDigit1Bits + kDigit2Bits);
   int need = sh.need;
@@ -280,56 +281,33 @@ __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* h
   const unsigned threshold = prefix | static_cast<unsigned>(sh.bin);
   const int need_equal = sh.need;
   mark(3);
-  if constexpr (kScan) {
+  if constexpr (G::kOneWarp) {
     write_ids_warp_scan<kScores>(scores, n, threshold, need_equal, out, out_scores, score_stride);
-    mark(5);
-    G::sync();  // hist and sh are reused by the next row
-    return;
-  }
-
-  // Each thread owns a contiguous chunk (a multiple of 4 entries), so ranks follow id order:
-  // count the keys above and equal to the threshold, prefix both over the block, write.
-  // odd_chunks (scores in shared memory): an odd number of float4s a chunk, so the 8 threads
-  // of a quarter-warp read 8 distinct bank groups, where an even stride conflicts up to 8-way
-  // (chunk = 32 k floats). The ids do not depend on the split.
-  const int chunk4 = ((n + G::kThreads - 1) / G::kThreads + 3) / 4;
-  const int chunk = (odd_chunks ? chunk4 | 1 : chunk4) * 4;
-  const int lo = min(n, G::tid() * chunk), hi = min(n, lo + chunk);
-  int greater = 0, equal = 0;
-  for (int j = lo; j < hi; j += 4) {
-    const float4 v = *reinterpret_cast<const float4*>(scores + j);
-    const float e[4] = {v.x, v.y, v.z, v.w};
+  } else {
+    // Each thread owns a contiguous chunk (a multiple of 4 entries), so ranks follow id order:
+    // count the keys above and equal to the threshold, prefix both over the block, write.
+    // odd_chunks (scores in shared memory): an odd number of float4s a chunk, so the 8 threads
+    // of a quarter-warp read 8 distinct bank groups, where an even stride conflicts up to 8-way
+    // (chunk = 32 k floats). The ids do not depend on the split.
+    const int chunk4 = ((n + G::kThreads - 1) / G::kThreads + 3) / 4;
+    const int chunk = (odd_chunks ? chunk4 | 1 : chunk4) * 4;
+    const int lo = min(n, G::tid() * chunk), hi = min(n, lo + chunk);
+    int greater = 0, equal = 0;
+    for (int j = lo; j < hi; j += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(scores + j);
+      const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      if (j + c >= hi) break;
-      const unsigned key = order_key(e[c]);
-      greater += key > threshold;
-      equal += key == threshold;
-    }
-  }
-  const int2 before = block_prefix_before<G>(greater, equal, sh);
-  mark(4);
-  int slot = before.x + min(before.y, need_equal);
-  int equal_rank = before.y;
-  auto write = [&](int j, const float4& v) {
-    const float e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      if (j + c >= hi) break;
-      const unsigned key = order_key(e[c]);
-      bool take = key > threshold;
-      if (key == threshold) take = equal_rank++ < need_equal;
-      if (take) {
-        if constexpr (kScores) out_scores[static_cast<long>(slot) * score_stride] = e[c];
-        out[slot++] = j + c;
+      for (int c = 0; c < 4; ++c) {
+        if (j + c >= hi) break;
+        const unsigned key = order_key(e[c]);
+        greater += key > threshold;
+        equal += key == threshold;
       }
     }
-  };
-  if constexpr (G::kOneWarp) {  // four loads in flight a lane, written in id order (lo and hi
-                                // are multiples of 4 but for hi = n, or lo = hi = n: empty)
-    for_each_float4<4>(reinterpret_cast<const float4*>(scores), (lo + 3) / 4, (hi + 3) / 4, 1,
-                       [&](int i, const float4& v) { write(4 * i, v); });
-  } else {  // (as measured for the other groups: written out, the lambda changed their code)
+    const int2 before = block_prefix_before<G>(greater, equal, sh);
+    mark(4);
+    int slot = before.x + min(before.y, need_equal);
+    int equal_rank = before.y;
     for (int j = lo; j < hi; j += 4) {
       const float4 v = *reinterpret_cast<const float4*>(scores + j);
       const float e[4] = {v.x, v.y, v.z, v.w};

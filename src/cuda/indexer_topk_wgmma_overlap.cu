@@ -1,5 +1,5 @@
-// The wgmma indexer with its selection overlapped with the scoring (a candidate,
-// CSATTN_INDEXER=overlap / IndexerKernel::wgmma_overlap; fifteenth session, not yet run).
+// The wgmma indexer with its selection overlapped with the scoring: the default indexer
+// (IndexerKernel::wgmma_overlap) since the sixteenth session.
 //
 // Why: the two-warpgroup kernel (indexer_topk_wgmma.cu) scores a block of 4 rows, then all
 // its threads select the rows' top-k while the tensor cores idle. Its phase stamps (H100,
@@ -7,13 +7,13 @@
 // 23% of the block with nothing on the tensor pipe. Here a third warpgroup selects block b
 // (a row a warp) while the two scoring warpgroups score block b + 1, so a block costs
 // max(scoring, selection) instead of their sum. The scoring warpgroups no longer count the
-// first radix digit (their "store+count" phase, 400-490 of 3.8K cycles a tile, loses its
-// shared atomics); the selecting warp counts it in a pass of its own over the row
-// (digit_histogram's kAll). Predicted: 355-381 -> 440-480 TFLOPS at 32K-128K tokens, if
-// one warp selects a row in under the block's scoring time (five passes over the row's
-// scores from L2 - three digits, the count, the write - and three bin searches: ~70-150K
-// cycles at 32K tokens against 245K), and
-// the selecting warps' issue slots do not slow the scoring epilogue much.
+// first radix digit; the selecting warp counts it in a pass of its own over the row
+// (digit_histogram's kAll). Measured (H100, perf.md sixteenth session): 341-357 -> 392-405
+// TFLOPS at 32K-128K tokens (predicted 440-480); its totals (kTotals) then showed the
+// selection setting the pace (a block at 32K tokens: 120K cycles of scoring, 156K of
+// selection), and the one-warp id writes in one coalesced pass (idxsel::write_ids_warp_scan)
+// took the selection to 138K and the kernel to 430-452 TFLOPS. What is left: the second
+// and third digits' passes (~42K and ~30K cycles) and the count (~23K) over the row in L2.
 //
 // The scoring is the two-warpgroup kernel's (idxwg::score_run, indexer_wgmma_tile.cuh, without
 // the histogram), so the scores and the ids are bit for bit its own. The hand-over:
@@ -23,14 +23,12 @@
 // selecting warps wait); 6 + p: "copy p is free" (the selecting warps arrive after attempt a,
 // the scoring threads wait before attempt a + 2). A failed ticket is the stop signal.
 #include <algorithm>
-#include <type_traits>
 
 #include "cuda/check.hpp"
 #include "cuda/indexer_block.cuh"
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/indexer_topk_tiled.hpp"
 #include "cuda/indexer_wgmma_tile.cuh"
-#include "cuda/kernel_switch.hpp"
 #include "cuda/mma_util.cuh"
 #include "cuda/tma.hpp"
 #include "cuda/wgmma.cuh"
@@ -52,16 +50,13 @@ static_assert(kSelectThreads / 32 == kRows, "one selecting warp a row");
 // setmaxnreg moves registers inside the launch allocation (65536 / 384 -> 168 a thread):
 // 256 x 208 + 128 x 88 = 384 x 168. The two-warpgroup kernel took 228 registers; here the
 // scoring fits 208 without its histogram (ptxas: no spill), and the one-warp radix select
-// with four loads in flight a lane spilled at 56 and 72, not at 88. The scan writes (kScan)
-// spilled 4-8 bytes at 88 in some instance whatever their loads ahead (2-4): 200 / 104
-// (the scoring at 200 without a spill).
-template <bool kScan>
-constexpr int kScoreRegs = kScan ? 200 : 208;
-template <bool kScan>
-constexpr int kSelectRegs = kScan ? 104 : 88;
+// with four loads in flight a lane spilled at 56 and 72, not at 88; its scan writes
+// (idxsel::write_ids_warp_scan) spilled 4-8 bytes at 88 in some instance whatever their
+// loads ahead (2-4), so 200 / 104 (the scoring at 200 without a spill; measured with them,
+// sixteenth session).
+constexpr int kScoreRegs = 200, kSelectRegs = 104;
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-static_assert(kScoreThreads * kScoreRegs<false> + kSelectThreads * kSelectRegs<false> <= kThreads * kLaunchRegs &&
-                  kScoreThreads * kScoreRegs<true> + kSelectThreads * kSelectRegs<true> <= kThreads * kLaunchRegs,
+static_assert(kScoreThreads * kScoreRegs + kSelectThreads * kSelectRegs <= kThreads * kLaunchRegs,
               "setmaxnreg budget exceeds the launch allocation");
 // Named barriers: 1 + wg each scoring warpgroup's own, kBarScoring both scoring warpgroups,
 // kBarScored0 + p and kBarFree0 + p the hand-over of copy p (all threads of the CTA count).
@@ -69,14 +64,8 @@ constexpr int kBarScoring = 3, kBarScored0 = 4, kBarFree0 = 6;
 
 // kTotals (measurement only): clock64() totals of where each side's time goes into `totals`
 // (IndexerOverlapTotals, indexer_topk_tiled.hpp); an instance of its own, so the measured
-// kernels carry none of it. kScan (a candidate, CSATTN_INDEXER_SELECT=scan): the selecting
-// warps write the ids by idxsel::write_ids_warp_scan, one coalesced pass instead of the
-// counting pass and the chunked writes. Why: the totals (H100, 2026-12-06, perf.md sixteenth
-// session) put a block at 120K cycles of scoring against 151K of selection (23K of it the
-// first digit's count) at 32K tokens - the selection sets the pace - and the counting pass
-// and the chunked writes read each lane's contiguous chunk, 32 cache lines a warp load, the
-// counting pass one load at a time.
-template <int DI, bool kScores, bool kTotals, bool kScan>
+// kernels carry none of it.
+template <int DI, bool kScores, bool kTotals>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_overlap_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                                       const bf16* keys, std::int32_t* topk, unsigned* counter,
@@ -110,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();  // the last CTA-wide barrier: the warpgroups part here
 
   if (wg == 2) {  // ---- selection: warp 8 + r takes row r of every scored block ----
-    setmaxnreg_dec<kSelectRegs<kScan>>();
+    setmaxnreg_dec<kSelectRegs>();
     const int r = warp - 2 * 4;
     // kTotals: this warp's sums (Totals::RowSlot order), written by lane 0 at the end.
     unsigned long long sums[Totals::row_slots] = {};
@@ -143,12 +132,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         };
         if constexpr (kScores)
-          idxsel::select_topk_radix<idxsel::WarpThreads, true, kScan>(
+          idxsel::select_topk_radix<idxsel::WarpThreads, true>(
               scores, n, K, h, sel[r], out, false, scores_out + static_cast<long>(t0 + r) * K * score_stride,
               score_stride, mark);
         else
-          idxsel::select_topk_radix<idxsel::WarpThreads, false, kScan>(scores, n, K, h, sel[r], out, false,
-                                                                      nullptr, 1, mark);
+          idxsel::select_topk_radix<idxsel::WarpThreads>(scores, n, K, h, sel[r], out, false, nullptr, 1, mark);
         if constexpr (kTotals) ++sums[Totals::selected];
       }
       __threadfence_block();
@@ -162,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- scoring: warpgroups 0 and 1, as in the two-warpgroup kernel ----
-  setmaxnreg_inc<kScoreRegs<kScan>>();
+  setmaxnreg_inc<kScoreRegs>();
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -236,15 +224,9 @@ void launch_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* 
   if (d.comp_capacity > 0) map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
   require(totals == nullptr || scores.base == nullptr, ErrorKind::InvalidArgument,
           "the overlapped wgmma indexer's totals (benchmarks) come without selected scores");
-  // CSATTN_INDEXER_SELECT=scan: the candidate id writes (kScan).
-  static const bool scan = kernel_switch("CSATTN_INDEXER_SELECT", {"scan"}) == "scan";
-  auto pick = [&](auto scan_tag) {
-    constexpr bool kScan = decltype(scan_tag)::value;
-    return totals != nullptr        ? indexer_topk_wgmma_overlap_kernel<DI, false, true, kScan>
-           : scores.base != nullptr ? indexer_topk_wgmma_overlap_kernel<DI, true, false, kScan>
-                                    : indexer_topk_wgmma_overlap_kernel<DI, false, false, kScan>;
-  };
-  auto kernel = scan ? pick(std::true_type{}) : pick(std::false_type{});
+  auto kernel = totals != nullptr        ? indexer_topk_wgmma_overlap_kernel<DI, false, true>
+                : scores.base != nullptr ? indexer_topk_wgmma_overlap_kernel<DI, true, false>
+                                         : indexer_topk_wgmma_overlap_kernel<DI, false, false>;
   // One CTA per SM; + 1 KB: the base's alignment to 1024.
   idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the overlapped wgmma indexer",
                                 d, meta, qi, w_eff, keys, topk, scratch, stream, totals, map, scores.base,
