@@ -184,6 +184,62 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
   G::sync();
 }
 
+// One warp's second-digit histogram (select_topk_radix's kCompact, a candidate): the pass over
+// the row that counts the second digit of the keys in the first digit's bin `bin0` also
+// appends those keys to `kept` (shared memory, room for all of them: the caller checked the
+// bin's count), so the third digit is counted from `kept` instead of another pass over the
+// row in L2. Steps of 128 entries, four in flight, lane l's float4 holding entries 4l ..
+// 4l + 3 of its step; a ballot a key position places the appends.
+__device__ __forceinline__ void digit1_histogram_keeping(const float* scores, int n, unsigned bin0, unsigned* hist,
+                                                         unsigned* kept) {
+  constexpr int kAhead = 4;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (int i = lane; i < kBins; i += 32) hist[i] = 0u;
+  __syncwarp();
+  const unsigned below = (1u << lane) - 1u;
+  const float4* s4 = reinterpret_cast<const float4*>(scores);
+  const int n4 = (n + 3) / 4;
+  int count = 0;  // keys kept so far (warp-uniform)
+  for (int s0 = 0; s0 < n4; s0 += kAhead * 32) {
+    float4 v[kAhead];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int i = s0 + 32 * k + lane;
+      v[k] = i < n4 ? s4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int i = s0 + 32 * k + lane;
+      const float e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const unsigned key = order_key(e[c]);
+        const bool in_bin = 4 * i + c < n && digit0(key) == bin0;
+        const unsigned ballot = __ballot_sync(0xffffffffu, in_bin);
+        if (in_bin) {
+          atomicAdd(&hist[(key >> kDigit2Bits) & ((1u << kDigit1Bits) - 1u)], 1u);
+          kept[count + __popc(ballot & below)] = key;
+        }
+        count += __popc(ballot);
+      }
+    }
+  }
+  __syncwarp();
+}
+
+// The third digit's histogram over the m keys `kept` by digit1_histogram_keeping (all in the
+// first digit's bin): those whose second digit is prefix's.
+__device__ __forceinline__ void digit2_histogram_kept(const unsigned* kept, int m, unsigned prefix, unsigned* hist) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (int i = lane; i < (1 << kDigit2Bits); i += 32) hist[i] = 0u;
+  __syncwarp();
+  for (int i = lane; i < m; i += 32) {
+    const unsigned key = kept[i];
+    if ((key >> kDigit2Bits) == (prefix >> kDigit2Bits)) atomicAdd(&hist[key & ((1u << kDigit2Bits) - 1u)], 1u);
+  }
+  __syncwarp();
+}
+
 // One warp's id writes in a single pass (select_topk_radix with WarpThreads): steps of 128 entries,
 // lane l's float4 holding entries 4l .. 4l + 3 of its step (coalesced, four steps' loads in
 // flight), each step's ranks from one warp scan of the lane's counts of keys above and equal
@@ -258,24 +314,43 @@ __device__ __forceinline__ void write_ids_warp_scan(const float* scores, int n, 
 // writes the ids by write_ids_warp_scan, without the counting pass. mark(p) (measurement
 // hooks, no-ops by default): p = 1 after the second digit's histogram, 2 after the third's,
 // 3 the threshold found, 4 the ranks counted (not by one warp), 5 the ids written.
+// kCompact (one warp; a candidate): where the first digit's bin holds at most kept_cap keys,
+// they are kept in `kept` (shared memory) by the second digit's pass and the third digit is
+// counted from there (digit1_histogram_keeping, digit2_histogram_kept); the same threshold.
 struct NoMark {
   __device__ void operator()(int) const {}
 };
-template <class G, bool kScores = false, class Mark = NoMark>
+template <class G, bool kScores = false, bool kCompact = false, class Mark = NoMark>
 __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* hist,
                                   SelectShared& sh, std::int32_t* out, bool odd_chunks = false,
-                                  float* out_scores = nullptr, int score_stride = 1, Mark mark = {}) {
+                                  float* out_scores = nullptr, int score_stride = 1, Mark mark = {},
+                                  unsigned* kept = nullptr, int kept_cap = 0) {
+  static_assert(!kCompact || G::kOneWarp, "the kept keys are one warp's");
   find_bin<G>(hist, 1 << kDigit0Bits, K, sh);
   unsigned prefix = static_cast<unsigned>(sh.bin) << (kDigit1Bits + kDigit2Bits);
   int need = sh.need;
+  [[maybe_unused]] int in_bin = 0;  // kCompact: the first digit's bin's keys (the histogram's count)
+  if constexpr (kCompact) in_bin = static_cast<int>(hist[sh.bin]);
   G::sync();  // everyone has read sh before it is rewritten
-  digit_histogram<G>(scores, n, prefix, kDigit2Bits, kDigit1Bits, hist);
+  [[maybe_unused]] bool keeping = false;
+  if constexpr (kCompact) keeping = in_bin <= kept_cap;
+  if constexpr (kCompact) {
+    if (keeping) digit1_histogram_keeping(scores, n, prefix >> (kDigit1Bits + kDigit2Bits), hist, kept);
+    else digit_histogram<G>(scores, n, prefix, kDigit2Bits, kDigit1Bits, hist);
+  } else {
+    digit_histogram<G>(scores, n, prefix, kDigit2Bits, kDigit1Bits, hist);
+  }
   mark(1);
   find_bin<G>(hist, 1 << kDigit1Bits, need, sh);
   prefix |= static_cast<unsigned>(sh.bin) << kDigit2Bits;
   need = sh.need;
   G::sync();
-  digit_histogram<G>(scores, n, prefix, 0, kDigit2Bits, hist);
+  if constexpr (kCompact) {
+    if (keeping) digit2_histogram_kept(kept, in_bin, prefix, hist);
+    else digit_histogram<G>(scores, n, prefix, 0, kDigit2Bits, hist);
+  } else {
+    digit_histogram<G>(scores, n, prefix, 0, kDigit2Bits, hist);
+  }
   mark(2);
   find_bin<G>(hist, 1 << kDigit2Bits, need, sh);
   const unsigned threshold = prefix | static_cast<unsigned>(sh.bin);

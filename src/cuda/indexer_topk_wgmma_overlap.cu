@@ -23,6 +23,7 @@
 // selecting warps wait); 6 + p: "copy p is free" (the selecting warps arrive after attempt a,
 // the scoring threads wait before attempt a + 2). A failed ticket is the stop signal.
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/check.hpp"
 #include "cuda/indexer_block.cuh"
@@ -61,11 +62,24 @@ static_assert(kScoreThreads * kScoreRegs + kSelectThreads * kSelectRegs <= kThre
 // Named barriers: 1 + wg each scoring warpgroup's own, kBarScoring both scoring warpgroups,
 // kBarScored0 + p and kBarFree0 + p the hand-over of copy p (all threads of the CTA count).
 constexpr int kBarScoring = 3, kBarScored0 = 4, kBarFree0 = 6;
+// kCompact: a selecting warp's room for its first-digit bin's keys. The largest layout (D_I
+// 128: 193 KB) + 1 KB of alignment + ~2.2 KB of static shared memory leave ~30.8 KB of the
+// 227 KB a CTA may have: 4 rows x 1920 keys x 4 bytes.
+constexpr int kKept = 1920;
+constexpr int kKeptBytes = kRows * kKept * 4;
 
 // kTotals (measurement only): clock64() totals of where each side's time goes into `totals`
 // (IndexerOverlapTotals, indexer_topk_tiled.hpp); an instance of its own, so the measured
-// kernels carry none of it.
-template <int DI, bool kScores, bool kTotals>
+// kernels carry none of it. kCompact (a candidate, IndexerKernel::wgmma_overlap_compact,
+// CSATTN_INDEXER=overlap_compact): each selecting warp keeps its row's keys of the first
+// digit's bin in shared memory (kKept of them at most, past the layout) while counting the
+// second digit, and counts the third from there (idxsel::select_topk_radix's kCompact). Why:
+// the totals (sixteenth session) put the third digit's pass over the row at ~30K of the
+// selection's 138K cycles a block at 32K tokens, the scoring at ~120K; predicted: the
+// selection ~110-115K, under the scoring, so a block at the scoring's ~122K - the indexer
+// +5-6% at 32K tokens (430 -> ~455 TFLOPS); less at 128K, where more long rows' bins
+// overflow kKept and take the pass.
+template <int DI, bool kScores, bool kTotals, bool kCompact>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_overlap_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                                       const bf16* keys, std::int32_t* topk, unsigned* counter,
@@ -80,6 +94,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t base = smem_addr(smem);
   unsigned* hist = reinterpret_cast<unsigned*>(smem + L::kHistOff);  // [kRows, kBins]: the selecting warps'
   float* w_s = reinterpret_cast<float*>(smem + L::kWOff);             // [kRows, 64]
+  // kCompact: [kRows, kKept] keys of the first digit's bin, past the layout.
+  [[maybe_unused]] unsigned* kept = reinterpret_cast<unsigned*>(smem + L::kBytes);
   __shared__ idxsel::SelectShared sel[kRows];
   __shared__ idxblock::Shared sh[2];  // the block state of attempts a with a % 2 = p
   // Stage s of scoring warpgroup c's ring is full once full[c][s]'s phase completes.
@@ -125,18 +141,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         idxsel::digit_histogram<idxsel::WarpThreads, true>(scores, n, 0u, idxsel::kDigit1Bits + idxsel::kDigit2Bits,
                                                            idxsel::kDigit0Bits, h);
         add_since(Totals::count);
-        auto mark = [&](int phase) {
+        auto phase_mark = [&](int phase) {
           if constexpr (kTotals) {
             constexpr int kSlot[6] = {0, Totals::digit1, Totals::digit2, Totals::threshold, Totals::rank, Totals::write};
             add_since(kSlot[phase]);
           }
         };
         if constexpr (kScores)
-          idxsel::select_topk_radix<idxsel::WarpThreads, true>(
+          idxsel::select_topk_radix<idxsel::WarpThreads, true, kCompact>(
               scores, n, K, h, sel[r], out, false, scores_out + static_cast<long>(t0 + r) * K * score_stride,
-              score_stride, mark);
+              score_stride, phase_mark, kept + r * kKept, kKept);
         else
-          idxsel::select_topk_radix<idxsel::WarpThreads>(scores, n, K, h, sel[r], out, false, nullptr, 1, mark);
+          idxsel::select_topk_radix<idxsel::WarpThreads, false, kCompact>(scores, n, K, h, sel[r], out, false, nullptr,
+                                                                          1, phase_mark, kept + r * kKept, kKept);
         if constexpr (kTotals) ++sums[Totals::selected];
       }
       __threadfence_block();
@@ -219,16 +236,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int DI>
 void launch_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                     const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
-                    const SelectedScores& scores, unsigned long long* totals) {
+                    const SelectedScores& scores, unsigned long long* totals, bool compact) {
   CUtensorMap map{};  // none without compressed rows: no tile is loaded (as launch_wgmma)
   if (d.comp_capacity > 0) map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
   require(totals == nullptr || scores.base == nullptr, ErrorKind::InvalidArgument,
           "the overlapped wgmma indexer's totals (benchmarks) come without selected scores");
-  auto kernel = totals != nullptr        ? indexer_topk_wgmma_overlap_kernel<DI, false, true>
-                : scores.base != nullptr ? indexer_topk_wgmma_overlap_kernel<DI, true, false>
-                                         : indexer_topk_wgmma_overlap_kernel<DI, false, false>;
+  auto pick = [&](auto compact_tag) {
+    constexpr bool kCompact = decltype(compact_tag)::value;
+    return totals != nullptr        ? indexer_topk_wgmma_overlap_kernel<DI, false, true, kCompact>
+           : scores.base != nullptr ? indexer_topk_wgmma_overlap_kernel<DI, true, false, kCompact>
+                                    : indexer_topk_wgmma_overlap_kernel<DI, false, false, kCompact>;
+  };
+  auto kernel = compact ? pick(std::true_type{}) : pick(std::false_type{});
   // One CTA per SM; + 1 KB: the base's alignment to 1024.
-  idxblock::launch_block_kernel(kernel, kThreads, 1, 1024 + Layout<DI>::kBytes, "the overlapped wgmma indexer",
+  const std::size_t smem = 1024 + Layout<DI>::kBytes + (compact ? kKeptBytes : 0);
+  idxblock::launch_block_kernel(kernel, kThreads, 1, smem, "the overlapped wgmma indexer",
                                 d, meta, qi, w_eff, keys, topk, scratch, stream, totals, map, scores.base,
                                 scores.stride);
 }
@@ -238,7 +260,7 @@ void launch_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* 
 void launch_indexer_topk_wgmma_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                                        const float* w_eff, const bf16* keys, std::int32_t* topk,
                                        void* scratch, cudaStream_t stream, const SelectedScores& scores,
-                                       unsigned long long* totals) {
+                                       unsigned long long* totals, bool compact) {
   require(indexer_tiled_supported(d), ErrorKind::Unsupported,
           "the wgmma indexer needs index_n_heads <= 64 and index_head_dim 64 or 128");
   require(scratch != nullptr, ErrorKind::InvalidArgument, "the wgmma indexer needs its scratch");
@@ -248,8 +270,8 @@ void launch_indexer_topk_wgmma_overlap(const LayerDims& d, const DeviceMetadata&
     launch_indexer_topk_wgmma(d, meta, qi, w_eff, keys, topk, scratch, stream, nullptr, scores);
     return;
   }
-  if (d.index_dim == 128) launch_overlap<128>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, totals);
-  else launch_overlap<64>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, totals);
+  if (d.index_dim == 128) launch_overlap<128>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, totals, compact);
+  else launch_overlap<64>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, totals, compact);
 }
 
 }  // namespace csattn::cuda

@@ -330,11 +330,13 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsRandom) {
   expect_contract(p, wg, "wgmma");
   expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
   expect_equal_rows(p, wg, dev.run(cuda::IndexerKernel::wgmma), "wgmma run twice");
-  // The overlapped kernel (a candidate): the same scores, so the same ids, run after run.
+  // The overlapped kernel (the default): the same scores, so the same ids, run after run;
+  // and its candidate that keeps the first digit's bin in shared memory.
   const auto ov = dev.run(cuda::IndexerKernel::wgmma_overlap);
   expect_contract(p, ov, "wgmma_overlap");
   expect_equal_rows(p, ov, wg, "wgmma_overlap vs wgmma");
   expect_equal_rows(p, ov, dev.run(cuda::IndexerKernel::wgmma_overlap), "wgmma_overlap run twice");
+  expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap_compact), wg, "wgmma_overlap_compact vs wgmma");
 }
 
 // Exact-arithmetic inputs (small integers, weights in {-1, -1/2, 1/2, 1, 2}): every kernel
@@ -357,6 +359,9 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsExact) {
   expect_contract(p, ov, "wgmma_overlap");
   expect_equal_rows(p, ov, tiled, "wgmma_overlap vs tiled");
   expect_reference_rows(p, ov, sample_rows(p), "wgmma_overlap");
+  const auto oc = dev.run(cuda::IndexerKernel::wgmma_overlap_compact);
+  expect_contract(p, oc, "wgmma_overlap_compact");
+  expect_equal_rows(p, oc, tiled, "wgmma_overlap_compact vs tiled");
 }
 
 // The selected ids' scores (SelectedScores; the layer's forward takes them as the sparse
@@ -371,8 +376,11 @@ TEST_P(CudaIndexer, SelectedScoresAreTheIdsScores) {
   dev.upload();
   const auto plain = dev.run(cuda::IndexerKernel::wgmma);
   const std::size_t entries = static_cast<std::size_t>(p.T) * p.K;
-  for (auto which : {cuda::IndexerKernel::wgmma, cuda::IndexerKernel::wgmma_overlap}) {
-    SCOPED_TRACE(which == cuda::IndexerKernel::wgmma ? "wgmma" : "wgmma_overlap");
+  for (auto which : {cuda::IndexerKernel::wgmma, cuda::IndexerKernel::wgmma_overlap,
+                     cuda::IndexerKernel::wgmma_overlap_compact}) {
+    SCOPED_TRACE(which == cuda::IndexerKernel::wgmma           ? "wgmma"
+                 : which == cuda::IndexerKernel::wgmma_overlap ? "wgmma_overlap"
+                                                               : "wgmma_overlap_compact");
     DeviceArray<float> out(2 * entries);
     out.fill_bytes(0xFF);
     const auto ids = dev.run(which, cuda::SelectedScores{out.get(), 2});
@@ -405,6 +413,7 @@ TEST(CudaIndexerTiny, NoCompressedRowsGiveEmptyRows) {
   dev.upload();
   for (auto [name, which] : {std::pair{"wgmma", cuda::IndexerKernel::wgmma},
                              std::pair{"wgmma_overlap", cuda::IndexerKernel::wgmma_overlap},
+                             std::pair{"wgmma_overlap_compact", cuda::IndexerKernel::wgmma_overlap_compact},
                              std::pair{"tiled", cuda::IndexerKernel::tiled},
                              std::pair{"automatic", cuda::IndexerKernel::automatic}}) {
     const auto ids = dev.run(which);
@@ -429,6 +438,33 @@ TEST_P(CudaIndexer, AllTiesTakeTheSmallestIds) {
   expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::mma1), "tiled vs mma1");
   expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma), tiled, "wgmma vs tiled");
   expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap), tiled, "wgmma_overlap vs tiled");
+  expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap_compact), tiled, "wgmma_overlap_compact vs tiled");
+}
+
+// The overlapped kernel's candidate that keeps the first digit's bin in shared memory (1920
+// keys a row): with every key equal, a row's bin holds all its n visible entries, so the rows
+// of up to 1920 entries keep them and the longer ones (up to 1925 here) take the passes over
+// the row - both sides of the boundary, in one launch, must give ids 0..K-1, as tiled does.
+TEST(CudaIndexerCompact, RowsAroundTheKeptCapacity) {
+  SKIP_WITHOUT_GPU();
+  const int K = 64;
+  const Problem p(8, 64, K, {4 * 1925 + 3, 4 * 1920}, {4 * 1925 + 3, 4 * 1920}, Values::equal_keys, 18);
+  DeviceProblem dev(p);
+  dev.upload();
+  int kept = 0, passed = 0;
+  for (int t = 0; t < p.T; ++t) {
+    kept += p.visible(t) > K && p.visible(t) <= 1920;
+    passed += p.visible(t) > 1920;
+  }
+  ASSERT_GT(kept, 0);
+  ASSERT_GT(passed, 0);
+  const auto ids = dev.run(cuda::IndexerKernel::wgmma_overlap_compact);
+  expect_contract(p, ids, "wgmma_overlap_compact");
+  for (int t = 0; t < p.T; ++t) {
+    const int take = std::min(p.visible(t), p.K);
+    for (int i = 0; i < take; ++i) ASSERT_EQ(ids[static_cast<std::size_t>(t) * p.K + i], i) << "row " << t;
+  }
+  expect_equal_rows(p, ids, dev.run(cuda::IndexerKernel::tiled), "wgmma_overlap_compact vs tiled");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaIndexer,
@@ -460,6 +496,7 @@ TEST(CudaIndexerLong, SegmentOf200KTokens) {
   expect_reference_rows(p, wg, rows, "wgmma");
   expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
   expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap), tiled, "wgmma_overlap vs tiled");
+  expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap_compact), tiled, "wgmma_overlap_compact vs tiled");
 }
 
 
