@@ -184,22 +184,16 @@ __device__ void digit_histogram(const float* scores, int n, unsigned prefix, int
   G::sync();
 }
 
-// One warp's second-digit histogram (select_topk_radix's kCompact, a candidate): the pass over
-// the row that counts the second digit of the keys in the first digit's bin `bin0` also
-// appends those keys to `kept` (shared memory, room for all of them: the caller checked the
-// bin's count), so the third digit is counted from `kept` instead of another pass over the
-// row in L2. Steps of 128 entries, four in flight, lane l's float4 holding entries 4l ..
-// 4l + 3 of its step; a ballot a key position places the appends.
-__device__ __forceinline__ void digit1_histogram_keeping(const float* scores, int n, unsigned bin0, unsigned* hist,
-                                                         unsigned* kept) {
-  constexpr int kAhead = 4;
+// One warp's pass over a row in steps of kAhead x 32 float4s: f(i, v) for every lane and
+// step, v = float4 i of the row (zeros past its n4 float4s: f tests 4 i + c < n), all the
+// step's loads issued before its first call; the trip count is the warp's, so f may use
+// full-mask warp collectives. Lane l's float4 of a step's k-th quarter holds entries
+// 4 (s0 + 32 k + l) ..+ 3: lanes in id order, coalesced.
+template <int kAhead, class F>
+__device__ __forceinline__ void for_each_float4_warp(const float* scores, int n, F&& f) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  for (int i = lane; i < kBins; i += 32) hist[i] = 0u;
-  __syncwarp();
-  const unsigned below = (1u << lane) - 1u;
   const float4* s4 = reinterpret_cast<const float4*>(scores);
   const int n4 = (n + 3) / 4;
-  int count = 0;  // keys kept so far (warp-uniform)
   for (int s0 = 0; s0 < n4; s0 += kAhead * 32) {
     float4 v[kAhead];
 #pragma unroll
@@ -208,22 +202,36 @@ __device__ __forceinline__ void digit1_histogram_keeping(const float* scores, in
       v[k] = i < n4 ? s4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
-    for (int k = 0; k < kAhead; ++k) {
-      const int i = s0 + 32 * k + lane;
-      const float e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const unsigned key = order_key(e[c]);
-        const bool in_bin = 4 * i + c < n && digit0(key) == bin0;
-        const unsigned ballot = __ballot_sync(0xffffffffu, in_bin);
-        if (in_bin) {
-          atomicAdd(&hist[(key >> kDigit2Bits) & ((1u << kDigit1Bits) - 1u)], 1u);
-          kept[count + __popc(ballot & below)] = key;
-        }
-        count += __popc(ballot);
-      }
-    }
+    for (int k = 0; k < kAhead; ++k) f(s0 + 32 * k + lane, v[k]);
   }
+}
+
+// One warp's second-digit histogram (select_topk_radix's kCompact, a candidate): the pass over
+// the row that counts the second digit of the keys in the first digit's bin `bin0` also
+// appends those keys to `kept` (shared memory, room for all of them: the caller checked the
+// bin's count), so the third digit is counted from `kept` instead of another pass over the
+// row in L2. A ballot a key position places the appends.
+__device__ __forceinline__ void digit1_histogram_keeping(const float* scores, int n, unsigned bin0, unsigned* hist,
+                                                         unsigned* kept) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (int i = lane; i < kBins; i += 32) hist[i] = 0u;
+  __syncwarp();
+  const unsigned below = (1u << lane) - 1u;
+  int count = 0;  // keys kept so far (warp-uniform)
+  for_each_float4_warp<4>(scores, n, [&](int i, const float4& v) {
+    const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const unsigned key = order_key(e[c]);
+      const bool in_bin = 4 * i + c < n && digit0(key) == bin0;
+      const unsigned ballot = __ballot_sync(0xffffffffu, in_bin);
+      if (in_bin) {
+        atomicAdd(&hist[(key >> kDigit2Bits) & ((1u << kDigit1Bits) - 1u)], 1u);
+        kept[count + __popc(ballot & below)] = key;
+      }
+      count += __popc(ballot);
+    }
+  });
   __syncwarp();
 }
 
@@ -252,57 +260,44 @@ __device__ __forceinline__ void digit2_histogram_kept(const unsigned* kept, int 
 template <bool kScores>
 __device__ __forceinline__ void write_ids_warp_scan(const float* scores, int n, unsigned threshold, int need_equal,
                                                     std::int32_t* out, float* out_scores, int score_stride) {
-  constexpr int kAhead = 4;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const float4* s4 = reinterpret_cast<const float4*>(scores);
-  const int n4 = (n + 3) / 4;
   int base = 0, equal_base = 0;  // slots taken and equal keys seen before the step (warp-uniform)
-  for (int s0 = 0; s0 < n4; s0 += kAhead * 32) {
-    float4 v[kAhead];
+  for_each_float4_warp<4>(scores, n, [&](int i, const float4& v) {
+    const float e[4] = {v.x, v.y, v.z, v.w};
+    unsigned above = 0u, equal = 0u;  // bit c: entry 4i + c
 #pragma unroll
-    for (int k = 0; k < kAhead; ++k) {
-      const int i = s0 + 32 * k + lane;
-      v[k] = i < n4 ? s4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int c = 0; c < 4; ++c) {
+      const unsigned key = order_key(e[c]);
+      const bool real = 4 * i + c < n;
+      above |= static_cast<unsigned>(real && key > threshold) << c;
+      equal |= static_cast<unsigned>(real && key == threshold) << c;
     }
+    // Inclusive scan of (above count) << 16 | (equal count) over the lanes.
+    const int mine = (__popc(above) << 16) | __popc(equal);
+    int incl = mine;
 #pragma unroll
-    for (int k = 0; k < kAhead; ++k) {
-      const int i = s0 + 32 * k + lane;
-      const float e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
-      unsigned above = 0u, equal = 0u;  // bit c: entry 4i + c
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const unsigned key = order_key(e[c]);
-        const bool real = 4 * i + c < n;
-        above |= static_cast<unsigned>(real && key > threshold) << c;
-        equal |= static_cast<unsigned>(real && key == threshold) << c;
-      }
-      // Inclusive scan of (above count) << 16 | (equal count) over the lanes.
-      const int mine = (__popc(above) << 16) | __popc(equal);
-      int incl = mine;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += u;
-      }
-      const int total = __shfl_sync(0xffffffffu, incl, 31);
-      const int before = incl - mine;
-      const int equal_before = equal_base + (before & 0xffff);
-      // Equal keys still to take when this lane's turn comes, and the lane's first slot.
-      int left = need_equal - equal_before;
-      int slot = base + (before >> 16) + min(before & 0xffff, max(0, need_equal - equal_base));
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        bool take = (above >> c) & 1u;
-        if ((equal >> c) & 1u) take = left-- > 0;
-        if (take) {
-          if constexpr (kScores) out_scores[static_cast<long>(slot) * score_stride] = e[c];
-          out[slot++] = 4 * i + c;
-        }
-      }
-      base += (total >> 16) + min(total & 0xffff, max(0, need_equal - equal_base));
-      equal_base += total & 0xffff;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int u = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += u;
     }
-  }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    const int before = incl - mine;
+    const int equal_before = equal_base + (before & 0xffff);
+    // Equal keys still to take when this lane's turn comes, and the lane's first slot.
+    int left = need_equal - equal_before;
+    int slot = base + (before >> 16) + min(before & 0xffff, max(0, need_equal - equal_base));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      bool take = (above >> c) & 1u;
+      if ((equal >> c) & 1u) take = left-- > 0;
+      if (take) {
+        if constexpr (kScores) out_scores[static_cast<long>(slot) * score_stride] = e[c];
+        out[slot++] = 4 * i + c;
+      }
+    }
+    base += (total >> 16) + min(total & 0xffff, max(0, need_equal - equal_base));
+    equal_base += total & 0xffff;
+  });
 }
 
 // Selects the top K of scores[0..n) (n > K; scores 16-byte aligned) and writes their ids in

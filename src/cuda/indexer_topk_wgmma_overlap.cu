@@ -66,6 +66,24 @@ constexpr int kBarScoring = 3, kBarScored0 = 4, kBarFree0 = 6;
 // 128: 193 KB) + 1 KB of alignment + ~2.2 KB of static shared memory leave ~30.8 KB of the
 // 227 KB a CTA may have: 4 rows x 1920 keys x 4 bytes.
 constexpr int kKept = 1920;
+
+// kTotals: clock64() intervals summed by phase; add_since(what) adds the time since the last
+// call (or construction) to sums[what]. kOn false: nothing (the measured instances).
+template <int N, bool kOn>
+struct ClockSums {
+  unsigned long long sums[N] = {};
+  long long mark = 0;
+  __device__ ClockSums() {
+    if constexpr (kOn) mark = clock64();
+  }
+  __device__ void add_since(int what) {
+    if constexpr (kOn) {
+      const long long now = clock64();
+      sums[what] += static_cast<unsigned long long>(now - mark);
+      mark = now;
+    }
+  }
+};
 constexpr int kKeptBytes = kRows * kKept * 4;
 
 // kTotals (measurement only): clock64() totals of where each side's time goes into `totals`
@@ -118,15 +136,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kSelectRegs>();
     const int r = warp - 2 * 4;
     // kTotals: this warp's sums (Totals::RowSlot order), written by lane 0 at the end.
-    unsigned long long sums[Totals::row_slots] = {};
-    [[maybe_unused]] long long mark = kTotals ? clock64() : 0;
-    auto add_since = [&](int what) {
-      if constexpr (kTotals) {
-        const long long now = clock64();
-        sums[what] += static_cast<unsigned long long>(now - mark);
-        mark = now;
-      }
-    };
+    ClockSums<Totals::row_slots, kTotals> phase_clock;
+    auto add_since = [&](int what) { phase_clock.add_since(what); };
     for (int attempt = 0;; ++attempt) {
       const int p = attempt & 1;
       named_barrier_sync(kBarScored0 + p, kThreads);  // copy p and its slot hold attempt a
@@ -154,14 +165,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         else
           idxsel::select_topk_radix<idxsel::WarpThreads, false, kCompact>(scores, n, K, h, sel[r], out, false, nullptr,
                                                                           1, phase_mark, kept + r * kKept, kKept);
-        if constexpr (kTotals) ++sums[Totals::selected];
+        if constexpr (kTotals) ++phase_clock.sums[Totals::selected];
       }
       __threadfence_block();
       named_barrier_arrive(kBarFree0 + p, kThreads);  // done with copy p and its slot
     }
     if constexpr (kTotals) {
       if ((tid & 31) == 0 && blockIdx.x < Totals::ctas)
-        for (int k = 0; k < Totals::row_slots; ++k) totals[blockIdx.x * Totals::slots + Totals::row_slot(r, k)] = sums[k];
+        for (int k = 0; k < Totals::row_slots; ++k)
+          totals[blockIdx.x * Totals::slots + Totals::row_slot(r, k)] = phase_clock.sums[k];
     }
     return;
   }
@@ -175,15 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // and completes phase n / kStages of its barrier.
   int loads_before = 0;
   // kTotals: thread 0's sums (Totals::Slot order up to first_row_slot), written at the end.
-  unsigned long long sums[Totals::first_row_slot] = {};
-  [[maybe_unused]] long long mark = kTotals ? clock64() : 0;
-  auto add_since = [&](int what) {
-    if constexpr (kTotals) {
-      const long long now = clock64();
-      sums[what] += static_cast<unsigned long long>(now - mark);
-      mark = now;
-    }
-  };
+  ClockSums<Totals::first_row_slot, kTotals> phase_clock;
+  auto add_since = [&](int what) { phase_clock.add_since(what); };
 
   for (int attempt = 0;; ++attempt) {
     const int p = attempt & 1;
@@ -203,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (attempt >= 1) named_barrier_sync(kBarFree0 + (p ^ 1), kThreads);
       if constexpr (kTotals) {
         if (tid == 0 && blockIdx.x < Totals::ctas)
-          for (int k = 0; k < Totals::first_row_slot; ++k) totals[blockIdx.x * Totals::slots + k] = sums[k];
+          for (int k = 0; k < Totals::first_row_slot; ++k) totals[blockIdx.x * Totals::slots + k] = phase_clock.sums[k];
       }
       return;
     }
@@ -229,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __threadfence_block();
     named_barrier_arrive(kBarScored0 + p, kThreads);
     add_since(Totals::scoring);
-    if constexpr (kTotals) ++sums[Totals::blocks];
+    if constexpr (kTotals) ++phase_clock.sums[Totals::blocks];
   }
 }
 
