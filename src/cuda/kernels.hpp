@@ -105,7 +105,7 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
 
 // Index scores over the visible entries of each row and the deterministic top-k (ties to
 // the smallest index), written in ascending index order then -1 (indexer_topk.cu). Kernels:
-// wgmma (default where indexer_tiled_supported: 4 rows per CTA on warpgroup MMAs, any
+// wgmma (4 rows per CTA on warpgroup MMAs, scored then selected by the whole CTA; any
 // length, needs `scratch` of indexer_topk_scratch_bytes(d) bytes, indexer_topk_plan.hpp),
 // tiled (the same contract on mma.sync, kept as its reference), and the one-row references
 // mma1 (tensor cores) and baseline (CUDA cores), whose segments must fit one row's scores in

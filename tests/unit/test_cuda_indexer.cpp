@@ -198,13 +198,13 @@ class DeviceProblem {
     return topk_.download();
   }
   // The overlapped kernel's measurement instance (clock64 totals into `totals`, zeroed here).
-  std::vector<std::int32_t> run_overlap_totals(DeviceArray<unsigned long long>& totals) {
+  std::vector<std::int32_t> run_overlap_totals(DeviceArray<unsigned long long>& totals, bool compact) {
     topk_.fill_bytes(0x5A);
     scratch_.fill_bytes(0xFF);
     totals.fill_bytes(0);
     cuda::launch_indexer_topk_wgmma_overlap(d_, meta(), reinterpret_cast<const cuda::bf16*>(q_.get()), w_.get(),
                                             reinterpret_cast<const cuda::bf16*>(k_.get()), topk_.get(),
-                                            scratch_.get(), nullptr, {}, totals.get());
+                                            scratch_.get(), nullptr, {}, totals.get(), compact);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return topk_.download();
   }
@@ -548,7 +548,8 @@ TEST(CudaIndexerStamps, SameIdsAndStampsInOrder) {
 // add up to the blocks of 4 rows, and selecting warp r's selected blocks to the blocks whose
 // row r has more visible entries than top-k (the rows it selects; the others come from the
 // scoring threads). Every CTA that scored a block spent cycles scoring it. Ragged segments
-// so that rows of a block differ in which side writes them.
+// so that rows of a block differ in which side writes them. Both measurement instances: the
+// default's and the overlap_compact candidate's.
 TEST(CudaIndexerStamps, OverlapTotalsAccountForEveryBlock) {
   SKIP_WITHOUT_GPU();
   using Totals = cuda::IndexerOverlapTotals;
@@ -558,34 +559,37 @@ TEST(CudaIndexerStamps, OverlapTotalsAccountForEveryBlock) {
   const Problem p(8, 64, 256, {3001, 1203, 2999}, {3004, 1204, 3000}, Values::random, 17);
   DeviceProblem dev(p);
   dev.upload();
-  DeviceArray<unsigned long long> totals(static_cast<std::size_t>(Totals::size()));
   const auto plain = dev.run(cuda::IndexerKernel::wgmma_overlap);
-  const auto measured = dev.run_overlap_totals(totals);
-  expect_equal_rows(p, measured, plain, "overlap totals vs plain overlap");
-  const std::vector<unsigned long long> t = totals.download();
   const int blocks = (p.T + 3) / 4;
-  long scored = 0, selected[Totals::rows] = {}, want[Totals::rows] = {};
+  long want[Totals::rows] = {};
   for (int b = 0; b < blocks; ++b)
     for (int r = 0; r < Totals::rows; ++r)
       if (4 * b + r < p.T && p.visible(4 * b + r) > p.K) ++want[r];
-  for (int c = 0; c < Totals::ctas; ++c) {
-    const unsigned long long* x = t.data() + static_cast<std::size_t>(c) * Totals::slots;
-    scored += static_cast<long>(x[Totals::blocks]);
-    if (x[Totals::blocks] > 0) {
-      EXPECT_GT(x[Totals::scoring], 0u) << "CTA " << c;
-    }
-    for (int r = 0; r < Totals::rows; ++r) {
-      selected[r] += static_cast<long>(x[Totals::row_slot(r, Totals::selected)]);
-      if (x[Totals::row_slot(r, Totals::selected)] > 0) {
-        EXPECT_GT(x[Totals::row_slot(r, Totals::count)], 0u) << "CTA " << c << " row " << r;
-        EXPECT_GT(x[Totals::row_slot(r, Totals::write)], 0u) << "CTA " << c << " row " << r;
+  for (int r = 0; r < Totals::rows; ++r)
+    ASSERT_GT(want[r], 0) << "row " << r << ": the problem must give the selecting warp work";
+  for (bool compact : {false, true}) {  // the default and the overlap_compact candidate
+    SCOPED_TRACE(compact ? "compact" : "default");
+    DeviceArray<unsigned long long> totals(static_cast<std::size_t>(Totals::size()));
+    const auto measured = dev.run_overlap_totals(totals, compact);
+    expect_equal_rows(p, measured, plain, "overlap totals vs plain overlap");
+    const std::vector<unsigned long long> t = totals.download();
+    long scored = 0, selected[Totals::rows] = {};
+    for (int c = 0; c < Totals::ctas; ++c) {
+      const unsigned long long* x = t.data() + static_cast<std::size_t>(c) * Totals::slots;
+      scored += static_cast<long>(x[Totals::blocks]);
+      if (x[Totals::blocks] > 0) {
+        EXPECT_GT(x[Totals::scoring], 0u) << "CTA " << c;
+      }
+      for (int r = 0; r < Totals::rows; ++r) {
+        selected[r] += static_cast<long>(x[Totals::row_slot(r, Totals::selected)]);
+        if (x[Totals::row_slot(r, Totals::selected)] > 0) {
+          EXPECT_GT(x[Totals::row_slot(r, Totals::count)], 0u) << "CTA " << c << " row " << r;
+          EXPECT_GT(x[Totals::row_slot(r, Totals::write)], 0u) << "CTA " << c << " row " << r;
+        }
       }
     }
-  }
-  EXPECT_EQ(scored, blocks);
-  for (int r = 0; r < Totals::rows; ++r) {
-    EXPECT_GT(want[r], 0) << "row " << r << ": the problem must give the selecting warp work";
-    EXPECT_EQ(selected[r], want[r]) << "row " << r;
+    EXPECT_EQ(scored, blocks);
+    for (int r = 0; r < Totals::rows; ++r) EXPECT_EQ(selected[r], want[r]) << "row " << r;
   }
 }
 
