@@ -250,10 +250,8 @@ json indexer_phases_case(int tokens) {
   // The overlapped kernel's totals (a warm-up launch first; zeroed: CTAs past the grid stay 0).
   cuda::DeviceArena totals_buf;
   auto* totals = reinterpret_cast<unsigned long long*>(totals_buf.reserve(sizeof(unsigned long long) * Totals::size()));
-  // The candidate that keeps the first digit's bin where CSATTN_INDEXER=overlap_compact asks.
-  const bool compact = cuda::indexer_kernel_for(d) == cuda::IndexerKernel::wgmma_overlap_compact;
   auto launch_overlap = [&](unsigned long long* t) {
-    cuda::launch_indexer_topk_wgmma_overlap(d, m, q_ptr, w_ptr, k_ptr, ids, scratch.base, nullptr, {}, t, compact);
+    cuda::launch_indexer_topk_wgmma_overlap(d, m, q_ptr, w_ptr, k_ptr, ids, scratch.base, nullptr, {}, t);
   };
   launch_overlap(nullptr);
   CSATTN_CUDA_CHECK(cudaMemset(totals, 0, sizeof(unsigned long long) * Totals::size()));
@@ -269,7 +267,7 @@ json indexer_phases_case(int tokens) {
     for (int r = 0; r < Totals::rows; ++r)
       for (int k = 0; k < Totals::row_slots; ++k) rows[r][k] += static_cast<double>(x[Totals::row_slot(r, k)]);
   }
-  json o{{"blocks", blocks}, {"compact", compact}};
+  json o{{"blocks", blocks}};
   if (blocks > 0) {  // none on a card of more SMs (the two-warpgroup kernel ran)
     static const char* const side_names[3] = {"ticket + free wait", "setup", "scoring"};
     for (int k = 0; k < 3; ++k) o["scoring_side_cycles_per_block"][side_names[k]] = scoring_side[k] / blocks;
@@ -308,9 +306,7 @@ json indexer_phases() {
   const json& o = j["overlap"];
   if (o["blocks"].get<double>() > 0) {
     const json& s = o["scoring_side_cycles_per_block"];
-    std::printf("overlapped kernel (%s), cycles a block over all %.0f blocks:\n",
-                o["compact"].get<bool>() ? "keeping the first digit's bin: CSATTN_INDEXER=overlap_compact" : "the default",
-                o["blocks"].get<double>());
+    std::printf("overlapped kernel (the default), cycles a block over all %.0f blocks:\n", o["blocks"].get<double>());
     std::printf("  scoring warpgroups | ticket + free wait %.0f | setup %.0f | scoring %.0f\n",
                 s["ticket + free wait"].get<double>(), s["setup"].get<double>(), s["scoring"].get<double>());
     for (std::size_t r = 0; r < o["select_rows"].size(); ++r) {

@@ -206,7 +206,7 @@ __device__ __forceinline__ void for_each_float4_warp(const float* scores, int n,
   }
 }
 
-// One warp's second-digit histogram (select_topk_radix's kCompact, a candidate): the pass over
+// One warp's second-digit histogram (select_topk_radix's kCompact): the pass over
 // the row that counts the second digit of the keys in the first digit's bin `bin0` also
 // appends those keys to `kept` (shared memory, room for all of them: the caller checked the
 // bin's count), so the third digit is counted from `kept` instead of another pass over the
@@ -309,9 +309,10 @@ __device__ __forceinline__ void write_ids_warp_scan(const float* scores, int n, 
 // writes the ids by write_ids_warp_scan, without the counting pass. mark(p) (measurement
 // hooks, no-ops by default): p = 1 after the second digit's histogram, 2 after the third's,
 // 3 the threshold found, 4 the ranks counted (not by one warp), 5 the ids written.
-// kCompact (one warp; a candidate): where the first digit's bin holds at most kept_cap keys,
-// they are kept in `kept` (shared memory) by the second digit's pass and the third digit is
-// counted from there (digit1_histogram_keeping, digit2_histogram_kept); the same threshold.
+// kCompact (one warp: the overlapped indexer's selecting warps): where the first digit's bin
+// holds at most kept_cap keys, they are kept in `kept` (shared memory) by the second digit's
+// pass and the third digit is counted from there (digit1_histogram_keeping,
+// digit2_histogram_kept); the same threshold.
 struct NoMark {
   __device__ void operator()(int) const {}
 };

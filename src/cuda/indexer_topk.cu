@@ -311,12 +311,11 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
 
 IndexerKernel indexer_kernel_for(const LayerDims& d) {
   static const std::string env =
-      kernel_switch("CSATTN_INDEXER", {"wgmma", "tiled", "mma1", "baseline", "overlap_compact"});
+      kernel_switch("CSATTN_INDEXER", {"wgmma", "tiled", "mma1", "baseline"});
   if (env == "baseline") return IndexerKernel::baseline;
   if (env == "mma1") return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
   if (env == "tiled" && indexer_tiled_supported(d)) return IndexerKernel::tiled;
   if (env == "wgmma" && indexer_tiled_supported(d)) return IndexerKernel::wgmma;
-  if (env == "overlap_compact" && indexer_tiled_supported(d)) return IndexerKernel::wgmma_overlap_compact;
   if (indexer_tiled_supported(d)) return IndexerKernel::wgmma_overlap;
   return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
 }
@@ -333,9 +332,7 @@ bool launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const b
       launch_indexer_topk_wgmma(d, meta, qi, w_eff, keys, topk, scratch, stream, nullptr, scores);
       return scores.base != nullptr;
     case IndexerKernel::wgmma_overlap:
-    case IndexerKernel::wgmma_overlap_compact:
-      launch_indexer_topk_wgmma_overlap(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, nullptr,
-                                        which == IndexerKernel::wgmma_overlap_compact);
+      launch_indexer_topk_wgmma_overlap(d, meta, qi, w_eff, keys, topk, scratch, stream, scores);
       return scores.base != nullptr;
     case IndexerKernel::tiled:
       launch_indexer_topk_tiled(d, meta, qi, w_eff, keys, topk, scratch, stream);

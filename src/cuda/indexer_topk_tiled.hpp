@@ -19,12 +19,10 @@ void launch_indexer_topk_wgmma(const LayerDims& d, const DeviceMetadata& meta, c
 // The wgmma indexer with a third warpgroup selecting block b while the other two score block
 // b + 1 (indexer_topk_wgmma_overlap.cu; the default where the tiled shapes hold): the same
 // ids and scores. totals: IndexerOverlapTotals (measurement only; without selected scores).
-// compact (a candidate): the selecting warps keep the first digit's bin in shared memory
-// (indexer_topk_wgmma_overlap.cu, kCompact): the same ids and scores.
 void launch_indexer_topk_wgmma_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                                        const float* w_eff, const bf16* keys, std::int32_t* topk,
                                        void* scratch, cudaStream_t stream, const SelectedScores& scores = {},
-                                       unsigned long long* totals = nullptr, bool compact = false);
+                                       unsigned long long* totals = nullptr);
 
 // Measurement only (benchmarks): the wgmma indexer's phase_stamps, the multiprocessor's
 // 32-bit clock() with its lowest bit set (0 means "not reached"; subtract modulo 2^32),

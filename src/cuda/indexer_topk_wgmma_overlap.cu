@@ -12,8 +12,10 @@
 // TFLOPS at 32K-128K tokens (predicted 440-480); its totals (kTotals) then showed the
 // selection setting the pace (a block at 32K tokens: 120K cycles of scoring, 156K of
 // selection), and the one-warp id writes in one coalesced pass (idxsel::write_ids_warp_scan)
-// took the selection to 138K and the kernel to 430-452 TFLOPS. What is left: the second
-// and third digits' passes (~42K and ~30K cycles) and the count (~23K) over the row in L2.
+// took the selection to 138K and the kernel to 430-452 TFLOPS; keeping the first digit's
+// bin in shared memory for the third digit (below) took the third digit's pass 30K -> 12K and
+// the kernel to 460-496 TFLOPS (seventeenth session). What is left: the count and the second
+// digit's pass over the row in L2 (~33K and ~44K cycles a block) and the id writes (~41K).
 //
 // The scoring is the two-warpgroup kernel's (idxwg::score_run, indexer_wgmma_tile.cuh, without
 // the histogram), so the scores and the ids are bit for bit its own. The hand-over:
@@ -62,7 +64,7 @@ static_assert(kScoreThreads * kScoreRegs + kSelectThreads * kSelectRegs <= kThre
 // Named barriers: 1 + wg each scoring warpgroup's own, kBarScoring both scoring warpgroups,
 // kBarScored0 + p and kBarFree0 + p the hand-over of copy p (all threads of the CTA count).
 constexpr int kBarScoring = 3, kBarScored0 = 4, kBarFree0 = 6;
-// kCompact: a selecting warp's room for its first-digit bin's keys. The largest layout (D_I
+// A selecting warp's room for its first-digit bin's keys. The largest layout (D_I
 // 128: 193 KB) + 1 KB of alignment + ~2.2 KB of static shared memory leave ~30.8 KB of the
 // 227 KB a CTA may have: 4 rows x 1920 keys x 4 bytes.
 constexpr int kKept = 1920;
@@ -88,16 +90,14 @@ constexpr int kKeptBytes = kRows * kKept * 4;
 
 // kTotals (measurement only): clock64() totals of where each side's time goes into `totals`
 // (IndexerOverlapTotals, indexer_topk_tiled.hpp); an instance of its own, so the measured
-// kernels carry none of it. kCompact (a candidate, IndexerKernel::wgmma_overlap_compact,
-// CSATTN_INDEXER=overlap_compact): each selecting warp keeps its row's keys of the first
-// digit's bin in shared memory (kKept of them at most, past the layout) while counting the
-// second digit, and counts the third from there (idxsel::select_topk_radix's kCompact). Why:
-// the totals (sixteenth session) put the third digit's pass over the row at ~30K of the
-// selection's 138K cycles a block at 32K tokens, the scoring at ~120K; predicted: the
-// selection ~110-115K, under the scoring, so a block at the scoring's ~122K - the indexer
-// +5-6% at 32K tokens (430 -> ~455 TFLOPS); less at 128K, where more long rows' bins
-// overflow kKept and take the pass.
-template <int DI, bool kScores, bool kTotals, bool kCompact>
+// kernels carry none of it. Each selecting warp keeps its row's keys of the first digit's bin
+// in shared memory (kKept of them at most, past the layout) while counting the second digit,
+// and counts the third from there (idxsel::select_topk_radix's kCompact); a row whose bin
+// holds more takes another pass over its scores. Why: the totals (sixteenth session) put that
+// pass at ~30K of the selection's 138K cycles a block at 32K tokens, the scoring at ~120K.
+// Measured (seventeenth session, H100): the third digit 30K -> 12K cycles, the indexer
+// 430/448/458 -> 460/486/496 TFLOPS at 32K/64K/128K tokens.
+template <int DI, bool kScores, bool kTotals>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_topk_wgmma_overlap_kernel(LayerDims d, DeviceMetadata meta, const bf16* qi, const float* w_eff,
                                       const bf16* keys, std::int32_t* topk, unsigned* counter,
@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t base = smem_addr(smem);
   unsigned* hist = reinterpret_cast<unsigned*>(smem + L::kHistOff);  // [kRows, kBins]: the selecting warps'
   float* w_s = reinterpret_cast<float*>(smem + L::kWOff);             // [kRows, 64]
-  // kCompact: [kRows, kKept] keys of the first digit's bin, past the layout.
-  [[maybe_unused]] unsigned* kept = reinterpret_cast<unsigned*>(smem + L::kBytes);
+  // [kRows, kKept] keys of the first digit's bin, past the layout.
+  unsigned* kept = reinterpret_cast<unsigned*>(smem + L::kBytes);
   __shared__ idxsel::SelectShared sel[kRows];
   __shared__ idxblock::Shared sh[2];  // the block state of attempts a with a % 2 = p
   // Stage s of scoring warpgroup c's ring is full once full[c][s]'s phase completes.
@@ -159,12 +159,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         };
         if constexpr (kScores)
-          idxsel::select_topk_radix<idxsel::WarpThreads, true, kCompact>(
+          idxsel::select_topk_radix<idxsel::WarpThreads, true, true>(
               scores, n, K, h, sel[r], out, false, scores_out + static_cast<long>(t0 + r) * K * score_stride,
               score_stride, phase_mark, kept + r * kKept, kKept);
         else
-          idxsel::select_topk_radix<idxsel::WarpThreads, false, kCompact>(scores, n, K, h, sel[r], out, false, nullptr,
-                                                                          1, phase_mark, kept + r * kKept, kKept);
+          idxsel::select_topk_radix<idxsel::WarpThreads, false, true>(scores, n, K, h, sel[r], out, false, nullptr, 1,
+                                                                      phase_mark, kept + r * kKept, kKept);
         if constexpr (kTotals) ++phase_clock.sums[Totals::selected];
       }
       __threadfence_block();
@@ -241,20 +241,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int DI>
 void launch_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                     const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
-                    const SelectedScores& scores, unsigned long long* totals, bool compact) {
+                    const SelectedScores& scores, unsigned long long* totals) {
   CUtensorMap map{};  // none without compressed rows: no tile is loaded (as launch_wgmma)
   if (d.comp_capacity > 0) map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
   require(totals == nullptr || scores.base == nullptr, ErrorKind::InvalidArgument,
           "the overlapped wgmma indexer's totals (benchmarks) come without selected scores");
-  auto pick = [&](auto compact_tag) {
-    constexpr bool kCompact = decltype(compact_tag)::value;
-    return totals != nullptr        ? indexer_topk_wgmma_overlap_kernel<DI, false, true, kCompact>
-           : scores.base != nullptr ? indexer_topk_wgmma_overlap_kernel<DI, true, false, kCompact>
-                                    : indexer_topk_wgmma_overlap_kernel<DI, false, false, kCompact>;
-  };
-  auto kernel = compact ? pick(std::true_type{}) : pick(std::false_type{});
+  auto kernel = totals != nullptr        ? indexer_topk_wgmma_overlap_kernel<DI, false, true>
+                : scores.base != nullptr ? indexer_topk_wgmma_overlap_kernel<DI, true, false>
+                                         : indexer_topk_wgmma_overlap_kernel<DI, false, false>;
   // One CTA per SM; + 1 KB: the base's alignment to 1024.
-  const std::size_t smem = 1024 + Layout<DI>::kBytes + (compact ? kKeptBytes : 0);
+  const std::size_t smem = 1024 + Layout<DI>::kBytes + kKeptBytes;
   idxblock::launch_block_kernel(kernel, kThreads, 1, smem, "the overlapped wgmma indexer",
                                 d, meta, qi, w_eff, keys, topk, scratch, stream, totals, map, scores.base,
                                 scores.stride);
@@ -265,7 +261,7 @@ void launch_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* 
 void launch_indexer_topk_wgmma_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                                        const float* w_eff, const bf16* keys, std::int32_t* topk,
                                        void* scratch, cudaStream_t stream, const SelectedScores& scores,
-                                       unsigned long long* totals, bool compact) {
+                                       unsigned long long* totals) {
   require(indexer_tiled_supported(d), ErrorKind::Unsupported,
           "the wgmma indexer needs index_n_heads <= 64 and index_head_dim 64 or 128");
   require(scratch != nullptr, ErrorKind::InvalidArgument, "the wgmma indexer needs its scratch");
@@ -275,8 +271,8 @@ void launch_indexer_topk_wgmma_overlap(const LayerDims& d, const DeviceMetadata&
     launch_indexer_topk_wgmma(d, meta, qi, w_eff, keys, topk, scratch, stream, nullptr, scores);
     return;
   }
-  if (d.index_dim == 128) launch_overlap<128>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, totals, compact);
-  else launch_overlap<64>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, totals, compact);
+  if (d.index_dim == 128) launch_overlap<128>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, totals);
+  else launch_overlap<64>(d, meta, qi, w_eff, keys, topk, scratch, stream, scores, totals);
 }
 
 }  // namespace csattn::cuda

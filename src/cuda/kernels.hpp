@@ -111,9 +111,7 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
 // mma1 (tensor cores) and baseline (CUDA cores), whose segments must fit one row's scores in
 // shared memory. wgmma_overlap (the default where indexer_tiled_supported): the wgmma kernel
 // with a third warpgroup selecting one block while the other two score the next, the same
-// ids and scores; wgmma_overlap_compact (a candidate, not yet run on a GPU): it, with the
-// selecting warps keeping the first digit's bin in shared memory. automatic:
-// CSATTN_INDEXER=baseline|mma1|tiled|wgmma|overlap_compact, else the best supported one
+// ids and scores. automatic: CSATTN_INDEXER=baseline|mma1|tiled|wgmma, else the best supported one
 // (indexer_kernel_for). keys: [d.comp_capacity, D_I] (the layer's workspace; rows past the
 // real count may be read, as whole 64-key tiles, but are never selected).
 // scores (the sparse loss's predictor logits from the selection, forward.cpp's
@@ -121,7 +119,7 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
 // selected id's score, row t's k-th at base[(t * K + k) * stride], for the rows it selects by
 // radix (n > K: more visible entries than K; the rows with n <= K are not scored). Returns
 // whether they were written (a wgmma kernel ran).
-enum class IndexerKernel { automatic, baseline, mma1, tiled, wgmma, wgmma_overlap, wgmma_overlap_compact };
+enum class IndexerKernel { automatic, baseline, mma1, tiled, wgmma, wgmma_overlap };
 IndexerKernel indexer_kernel_for(const LayerDims& d);
 bool launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                          const float* w_eff, const bf16* keys, std::int32_t* topk, void* scratch,

@@ -198,13 +198,13 @@ class DeviceProblem {
     return topk_.download();
   }
   // The overlapped kernel's measurement instance (clock64 totals into `totals`, zeroed here).
-  std::vector<std::int32_t> run_overlap_totals(DeviceArray<unsigned long long>& totals, bool compact) {
+  std::vector<std::int32_t> run_overlap_totals(DeviceArray<unsigned long long>& totals) {
     topk_.fill_bytes(0x5A);
     scratch_.fill_bytes(0xFF);
     totals.fill_bytes(0);
     cuda::launch_indexer_topk_wgmma_overlap(d_, meta(), reinterpret_cast<const cuda::bf16*>(q_.get()), w_.get(),
                                             reinterpret_cast<const cuda::bf16*>(k_.get()), topk_.get(),
-                                            scratch_.get(), nullptr, {}, totals.get(), compact);
+                                            scratch_.get(), nullptr, {}, totals.get());
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return topk_.download();
   }
@@ -330,13 +330,11 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsRandom) {
   expect_contract(p, wg, "wgmma");
   expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
   expect_equal_rows(p, wg, dev.run(cuda::IndexerKernel::wgmma), "wgmma run twice");
-  // The overlapped kernel (the default): the same scores, so the same ids, run after run;
-  // and its candidate that keeps the first digit's bin in shared memory.
+  // The overlapped kernel (the default): the same scores, so the same ids, run after run.
   const auto ov = dev.run(cuda::IndexerKernel::wgmma_overlap);
   expect_contract(p, ov, "wgmma_overlap");
   expect_equal_rows(p, ov, wg, "wgmma_overlap vs wgmma");
   expect_equal_rows(p, ov, dev.run(cuda::IndexerKernel::wgmma_overlap), "wgmma_overlap run twice");
-  expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap_compact), wg, "wgmma_overlap_compact vs wgmma");
 }
 
 // Exact-arithmetic inputs (small integers, weights in {-1, -1/2, 1/2, 1, 2}): every kernel
@@ -359,9 +357,6 @@ TEST_P(CudaIndexer, TiledMatchesOneRowKernelsExact) {
   expect_contract(p, ov, "wgmma_overlap");
   expect_equal_rows(p, ov, tiled, "wgmma_overlap vs tiled");
   expect_reference_rows(p, ov, sample_rows(p), "wgmma_overlap");
-  const auto oc = dev.run(cuda::IndexerKernel::wgmma_overlap_compact);
-  expect_contract(p, oc, "wgmma_overlap_compact");
-  expect_equal_rows(p, oc, tiled, "wgmma_overlap_compact vs tiled");
 }
 
 // The selected ids' scores (SelectedScores; the layer's forward takes them as the sparse
@@ -376,11 +371,8 @@ TEST_P(CudaIndexer, SelectedScoresAreTheIdsScores) {
   dev.upload();
   const auto plain = dev.run(cuda::IndexerKernel::wgmma);
   const std::size_t entries = static_cast<std::size_t>(p.T) * p.K;
-  for (auto which : {cuda::IndexerKernel::wgmma, cuda::IndexerKernel::wgmma_overlap,
-                     cuda::IndexerKernel::wgmma_overlap_compact}) {
-    SCOPED_TRACE(which == cuda::IndexerKernel::wgmma           ? "wgmma"
-                 : which == cuda::IndexerKernel::wgmma_overlap ? "wgmma_overlap"
-                                                               : "wgmma_overlap_compact");
+  for (auto which : {cuda::IndexerKernel::wgmma, cuda::IndexerKernel::wgmma_overlap}) {
+    SCOPED_TRACE(which == cuda::IndexerKernel::wgmma ? "wgmma" : "wgmma_overlap");
     DeviceArray<float> out(2 * entries);
     out.fill_bytes(0xFF);
     const auto ids = dev.run(which, cuda::SelectedScores{out.get(), 2});
@@ -413,7 +405,6 @@ TEST(CudaIndexerTiny, NoCompressedRowsGiveEmptyRows) {
   dev.upload();
   for (auto [name, which] : {std::pair{"wgmma", cuda::IndexerKernel::wgmma},
                              std::pair{"wgmma_overlap", cuda::IndexerKernel::wgmma_overlap},
-                             std::pair{"wgmma_overlap_compact", cuda::IndexerKernel::wgmma_overlap_compact},
                              std::pair{"tiled", cuda::IndexerKernel::tiled},
                              std::pair{"automatic", cuda::IndexerKernel::automatic}}) {
     const auto ids = dev.run(which);
@@ -438,11 +429,10 @@ TEST_P(CudaIndexer, AllTiesTakeTheSmallestIds) {
   expect_equal_rows(p, tiled, dev.run(cuda::IndexerKernel::mma1), "tiled vs mma1");
   expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma), tiled, "wgmma vs tiled");
   expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap), tiled, "wgmma_overlap vs tiled");
-  expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap_compact), tiled, "wgmma_overlap_compact vs tiled");
 }
 
-// The overlapped kernel's candidate that keeps the first digit's bin in shared memory (1920
-// keys a row): with every key equal, a row's bin holds all its n visible entries, so the rows
+// The overlapped kernel keeps the first digit's bin in shared memory (1920 keys a row) where it
+// fits: with every key equal, a row's bin holds all its n visible entries, so the rows
 // of up to 1920 entries keep them and the longer ones (up to 1925 here) take the passes over
 // the row - both sides of the boundary, in one launch, must give ids 0..K-1, as tiled does.
 TEST(CudaIndexerCompact, RowsAroundTheKeptCapacity) {
@@ -458,13 +448,13 @@ TEST(CudaIndexerCompact, RowsAroundTheKeptCapacity) {
   }
   ASSERT_GT(kept, 0);
   ASSERT_GT(passed, 0);
-  const auto ids = dev.run(cuda::IndexerKernel::wgmma_overlap_compact);
-  expect_contract(p, ids, "wgmma_overlap_compact");
+  const auto ids = dev.run(cuda::IndexerKernel::wgmma_overlap);
+  expect_contract(p, ids, "wgmma_overlap");
   for (int t = 0; t < p.T; ++t) {
     const int take = std::min(p.visible(t), p.K);
     for (int i = 0; i < take; ++i) ASSERT_EQ(ids[static_cast<std::size_t>(t) * p.K + i], i) << "row " << t;
   }
-  expect_equal_rows(p, ids, dev.run(cuda::IndexerKernel::tiled), "wgmma_overlap_compact vs tiled");
+  expect_equal_rows(p, ids, dev.run(cuda::IndexerKernel::tiled), "wgmma_overlap vs tiled");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaIndexer,
@@ -496,7 +486,6 @@ TEST(CudaIndexerLong, SegmentOf200KTokens) {
   expect_reference_rows(p, wg, rows, "wgmma");
   expect_equal_rows(p, wg, tiled, "wgmma vs tiled");
   expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap), tiled, "wgmma_overlap vs tiled");
-  expect_equal_rows(p, dev.run(cuda::IndexerKernel::wgmma_overlap_compact), tiled, "wgmma_overlap_compact vs tiled");
 }
 
 
@@ -548,8 +537,7 @@ TEST(CudaIndexerStamps, SameIdsAndStampsInOrder) {
 // add up to the blocks of 4 rows, and selecting warp r's selected blocks to the blocks whose
 // row r has more visible entries than top-k (the rows it selects; the others come from the
 // scoring threads). Every CTA that scored a block spent cycles scoring it. Ragged segments
-// so that rows of a block differ in which side writes them. Both measurement instances: the
-// default's and the overlap_compact candidate's.
+// so that rows of a block differ in which side writes them.
 TEST(CudaIndexerStamps, OverlapTotalsAccountForEveryBlock) {
   SKIP_WITHOUT_GPU();
   using Totals = cuda::IndexerOverlapTotals;
@@ -567,30 +555,27 @@ TEST(CudaIndexerStamps, OverlapTotalsAccountForEveryBlock) {
       if (4 * b + r < p.T && p.visible(4 * b + r) > p.K) ++want[r];
   for (int r = 0; r < Totals::rows; ++r)
     ASSERT_GT(want[r], 0) << "row " << r << ": the problem must give the selecting warp work";
-  for (bool compact : {false, true}) {  // the default and the overlap_compact candidate
-    SCOPED_TRACE(compact ? "compact" : "default");
-    DeviceArray<unsigned long long> totals(static_cast<std::size_t>(Totals::size()));
-    const auto measured = dev.run_overlap_totals(totals, compact);
-    expect_equal_rows(p, measured, plain, "overlap totals vs plain overlap");
-    const std::vector<unsigned long long> t = totals.download();
-    long scored = 0, selected[Totals::rows] = {};
-    for (int c = 0; c < Totals::ctas; ++c) {
-      const unsigned long long* x = t.data() + static_cast<std::size_t>(c) * Totals::slots;
-      scored += static_cast<long>(x[Totals::blocks]);
-      if (x[Totals::blocks] > 0) {
-        EXPECT_GT(x[Totals::scoring], 0u) << "CTA " << c;
-      }
-      for (int r = 0; r < Totals::rows; ++r) {
-        selected[r] += static_cast<long>(x[Totals::row_slot(r, Totals::selected)]);
-        if (x[Totals::row_slot(r, Totals::selected)] > 0) {
-          EXPECT_GT(x[Totals::row_slot(r, Totals::count)], 0u) << "CTA " << c << " row " << r;
-          EXPECT_GT(x[Totals::row_slot(r, Totals::write)], 0u) << "CTA " << c << " row " << r;
-        }
+  DeviceArray<unsigned long long> totals(static_cast<std::size_t>(Totals::size()));
+  const auto measured = dev.run_overlap_totals(totals);
+  expect_equal_rows(p, measured, plain, "overlap totals vs plain overlap");
+  const std::vector<unsigned long long> t = totals.download();
+  long scored = 0, selected[Totals::rows] = {};
+  for (int c = 0; c < Totals::ctas; ++c) {
+    const unsigned long long* x = t.data() + static_cast<std::size_t>(c) * Totals::slots;
+    scored += static_cast<long>(x[Totals::blocks]);
+    if (x[Totals::blocks] > 0) {
+      EXPECT_GT(x[Totals::scoring], 0u) << "CTA " << c;
+    }
+    for (int r = 0; r < Totals::rows; ++r) {
+      selected[r] += static_cast<long>(x[Totals::row_slot(r, Totals::selected)]);
+      if (x[Totals::row_slot(r, Totals::selected)] > 0) {
+        EXPECT_GT(x[Totals::row_slot(r, Totals::count)], 0u) << "CTA " << c << " row " << r;
+        EXPECT_GT(x[Totals::row_slot(r, Totals::write)], 0u) << "CTA " << c << " row " << r;
       }
     }
-    EXPECT_EQ(scored, blocks);
-    for (int r = 0; r < Totals::rows; ++r) EXPECT_EQ(selected[r], want[r]) << "row " << r;
   }
+  EXPECT_EQ(scored, blocks);
+  for (int r = 0; r < Totals::rows; ++r) EXPECT_EQ(selected[r], want[r]) << "row " << r;
 }
 
 // Timing, not a check (disabled by default; run with --gtest_also_run_disabled_tests
