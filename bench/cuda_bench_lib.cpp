@@ -208,8 +208,8 @@ json reduction_case(ReductionPath path, int tiles, int rows) {
 // (114,688 at H = 64; recomputation, the dense loss's window pass and second teacher pass not
 // counted). `kept`: the layer's way (the automatic kernel choice) - the value launch (the
 // forward's, timed as value_ms: the wgmma teacher, then the rows kernel's predictor pass)
-// keeps the teacher for the timed gradient launch (launch_indexer_loss's `kept`), which then
-// skips the teacher's work; the same FLOPs are counted, so its TFLOPS compare with the plain
+// keeps the teacher for the timed gradient launch (launch_indexer_loss's `kept`, with
+// own_selection: the gradient-only instance), which then skips the teacher's work; the same FLOPs are counted, so its TFLOPS compare with the plain
 // row's (the tensor-core rows kernel alone, its value launch with its own mma.sync teacher).
 json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double gemm_tflops,
                        const std::string& preset, bool kept = false) {
@@ -280,7 +280,9 @@ json indexer_loss_case(int tokens, bool sparse, IndexerLossKernel kernel, double
   }, 1, 3);
   const double ms = median_ms([&] {
     CSATTN_CUDA_CHECK(cudaMemsetAsync(dkeys, 0, sizeof(float) * Nc * DI, nullptr));
-    launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f, dqi, dweff, dkeys, kept_buf, nullptr, launch_kernel);
+    // (own_selection where kept, as the layer's backward: every id here is visible)
+    launch_indexer_loss(d, m, a, rows, nullptr, true, 1.0f, dqi, dweff, dkeys, kept_buf, nullptr, launch_kernel,
+                        false, kept);
   }, 1, 3);
   // The kept value launch's first part alone (the wgmma teacher; the rest of value_ms is the
   // rows kernel's predictor pass and KL): what taking the predictor's logits from the

@@ -242,12 +242,14 @@ void backward_indexer_loss(const ForwardParams& f, const BackwardParams& p, cuda
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
       la.chunk = GradChunk{r0, std::min(chunk_rows, T - r0), b.det_scratch, os.slots, 1};
       launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, grad_loss, b.dqi, b.dweff,
-                          b.dkeys_acc, loss_kept(f, p), stream);
+                          b.dkeys_acc, loss_kept(f, p), stream, IndexerLossKernel::automatic, false,
+                          !f.forced_topk);
       launch_ordered_scatter(d, f.meta, a.topk, os, r0, la.chunk.rows, b.det_scratch, stream);
     }
   } else {
     launch_indexer_loss(d, f.meta, la, a.loss_rows, a.loss, true, grad_loss, b.dqi, b.dweff,
-                        b.dkeys_acc, loss_kept(f, p), stream);
+                        b.dkeys_acc, loss_kept(f, p), stream, IndexerLossKernel::automatic, false,
+                        !f.forced_topk);
   }
 }
 

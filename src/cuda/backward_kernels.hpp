@@ -192,11 +192,14 @@ enum class IndexerLossKernel { automatic, baseline, tensor_core };
 // top-k, the score the indexer selected it with (launch_indexer_topk's SelectedScores, stride
 // 2 into kept's logit entries); those rows skip the predictor pass. Only the automatic
 // kernel's value launch with the wgmma teacher reads them; every other launch computes them.
+// own_selection (the layer's backward when its top-k is the indexer's own, not forced): every
+// valid top-k id is visible, so the gradient launch with `kept` reads every row's kept values
+// and takes the tensor-core kernel's gradient-only instance (kKeptGradients).
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
                          float* loss_rows, float* loss, bool grads, float grad_loss, bf16* dqi,
                          float* dweff, float* dkeys_acc, float* kept, cudaStream_t stream,
                          IndexerLossKernel kernel = IndexerLossKernel::automatic,
-                         bool logits_kept = false);
+                         bool logits_kept = false, bool own_selection = false);
 // out[0] = grad_loss[0] * scale[0] on the device: the scale of a backward whose loss gradient
 // is on the device (a framework's autograd tensor, never read back), for IndexerLossArgs::scale
 // with a launch grad_loss of 1. (A field for it in IndexerLossArgs made the tensor-core
@@ -214,7 +217,11 @@ bool indexer_loss_mma_supported(const LayerDims& d);
 // `kept` alone (indexer_loss_mma.cu) without reading their top-k ids - the caller's contract
 // is that each such row holds K visible ids (no -1, none >= its visible count), as the
 // indexer's own selection does (the only caller: the layer's forward, logits_kept).
-constexpr int kGivenMasses = 1, kGivenLogits = 2, kGivenLight = 4;
+// kKeptGradients (the gradient launch of the sparse loss with `kept`): every row with
+// candidates reads its kept values - its valid top-k ids are all visible (none the loss
+// drops), as the indexer's own selection gives - so the gradient-only instance runs, two
+// CTAs an SM (a row breaking the contract gets NaN loss and gradients).
+constexpr int kGivenMasses = 1, kGivenLogits = 2, kGivenLight = 4, kKeptGradients = 8;
 void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta,
                                   const IndexerLossArgs& a, float* loss_rows, bool grads,
                                   float grad_loss, bf16* dqi, float* dweff, float* dkeys_acc,

@@ -317,7 +317,7 @@ __global__ void indexer_weights_backward_kernel(int n, float scale, const float*
 void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const IndexerLossArgs& a,
                          float* loss_rows, float* loss, bool grads, float grad_loss, bf16* dqi,
                          float* dweff, float* dkeys_acc, float* kept, cudaStream_t stream,
-                         IndexerLossKernel kernel, bool logits_kept) {
+                         IndexerLossKernel kernel, bool logits_kept, bool own_selection) {
   require(a.scale != nullptr, ErrorKind::InvalidArgument,
           "the indexer loss needs its scale on the device (IndexerLossArgs::scale: "
           "DeviceMetadata::loss_scale)");
@@ -340,7 +340,8 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
                          a.chunk.rows < 0 && indexer_teacher_wgmma_supported(d);
     if (teacher) launch_indexer_teacher_wgmma(d, meta, a, kept, stream, logits_kept);
     // Rows with given masses and logits take their KL from `kept` alone (kGivenLight).
-    const int given = teacher ? kGivenMasses | (logits_kept ? kGivenLogits | kGivenLight : 0) : 0;
+    int given = teacher ? kGivenMasses | (logits_kept ? kGivenLogits | kGivenLight : 0) : 0;
+    if (grads && own_selection && a.sparse && a.lse != nullptr && kept != nullptr) given |= kKeptGradients;
     launch_indexer_loss_rows_mma(d, meta, a, loss_rows, grads, grad_loss, dqi, dweff, dkeys_acc,
                                  kept, given, stream);
   } else {

@@ -95,8 +95,12 @@ struct SmemLayout {
   // then, sparse loss only: cand [K] int, mass [K] f32, logit [K] f32
 };
 
-std::size_t mma_smem_bytes(const LayerDims& d, bool sparse) {
-  return SmemLayout::fixed + (sparse ? 12ull * static_cast<std::size_t>(d.topk) : 0);
+// kGradOnly (the gradient launch of rows whose forward kept their values): no teacher tiles,
+// the layout from `ikeys` on.
+constexpr int layout_base(bool grad_only) { return grad_only ? SmemLayout::ikeys : 0; }
+
+std::size_t mma_smem_bytes(const LayerDims& d, bool sparse, bool grad_only = false) {
+  return SmemLayout::fixed - layout_base(grad_only) + (sparse ? 12ull * static_cast<std::size_t>(d.topk) : 0);
 }
 
 // (m, l) of an online log2-domain sum: merge another partial into it.
@@ -189,12 +193,24 @@ enum class Teach { none, stats, mass };
 // registers of a kernel without groups (the group loops fold away). The fast mode's dK^I
 // leaves by whole lines (add_key_grads_lines: measured 1.5-4% faster gradient launches than
 // float2 atomics, perf.md fifteenth session), the deterministic mode's into its scratch.
-template <int kMaxGroups>
-__global__ void __launch_bounds__(kThreads, 1)
+// kGradOnly (with kMaxGroups 1, for any head count; launch flag kKeptGradients): the gradient
+// launch of the sparse loss whose every row reads its kept values and runs the final pass
+// alone. Without the teacher's code (its Q fragments alone are 64 registers; the general
+// instances take 244-255) and its tiles (64 KB), two CTAs share a multiprocessor: the
+// general instance runs one 8-warp CTA an SM, whose tile loop of five CTA barriers, a
+// one-warp KL step and 48 small MMAs a warp takes ~3x the MMAs' own time (perf.md
+// seventeenth session). The same code in the same order: the same bits as the general
+// instance. A row that would need the teacher (a top-k id the loss drops; the caller's
+// contract says none) gets NaN in its loss and gradients.
+template <int kMaxGroups, bool kGradOnly = false>
+__global__ void __launch_bounds__(kThreads, kGradOnly ? 2 : 1)
     indexer_loss_mma_kernel(LayerDims d, DeviceMetadata meta, IndexerLossArgs a,
                             float* loss_rows, bool grads, float grad_loss, bf16* dqi_out,
                             float* dweff, float* dkeys_acc, float* kept_buf, int given_flags) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  static_assert(!kGradOnly || kMaxGroups == 1, "the gradient-only instance has no teacher groups");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // (kGradOnly: `wide` is not there; wide_s is never used.)
+  unsigned char* smem = smem_raw - layout_base(kGradOnly);
   unsigned char* wide_s = smem + SmemLayout::wide;
   unsigned char* ik_s = smem + SmemLayout::ikeys;
   unsigned char* qi_s = smem + SmemLayout::qi;
@@ -232,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // in the order of the logits_given branch and the final pass below, lane 0's sums shared
   // as scal[] shares them: the same bits in the loss row and in `kept`. The row's top-k ids
   // are not read: the caller's contract (backward_kernels.hpp, kGivenLight).
-  if ((given_flags & kGivenLight) && !grads && a.sparse && kept_buf != nullptr && vis > d.topk) {
+  if (!kGradOnly && (given_flags & kGivenLight) && !grads && a.sparse && kept_buf != nullptr && vis > d.topk) {
     if (warp != 0) return;
     const float* kc = kept_buf + static_cast<long>(t) * d.topk * 2;
     float lm = -INFINITY, ll = 0.0f, macc = 0.0f;
@@ -299,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   const bool use_lse = a.sparse && a.lse != nullptr && !drop_shared;
-  const int groups = kMaxGroups == 1 ? 1 : (H + kHeads - 1) / kHeads;
+  const int groups = kMaxGroups == 1 && !kGradOnly ? 1 : (H + kHeads - 1) / kHeads;
   // The final pass reads the candidates' masses stored by earlier passes (else it recomputes
   // the teacher): with the forward's LSE, or the sparse loss whenever the heads take several
   // groups (the dense loss has no per-candidate storage).
@@ -312,6 +328,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the final one.
   const bool kept = store_mass && kept_buf != nullptr;
   const bool read_kept = kept && grads;
+  if constexpr (kGradOnly) {
+    if (!read_kept) {  // the caller's contract broken: no teacher here - NaN, never stale values
+      for (int i = tid; i < HI * kIdxDim; i += kThreads) dqi_out[qi_base + i] = __float2bfloat16_rn(NAN);
+      for (int i = tid; i < HI; i += kThreads) dweff[static_cast<long>(t) * HI + i] = NAN;
+      if (tid == 0) loss_rows[t] = NAN;
+      return;
+    }
+  }
   // The value launch after the wgmma teacher (indexer_loss_teacher.cu): a row with the
   // forward's LSE finds its masses in kept_buf and runs only the predictor's pass.
   const bool given = (given_flags & kGivenMasses) && use_lse && kept_buf != nullptr && !grads;
@@ -333,13 +357,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   load_qi(read_kept ? a.qi : pred_qi);  // a kept row's only pass takes the bf16 qI
   for (int h = tid; h < kIdxHeads; h += kThreads) w_s[h] = h < HI ? a.w_eff[static_cast<long>(t) * HI + h] : 0.0f;
-  if (use_lse && !given)
+  if (!kGradOnly && use_lse && !given)
     for (int h = tid; h < groups * kHeads; h += kThreads)
       lse2_s[h] = h < H ? a.lse[static_cast<long>(t) * H + h] * kLog2e : INFINITY;
   // The teacher's Q of head group `grp` as A fragments in registers (rows past H zero).
   int grp = 0;  // the head group the teacher passes work on (heads 64 grp ..)
   std::uint32_t qf[16][4];
   auto load_qf = [&]() {
+    if constexpr (kGradOnly) return;
     const int r0 = kHeads * grp + 16 * wr + g, r1 = r0 + 8;
     const bf16* q0 = a.q + (static_cast<long>(t) * H + r0) * kDim + hh * 256 + 2 * qd;
     const bf16* q1 = q0 + 8L * kDim;
@@ -373,6 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // else over the candidates. final: the KL terms and gradients.
   auto pass = [&](bool window, int count, Teach teach, bool pred, bool final_pass) {
     const int tiles = (count + kKeys - 1) / kKeys;
+    if constexpr (kGradOnly) teach = Teach::none;
     const bool loads = teach != Teach::none || pred;
     auto load_tile = [&](int tile, int stage) {
       if (teach != Teach::none) {
@@ -469,6 +495,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       float si[2][4];
       if (pred) {
         predictor_tile(qi_s, kt, wr, hh, lane, si);
+      }
+      if (pred && !(kGradOnly && final_pass)) {  // the logits (kGradOnly's come from `kept`)
         const float wa = w_s[row0], wb = w_s[row1];
         float v[2][4];
 #pragma unroll
@@ -770,8 +798,11 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
   require(indexer_loss_mma_supported(d), ErrorKind::Unsupported,
           "the tensor-core indexer loss needs head_dim 512, index_head_dim 128, at most 64 index "
           "heads and 128 heads");
-  const std::size_t smem = mma_smem_bytes(d, a.sparse);
-  auto kernel = loss_kernel(d);
+  // The gradient launch whose rows all read their kept values (the caller's contract,
+  // kKeptGradients): the gradient-only instance, two CTAs an SM.
+  const bool grad_only = (given & kKeptGradients) && grads && a.sparse && kept != nullptr;
+  const std::size_t smem = mma_smem_bytes(d, a.sparse, grad_only);
+  auto kernel = grad_only ? indexer_loss_mma_kernel<1, true> : loss_kernel(d);
   allow_dynamic_smem(kernel, smem, "the tensor-core indexer loss");
   const int rows = a.chunk.launch_rows(d.rows);
   if (rows <= 0) return;

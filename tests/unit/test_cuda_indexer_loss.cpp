@@ -581,6 +581,91 @@ TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
   }
 }
 
+// The layer's backward (launch_indexer_loss's own_selection: the top-k is the indexer's own,
+// every valid id visible) takes the gradient-only instance (kKeptGradients, two CTAs an SM):
+// bitwise the general instance's loss rows, dqI and dw', its dK^I up to the atomics' order,
+// also in row chunks and with predictor operands (its S comes from the bf16 operands, as the
+// general final pass's). A row that breaks the contract (an id the loss drops, 64 heads: it
+// has no kept values) gets NaN, never a stale value; with 128 heads every row keeps its
+// masses, so such rows are computed too.
+TEST(CudaIndexerLoss, GradientOnlyInstanceMatchesTheGeneralOne) {
+  SKIP_WITHOUT_GPU();
+  for (int heads : {64, 128})
+  for (bool pred_ops : {false, true})
+  for (bool future_ids : {false, true}) {
+    LossCase c = ragged("gradient-only, H " + std::to_string(heads) + (pred_ops ? ", predictor operands" : "") +
+                            (future_ids ? ", dropped ids" : ""),
+                        true);
+    c.heads = heads;
+    c.holes = true;
+    c.future_ids = future_ids;
+    SCOPED_TRACE(c.name);
+    Inputs in(c);
+    const int T = in.d.rows, HI = in.d.index_heads, K = in.d.topk, Nc = in.d.comp_capacity;
+    DeviceArray<std::uint16_t> pqi(random_bf16(static_cast<std::size_t>(T) * HI * 128, 36, 1.0f)),
+        pkeys(random_bf16(static_cast<std::size_t>(Nc) * 128, 37, 1.0f));
+    if (pred_ops) {
+      in.args.pred_qi = Inputs::bf(pqi);
+      in.args.pred_keys = Inputs::bf(pkeys);
+    }
+    DeviceArray<float> kept(static_cast<std::size_t>(T) * (K + 1) * 2);
+    kept.fill_bytes(0xFF);
+    const float gs = 0.37f;
+    const IndexerLossKernel automatic = IndexerLossKernel::automatic;
+    run(in, automatic, false, 0.0f, kept.get());
+    const Outputs ref = run(in, automatic, true, gs, kept.get());
+    // launch_indexer_loss with own_selection, in row chunks (the deterministic mode's
+    // launches, here with atomics) or whole.
+    auto own = [&](std::vector<std::pair<int, int>> chunks) {
+      DeviceArray<float> lr(T), l1(1), dwe(static_cast<std::size_t>(T) * HI), dk(static_cast<std::size_t>(Nc) * 128);
+      DeviceArray<std::uint16_t> dqi(static_cast<std::size_t>(T) * HI * 128);
+      lr.fill_bytes(0xFF);
+      dwe.fill_bytes(0xFF);
+      dqi.fill_bytes(0xFF);
+      dk.fill_bytes(0);
+      for (auto [r0, rows_n] : chunks) {
+        in.args.chunk = rows_n < 0 ? GradChunk{} : GradChunk{r0, rows_n, nullptr, 0, 1};
+        launch_indexer_loss(in.d, in.meta, in.args, lr.get(), l1.get(), true, gs, dev_cast<bf16>(dqi), dwe.get(),
+                            dk.get(), kept.get(), nullptr, automatic, false, /*own_selection=*/true);
+      }
+      in.args.chunk = GradChunk{};
+      check(cudaDeviceSynchronize());
+      Outputs o;
+      o.loss_rows = lr.download();
+      o.dweff = dwe.download();
+      o.dkeys = dk.download();
+      const std::vector<std::uint16_t> raw = dqi.download();
+      o.dqi.resize(raw.size());
+      for (std::size_t i = 0; i < raw.size(); ++i) o.dqi[i] = bf16_bits_to_float(raw[i]);
+      return o;
+    };
+    for (const auto& chunks : {std::vector<std::pair<int, int>>{{0, -1}},
+                               std::vector<std::pair<int, int>>{{0, T / 2}, {T / 2, T - T / 2}}}) {
+      SCOPED_TRACE(chunks.size() == 1 ? "whole" : "two chunks");
+      const Outputs g = own(chunks);
+      int broken = 0;
+      for (int t = 0; t < T; ++t) {
+        const bool breaks = in.host_vis[t] > 0 && in.host_drop[t] && heads <= 64;
+        broken += breaks;
+        const std::size_t q0 = static_cast<std::size_t>(t) * HI * 128, w0 = static_cast<std::size_t>(t) * HI;
+        if (breaks) {
+          EXPECT_TRUE(std::isnan(g.loss_rows[t])) << "row " << t;
+          for (int i = 0; i < HI * 128; ++i) ASSERT_TRUE(std::isnan(g.dqi[q0 + i])) << "row " << t;
+          for (int h = 0; h < HI; ++h) ASSERT_TRUE(std::isnan(g.dweff[w0 + h])) << "row " << t;
+          continue;
+        }
+        ASSERT_FALSE(std::isnan(ref.loss_rows[t])) << "row " << t;
+        EXPECT_EQ(std::memcmp(&g.loss_rows[t], &ref.loss_rows[t], sizeof(float)), 0) << "row " << t;
+        ASSERT_EQ(std::memcmp(&g.dqi[q0], &ref.dqi[q0], sizeof(float) * HI * 128), 0) << "row " << t;
+        ASSERT_EQ(std::memcmp(&g.dweff[w0], &ref.dweff[w0], sizeof(float) * HI), 0) << "row " << t;
+      }
+      EXPECT_EQ(broken > 0, future_ids && heads <= 64);
+      // The dropped rows' keys get nothing from them: compare dK^I only where no row broke.
+      if (broken == 0) expect_rel_l2(g.dkeys, ref.dkeys, 1e-5, c.name + " dkeys");
+    }
+  }
+}
+
 // The layer's forward (launch_indexer_loss's logits_kept, loss_logits_from_selection): the value
 // launch takes the predictor logits of every row with more visible entries than top-k from
 // `kept` (where the selection wrote its scores) instead of its predictor pass. Given the logits
