@@ -201,8 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                  const float* lse, const float* drow, const bf16* dout,
                                  float* partials, int key_blocks, int chunk_rows, int head_blocks) {
   extern __shared__ unsigned char smem_raw[];
-  const std::uint32_t raw = smem_addr(smem_raw);
-  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  unsigned char* smem = smem_raw + align_1024_pad(smem_raw);  // wgmma's swizzle atoms
   const std::uint32_t base = smem_addr(smem);
 
   const KeyedCta cta = keyed_cta(d, meta, key_blocks, chunk_rows, kEntries);

@@ -247,9 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     GradChunk chunk, unsigned* stamps, int rotate) {
   extern __shared__ unsigned char smem_raw[];
   __shared__ unsigned phase_s;
-  // wgmma's 128B swizzle is anchored at 1024-byte boundaries (descriptor base offset 0).
-  const std::uint32_t raw = smem_addr(smem_raw);
-  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  unsigned char* smem = smem_raw + align_1024_pad(smem_raw);  // wgmma's swizzle atoms
   const std::uint32_t base = smem_addr(smem);
   const std::uint32_t q_base = base + kQOff, do_base = base + kDoOff, k_base = base + kKOff;
   const std::uint32_t p_base = base + kPOff, ds_base = base + kDsOff;

@@ -97,7 +97,7 @@ void forward_selection(const ForwardParams& p, cudaStream_t stream) {
 bool loss_logits_from_selection(const ForwardParams& p) {
   if (p.act.loss_kept == nullptr || p.forced_topk || p.dims.ratio != 4) return false;
   const IndexerKernel k = indexer_kernel_for(p.dims);
-  return k == IndexerKernel::wgmma || k == IndexerKernel::wgmma_overlap;
+  return indexer_writes_selected_scores(k);
 }
 
 void forward_attention(const ForwardParams& p, cudaStream_t stream) {

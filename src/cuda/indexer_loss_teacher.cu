@@ -69,8 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                  const std::int32_t* topk, const float* lse, float* kept,
                                  int head_blocks, int items) {
   extern __shared__ unsigned char smem_raw[];
-  const std::uint32_t raw = smem_addr(smem_raw);
-  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  unsigned char* smem = smem_raw + align_1024_pad(smem_raw);  // wgmma's swizzle atoms
   const std::uint32_t base = smem_addr(smem);
   float* part = reinterpret_cast<float*>(smem + kPartOff);
   int* item_keys = reinterpret_cast<int*>(smem + kItemOff);

@@ -330,22 +330,27 @@ bool launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const b
   switch (which) {
     case IndexerKernel::wgmma:
       launch_indexer_topk_wgmma(d, meta, qi, w_eff, keys, topk, scratch, stream, nullptr, scores);
-      return scores.base != nullptr;
+      break;
     case IndexerKernel::wgmma_overlap:
       launch_indexer_topk_wgmma_overlap(d, meta, qi, w_eff, keys, topk, scratch, stream, scores);
-      return scores.base != nullptr;
+      break;
     case IndexerKernel::tiled:
       launch_indexer_topk_tiled(d, meta, qi, w_eff, keys, topk, scratch, stream);
-      return false;
+      break;
     case IndexerKernel::mma1:
       require(indexer_mma_supported(d), ErrorKind::Unsupported,
               "the one-row tensor-core indexer needs index_n_heads <= 64 and index_head_dim a multiple of 64");
       launch_one_row(d, meta, qi, w_eff, keys, topk, true, stream);
-      return false;
+      break;
     default:
       launch_one_row(d, meta, qi, w_eff, keys, topk, false, stream);
-      return false;
+      break;
   }
+  return scores.base != nullptr && indexer_writes_selected_scores(which);
+}
+
+bool indexer_writes_selected_scores(IndexerKernel k) {
+  return k == IndexerKernel::wgmma || k == IndexerKernel::wgmma_overlap;
 }
 
 }  // namespace csattn::cuda

@@ -63,8 +63,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                               int score_stride) {
   using L = Layout<DI>;
   extern __shared__ unsigned char smem_raw[];
-  const std::uint32_t raw = smem_addr(smem_raw);
-  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  unsigned char* smem = smem_raw + align_1024_pad(smem_raw);  // wgmma's swizzle atoms
   const std::uint32_t base = smem_addr(smem);
   unsigned* hist = reinterpret_cast<unsigned*>(smem + L::kHistOff);  // [kRows, 2048]
   float* w_s = reinterpret_cast<float*>(smem + L::kWOff);             // [kRows, 64]

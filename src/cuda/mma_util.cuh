@@ -14,6 +14,17 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Bytes from `smem_raw` (the dynamic shared memory) to its first 1024-byte boundary: wgmma's
+// 128-byte swizzle is anchored there (descriptor base offset 0), and so are the TMA tiles that
+// feed it; the launches ask for 1 KB more than their layout for it. An offset, added in the
+// kernel (`smem_raw + align_1024_pad(smem_raw)`): a pointer returned from a helper made the
+// compiler lose the shared address space of every access through it (generic loads and
+// stores: +16-192 instructions a kernel, seventeenth session).
+__device__ __forceinline__ std::uint32_t align_1024_pad(const void* smem_raw) {
+  const std::uint32_t raw = smem_addr(smem_raw);
+  return ((raw + 1023u) & ~1023u) - raw;
+}
+
 __device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }

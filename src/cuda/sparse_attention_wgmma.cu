@@ -167,9 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   const std::int32_t* topk, bf16* out, float* lse,
                                   int head_blocks, int items, unsigned* stamps) {
   extern __shared__ unsigned char smem_raw[];
-  // wgmma's 128B swizzle is anchored at 1024-byte boundaries (descriptor base offset 0).
-  const std::uint32_t raw = smem_addr(smem_raw);
-  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  unsigned char* smem = smem_raw + align_1024_pad(smem_raw);  // wgmma's swizzle atoms
   const std::uint32_t base = smem_addr(smem);
   float* row_max = reinterpret_cast<float*>(smem + kMaxOff);
   float* row_sum = reinterpret_cast<float*>(smem + kSumOff);
