@@ -171,10 +171,13 @@ struct Outputs {
   float loss = 0.0f;
 };
 
-// One run of `kernel` on NaN-poisoned outputs (dkeys_acc zeroed: it accumulates); `kept`:
-// launch_indexer_loss's (a value run stores into it, a gradient run reads it).
+// One run of `kernel` on NaN-poisoned outputs (dkeys_acc zeroed: it accumulates); `kept`,
+// `own_selection`: launch_indexer_loss's (a value run stores into `kept`, a gradient run reads
+// it). `chunks` (row start, rows): one launch per chunk of rows (the deterministic mode's
+// launches, here with atomics) instead of one for all rows.
 Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_loss,
-            float* kept = nullptr) {
+            float* kept = nullptr, bool own_selection = false,
+            const std::vector<std::pair<int, int>>& chunks = {}) {
   const LayerDims& d = in.d;
   const int T = d.rows, HI = d.index_heads;
   DeviceArray<float> loss_rows(T), loss(1), dweff(static_cast<std::size_t>(T) * HI),
@@ -185,8 +188,12 @@ Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_l
   dweff.fill_bytes(0xFF);
   dqi.fill_bytes(0xFF);
   dkeys.fill_bytes(0);
-  launch_indexer_loss(d, in.meta, in.args, loss_rows.get(), loss.get(), grads, grad_loss,
-                      dev_cast<bf16>(dqi), dweff.get(), dkeys.get(), kept, nullptr, kernel);
+  IndexerLossArgs a = in.args;
+  for (std::size_t i = 0; i < std::max<std::size_t>(chunks.size(), 1); ++i) {
+    if (!chunks.empty()) a.chunk = GradChunk{chunks[i].first, chunks[i].second, nullptr, 0, 1};
+    launch_indexer_loss(d, in.meta, a, loss_rows.get(), loss.get(), grads, grad_loss, dev_cast<bf16>(dqi),
+                        dweff.get(), dkeys.get(), kept, nullptr, kernel, false, own_selection);
+  }
   check(cudaDeviceSynchronize());
   Outputs o;
   o.loss_rows = loss_rows.download();
@@ -200,6 +207,18 @@ Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_l
   }
   return o;
 }
+
+// Random predictor operands of a case's shapes (stand-ins for the MXFP8 indexer's qI and keys).
+struct PredictorOperands {
+  DeviceArray<std::uint16_t> qi, keys;
+  PredictorOperands(const Inputs& in, std::uint64_t seed)
+      : qi(random_bf16(static_cast<std::size_t>(in.d.rows) * in.d.index_heads * 128, seed, 1.0f)),
+        keys(random_bf16(static_cast<std::size_t>(in.d.comp_capacity) * 128, seed + 1, 1.0f)) {}
+  void set(IndexerLossArgs& a) const {
+    a.pred_qi = Inputs::bf(qi);
+    a.pred_keys = Inputs::bf(keys);
+  }
+};
 
 // ||got - ref|| <= rel ||ref||, everything finite, ref not all zero (a comparison of zeros
 // proves nothing).
@@ -294,9 +313,8 @@ TEST(CudaIndexerLoss, SparsePredictorOperands) {
     c.with_lse = with_lse;
     c.heads = heads;
     Inputs in(c);
-    const int T = in.d.rows, HI = in.d.index_heads, Nc = in.d.comp_capacity;
-    DeviceArray<std::uint16_t> pqi(random_bf16(static_cast<std::size_t>(T) * HI * 128, 24, 1.0f)),
-        pkeys(random_bf16(static_cast<std::size_t>(Nc) * 128, 25, 1.0f));
+    const int T = in.d.rows;
+    const PredictorOperands po(in, 24);
     const float gs = 0.37f;
     for (IndexerLossKernel k : {IndexerLossKernel::baseline, IndexerLossKernel::tensor_core}) {
       SCOPED_TRACE(c.name + (k == IndexerLossKernel::baseline ? ", CUDA-core kernel" : ", tensor-core kernel"));
@@ -310,12 +328,11 @@ TEST(CudaIndexerLoss, SparsePredictorOperands) {
       // The CUDA-core kernel sums dqI with shared-memory atomics: bitwise only on tensor cores.
       if (k == IndexerLossKernel::tensor_core) EXPECT_EQ(same.dqi, ref.dqi);
       else expect_rel_l2(same.dqi, ref.dqi, 1e-4, c.name + " dqi, the same operands");
-      in.args.pred_qi = Inputs::bf(pqi);
-      in.args.pred_keys = Inputs::bf(pkeys);
+      po.set(in.args);
       const Outputs pred_v = run(in, k, false, 0.0f), pred = run(in, k, true, gs);
       in.args = plain;
-      in.args.qi = Inputs::bf(pqi);  // everything from the predictor operands
-      in.args.keys = Inputs::bf(pkeys);
+      in.args.qi = Inputs::bf(po.qi);  // everything from the predictor operands
+      in.args.keys = Inputs::bf(po.keys);
       const Outputs other_v = run(in, k, false, 0.0f), other = run(in, k, true, gs);
       in.args = plain;
       EXPECT_EQ(pred_v.loss_rows, other_v.loss_rows) << "the value is the predictor's";
@@ -323,8 +340,7 @@ TEST(CudaIndexerLoss, SparsePredictorOperands) {
       EXPECT_GT(testing_util::rel_l2(pred.dweff, ref.dweff), 1e-2) << "the predictor operands were not used";
       EXPECT_GT(testing_util::rel_l2(pred.dkeys, other.dkeys), 1e-2) << "the gradient used the predictor operands";
       if (k == IndexerLossKernel::tensor_core) {
-        in.args.pred_qi = Inputs::bf(pqi);
-        in.args.pred_keys = Inputs::bf(pkeys);
+        po.set(in.args);
         const Outputs base = run(in, IndexerLossKernel::baseline, true, gs);
         in.args = plain;
         for (int t = 0; t < T; ++t)
@@ -503,13 +519,9 @@ TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
     c.future_ids = true;
     SCOPED_TRACE(c.name);
     Inputs in(c);
-    const int T = in.d.rows, HI = in.d.index_heads, K = in.d.topk, Nc = in.d.comp_capacity;
-    DeviceArray<std::uint16_t> pqi(random_bf16(static_cast<std::size_t>(T) * HI * 128, 34, 1.0f)),
-        pkeys(random_bf16(static_cast<std::size_t>(Nc) * 128, 35, 1.0f));
-    if (pred_ops) {
-      in.args.pred_qi = Inputs::bf(pqi);
-      in.args.pred_keys = Inputs::bf(pkeys);
-    }
+    const int T = in.d.rows, K = in.d.topk;
+    const PredictorOperands po(in, 34);
+    if (pred_ops) po.set(in.args);
     const std::size_t kept_floats = static_cast<std::size_t>(T) * (K + 1) * 2;
     DeviceArray<float> kept(kept_floats + 64);  // + a canary no launch may write
     kept.fill_bytes(0xFF);
@@ -527,28 +539,11 @@ TEST(CudaIndexerLoss, BackwardReusesTheForwardsKeptValues) {
     // Row chunks (the deterministic mode's launches, here with atomics) read the rows' own
     // kept values: two launches give the one launch's values.
     {
-      Inputs& io = in;
-      const Outputs whole = bwd;
-      DeviceArray<float> lr(T), l1(1), dwe(static_cast<std::size_t>(T) * HI),
-          dk(static_cast<std::size_t>(Nc) * 128);
-      DeviceArray<std::uint16_t> dqi(static_cast<std::size_t>(T) * HI * 128);
-      lr.fill_bytes(0xFF);
-      dwe.fill_bytes(0xFF);
-      dqi.fill_bytes(0xFF);
-      dk.fill_bytes(0);
-      for (auto [r0, rows_n] : {std::pair{0, T / 2}, std::pair{T / 2, T - T / 2}}) {
-        io.args.chunk = GradChunk{r0, rows_n, nullptr, 0, 1};
-        launch_indexer_loss(io.d, io.meta, io.args, lr.get(), l1.get(), true, gs, dev_cast<bf16>(dqi),
-                            dwe.get(), dk.get(), kept.get(), nullptr, tc);
-      }
-      io.args.chunk = GradChunk{};
-      check(cudaDeviceSynchronize());
-      EXPECT_EQ(lr.download(), whole.loss_rows) << "chunked";
-      EXPECT_EQ(dwe.download(), whole.dweff) << "chunked";
-      const std::vector<std::uint16_t> raw = dqi.download();
-      for (std::size_t i = 0; i < raw.size(); ++i)
-        ASSERT_EQ(bf16_bits_to_float(raw[i]), whole.dqi[i]) << "chunked dqi [" << i << "]";
-      expect_rel_l2(dk.download(), whole.dkeys, 1e-5, c.name + " chunked dkeys");
+      const Outputs chunked = run(in, tc, true, gs, kept.get(), false, {{0, T / 2}, {T / 2, T - T / 2}});
+      EXPECT_EQ(chunked.loss_rows, bwd.loss_rows) << "chunked";
+      EXPECT_EQ(chunked.dweff, bwd.dweff) << "chunked";
+      EXPECT_EQ(chunked.dqi, bwd.dqi) << "chunked";
+      expect_rel_l2(chunked.dkeys, bwd.dkeys, 1e-5, c.name + " chunked dkeys");
     }
     // A zero upstream gradient on the kept path: the value, exact zero gradients.
     const Outputs zero = run(in, tc, true, 0.0f, kept.get());
@@ -601,48 +596,20 @@ TEST(CudaIndexerLoss, GradientOnlyInstanceMatchesTheGeneralOne) {
     c.future_ids = future_ids;
     SCOPED_TRACE(c.name);
     Inputs in(c);
-    const int T = in.d.rows, HI = in.d.index_heads, K = in.d.topk, Nc = in.d.comp_capacity;
-    DeviceArray<std::uint16_t> pqi(random_bf16(static_cast<std::size_t>(T) * HI * 128, 36, 1.0f)),
-        pkeys(random_bf16(static_cast<std::size_t>(Nc) * 128, 37, 1.0f));
-    if (pred_ops) {
-      in.args.pred_qi = Inputs::bf(pqi);
-      in.args.pred_keys = Inputs::bf(pkeys);
-    }
+    const int T = in.d.rows, HI = in.d.index_heads, K = in.d.topk;
+    const PredictorOperands po(in, 36);
+    if (pred_ops) po.set(in.args);
     DeviceArray<float> kept(static_cast<std::size_t>(T) * (K + 1) * 2);
     kept.fill_bytes(0xFF);
     const float gs = 0.37f;
     const IndexerLossKernel automatic = IndexerLossKernel::automatic;
     run(in, automatic, false, 0.0f, kept.get());
     const Outputs ref = run(in, automatic, true, gs, kept.get());
-    // launch_indexer_loss with own_selection, in row chunks (the deterministic mode's
-    // launches, here with atomics) or whole.
-    auto own = [&](std::vector<std::pair<int, int>> chunks) {
-      DeviceArray<float> lr(T), l1(1), dwe(static_cast<std::size_t>(T) * HI), dk(static_cast<std::size_t>(Nc) * 128);
-      DeviceArray<std::uint16_t> dqi(static_cast<std::size_t>(T) * HI * 128);
-      lr.fill_bytes(0xFF);
-      dwe.fill_bytes(0xFF);
-      dqi.fill_bytes(0xFF);
-      dk.fill_bytes(0);
-      for (auto [r0, rows_n] : chunks) {
-        in.args.chunk = rows_n < 0 ? GradChunk{} : GradChunk{r0, rows_n, nullptr, 0, 1};
-        launch_indexer_loss(in.d, in.meta, in.args, lr.get(), l1.get(), true, gs, dev_cast<bf16>(dqi), dwe.get(),
-                            dk.get(), kept.get(), nullptr, automatic, false, /*own_selection=*/true);
-      }
-      in.args.chunk = GradChunk{};
-      check(cudaDeviceSynchronize());
-      Outputs o;
-      o.loss_rows = lr.download();
-      o.dweff = dwe.download();
-      o.dkeys = dk.download();
-      const std::vector<std::uint16_t> raw = dqi.download();
-      o.dqi.resize(raw.size());
-      for (std::size_t i = 0; i < raw.size(); ++i) o.dqi[i] = bf16_bits_to_float(raw[i]);
-      return o;
-    };
-    for (const auto& chunks : {std::vector<std::pair<int, int>>{{0, -1}},
+    // launch_indexer_loss with own_selection, whole and in two row chunks.
+    for (const auto& chunks : {std::vector<std::pair<int, int>>{},
                                std::vector<std::pair<int, int>>{{0, T / 2}, {T / 2, T - T / 2}}}) {
-      SCOPED_TRACE(chunks.size() == 1 ? "whole" : "two chunks");
-      const Outputs g = own(chunks);
+      SCOPED_TRACE(chunks.empty() ? "whole" : "two chunks");
+      const Outputs g = run(in, automatic, true, gs, kept.get(), /*own_selection=*/true, chunks);
       int broken = 0;
       for (int t = 0; t < T; ++t) {
         const bool breaks = in.host_vis[t] > 0 && in.host_drop[t] && heads <= 64;
