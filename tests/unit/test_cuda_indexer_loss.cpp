@@ -171,22 +171,23 @@ struct Outputs {
   float loss = 0.0f;
 };
 
-// One run of `kernel` on NaN-poisoned outputs (dkeys_acc zeroed: it accumulates); `kept`,
+// One run of `kernel` on outputs poisoned with `poison` bytes (0xFF: NaN; dkeys_acc zeroed: it
+// accumulates); `kept`,
 // `own_selection`: launch_indexer_loss's (a value run stores into `kept`, a gradient run reads
 // it). `chunks` (row start, rows): one launch per chunk of rows (the deterministic mode's
 // launches, here with atomics) instead of one for all rows.
 Outputs run(const Inputs& in, IndexerLossKernel kernel, bool grads, float grad_loss,
             float* kept = nullptr, bool own_selection = false,
-            const std::vector<std::pair<int, int>>& chunks = {}) {
+            const std::vector<std::pair<int, int>>& chunks = {}, unsigned char poison = 0xFF) {
   const LayerDims& d = in.d;
   const int T = d.rows, HI = d.index_heads;
   DeviceArray<float> loss_rows(T), loss(1), dweff(static_cast<std::size_t>(T) * HI),
       dkeys(static_cast<std::size_t>(d.comp_capacity) * 128);
   DeviceArray<std::uint16_t> dqi(static_cast<std::size_t>(T) * HI * 128);
-  loss_rows.fill_bytes(0xFF);
-  loss.fill_bytes(0xFF);
-  dweff.fill_bytes(0xFF);
-  dqi.fill_bytes(0xFF);
+  loss_rows.fill_bytes(poison);
+  loss.fill_bytes(poison);
+  dweff.fill_bytes(poison);
+  dqi.fill_bytes(poison);
   dkeys.fill_bytes(0);
   IndexerLossArgs a = in.args;
   for (std::size_t i = 0; i < std::max<std::size_t>(chunks.size(), 1); ++i) {
@@ -605,11 +606,12 @@ TEST(CudaIndexerLoss, GradientOnlyInstanceMatchesTheGeneralOne) {
     const IndexerLossKernel automatic = IndexerLossKernel::automatic;
     run(in, automatic, false, 0.0f, kept.get());
     const Outputs ref = run(in, automatic, true, gs, kept.get());
-    // launch_indexer_loss with own_selection, whole and in two row chunks.
+    // launch_indexer_loss with own_selection, whole and in two row chunks, on zero-filled
+    // outputs: a contract-breaking row's NaN is the kernel's, not the poison's.
     for (const auto& chunks : {std::vector<std::pair<int, int>>{},
                                std::vector<std::pair<int, int>>{{0, T / 2}, {T / 2, T - T / 2}}}) {
       SCOPED_TRACE(chunks.empty() ? "whole" : "two chunks");
-      const Outputs g = run(in, automatic, true, gs, kept.get(), /*own_selection=*/true, chunks);
+      const Outputs g = run(in, automatic, true, gs, kept.get(), /*own_selection=*/true, chunks, /*poison=*/0x00);
       int broken = 0;
       for (int t = 0; t < T; ++t) {
         const bool breaks = in.host_vis[t] > 0 && in.host_drop[t] && heads <= 64;
