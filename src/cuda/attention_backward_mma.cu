@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tiles > 0) load_tile(0, 0);
   cp_async_commit();
 
-  attention_row_terms(H, kDim, t, h0, out, dout, lse, sink, dsink_part, drow_s, lse2_s);
+  attention_row_terms<kThreads / 32, kDim>(H, t, h0, out, dout, lse, sink, dsink_part, drow_s, lse2_s);
 
   const float scale2 = d.scale * kLog2e;
   const int wr = warp & 3;          // phases A, B: row block 16 wr

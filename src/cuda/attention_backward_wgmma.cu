@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   gather(key_tile(0));
 
-  attention_row_terms(H, kDim, t, h0, out, dout, lse, sink, dsink_part, drow_s, lse2_s);
+  attention_row_terms<kThreads / 32, kDim>(H, t, h0, out, dout, lse, sink, dsink_part, drow_s, lse2_s);
   cp_async_wait_all();  // this thread's Q / dO copies
   fence_proxy_async_smem();
   __syncthreads();
