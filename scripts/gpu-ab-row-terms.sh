@@ -2,7 +2,8 @@
 # Runs on the lent GPU machine (device tool), from the repository root: the check of the
 # eighteenth session's first call. The attention backward kernels' row terms (D_row = dO . O,
 # the sink term; attention_row_terms.cuh) now issue every load of a warp's rows before the
-# first is used - written in the seventeenth session without a device, bitwise the same sums.
+# first is used, and the wgmma backward issues its Q / dO copies before building the key list -
+# both written in the seventeenth session without a device, bitwise the same results.
 # Under $OUT:
 #   t/: the whole suite (ctest -j 8);
 #   b/: the `attention_backward` and `layer` (64K tokens) sections on this tree and on the tree

@@ -280,6 +280,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (kMode == KeyGrads::atomic && rotate > 0)
       phase_s = *reinterpret_cast<volatile unsigned*>(&g_backward_tiles_done) / static_cast<unsigned>(rotate);
   }
+  // Q and dO rows h0 .. h0 + 63 (zero-filled past H), issued first: they depend on nothing
+  // the key list gives, so their device-memory latency overlaps its top-k row's.
+  for (int i = tid; i < kRows * 64; i += kThreads) {
+    const int r = i >> 6, ch = i & 63;
+    const bool real = h0 + r < H;
+    const long off = (static_cast<long>(t) * H + (real ? h0 + r : 0)) * kDim + ch * 8;
+    cp_async_16_zfill(q_base + tile_off(r, ch), q + off, real);
+    cp_async_16_zfill(do_base + tile_off(r, ch), dout + off, real);
+  }
   // (make_key_list ends with __syncthreads: the barriers are initialised for everyone.)
   const KeyList keys = make_key_list<kThreads>(d, meta, topk, t, reinterpret_cast<int*>(smem + kSelOff),
                                      reinterpret_cast<int*>(smem + kCountOff));
@@ -293,14 +302,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The slots whose dK leave the CTA: all, or (GradChunk::window_only) the window's.
   const int flush_limit = kMode == KeyGrads::scratch && chunk.window_only ? keys.n_win : n;
 
-  // Q and dO rows h0 .. h0 + 63 (zero-filled past H).
-  for (int i = tid; i < kRows * 64; i += kThreads) {
-    const int r = i >> 6, ch = i & 63;
-    const bool real = h0 + r < H;
-    const long off = (static_cast<long>(t) * H + (real ? h0 + r : 0)) * kDim + ch * 8;
-    cp_async_16_zfill(q_base + tile_off(r, ch), q + off, real);
-    cp_async_16_zfill(do_base + tile_off(r, ch), dout + off, real);
-  }
   // Warpgroup c gathers dims [256c, 256c + 256) of key tile `tile`: warp w of the group rows
   // 16 w .. 16 w + 15, lane l the 16-byte chunk l of each (a row's half is 512 contiguous
   // bytes). Slots past the list load a real row (finite; its P is masked to 0).
