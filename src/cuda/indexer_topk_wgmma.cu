@@ -138,10 +138,7 @@ template <int DI>
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                   const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
                   unsigned* stamps, const SelectedScores& scores) {
-  // No compressed rows (a CSA batch of fewer than 4 rows, a CP rank without entries): no row
-  // has a visible key, no tile is loaded, the map is never read; the rows get -1 ids.
-  CUtensorMap map{};
-  if (d.comp_capacity > 0) map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
+  const CUtensorMap map = idxwg::key_tile_map<DI>(d, keys);
   // One CTA per SM (its shared memory allows one); + 1 KB: the base's alignment to 1024.
   require(stamps == nullptr || scores.base == nullptr, ErrorKind::InvalidArgument,
           "the wgmma indexer's phase stamps (benchmarks) come without selected scores");

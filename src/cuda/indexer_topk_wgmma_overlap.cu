@@ -241,8 +241,7 @@ template <int DI>
 void launch_overlap(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi, const float* w_eff,
                     const bf16* keys, std::int32_t* topk, void* scratch, cudaStream_t stream,
                     const SelectedScores& scores, unsigned long long* totals) {
-  CUtensorMap map{};  // none without compressed rows: no tile is loaded (as launch_wgmma)
-  if (d.comp_capacity > 0) map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
+  const CUtensorMap map = idxwg::key_tile_map<DI>(d, keys);
   require(totals == nullptr || scores.base == nullptr, ErrorKind::InvalidArgument,
           "the overlapped wgmma indexer's totals (benchmarks) come without selected scores");
   auto kernel = totals != nullptr        ? indexer_topk_wgmma_overlap_kernel<DI, false, true>

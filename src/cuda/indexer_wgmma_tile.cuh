@@ -8,6 +8,7 @@
 #include "cuda/indexer_block.cuh"
 #include "cuda/indexer_score.cuh"
 #include "cuda/mma_util.cuh"
+#include "cuda/tma.hpp"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
 
@@ -33,6 +34,16 @@ struct Layout {  // byte offsets from the 1024-aligned base
   static constexpr int kWOff = kHistOff + kRows * idxsel::kBins * 4;
   static constexpr int kBytes = kWOff + kCols * 4;
 };
+
+// The TMA map of the key tiles ([d.comp_capacity, DI] bf16 rows, kKeys x 64-dim boxes), for
+// both wgmma kernels' launches. No compressed rows (a CSA batch of fewer than 4 rows, a CP
+// rank without entries): an empty map, never read - no row has a visible key, none is loaded.
+template <int DI>
+inline CUtensorMap key_tile_map(const LayerDims& d, const bf16* keys) {
+  CUtensorMap map{};
+  if (d.comp_capacity > 0) map = bf16_rows_tensor_map(keys, d.comp_capacity, DI, kKeys, 64);
+  return map;
+}
 
 // Byte offset of 16-byte chunk `cc` of row `row` in a swizzled [rows x DI] operand made of
 // column blocks of `block_bytes` (wgmma's 128-byte swizzle, see wgmma.cuh).
