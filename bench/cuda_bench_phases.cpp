@@ -194,7 +194,10 @@ json attention_backward_phases_case(int heads, int topk, int keys, int queries) 
 }
 
 // The overlapped indexer's selecting phases (IndexerOverlapTotals, count .. write).
-constexpr const char* kOverlapSelectPhases[6] = {"count", "digit1", "digit2", "threshold", "rank", "write"};
+constexpr const char* kOverlapSelectPhases[5] = {"count", "digit1", "digit2", "threshold", "write"};
+static_assert(sizeof(kOverlapSelectPhases) / sizeof(kOverlapSelectPhases[0]) ==
+                  cuda::IndexerOverlapTotals::selected - cuda::IndexerOverlapTotals::count,
+              "a name for each selecting phase of the totals");
 
 // The wgmma indexers' phases, Flash CSA geometry (64 heads x 128, top-512), one sequence of
 // `tokens` rows with random operands. The two-warpgroup kernel: per warpgroup the mean cycles

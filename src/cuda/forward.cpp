@@ -84,14 +84,12 @@ void forward_selection(const ForwardParams& p, cudaStream_t stream) {
     sel_q = a.qi_proj;
     sel_keys = a.i_keys_mx;
   }
+  // The loss launch reads them where loss_logits_from_selection says so (the same test the
+  // loss launch makes): the automatic kernel is one that writes them.
   SelectedScores scores;
-  const bool logits = loss_logits_from_selection(p);
-  if (logits) scores = {a.loss_kept + 1, 2};  // (mass, logit) pairs
-  const bool written = launch_indexer_topk(d, p.meta, sel_q, a.w_eff, sel_keys, a.topk,
-                                           a.topk_scratch, stream, IndexerKernel::automatic, scores);
-  // The loss launch relies on them (d.rows > 0 here: a forward has rows).
-  require(written == logits || d.rows <= 0, ErrorKind::Internal,
-          "the selection did not write the scores the indexer loss will read as its logits");
+  if (loss_logits_from_selection(p)) scores = {a.loss_kept + 1, 2};  // (mass, logit) pairs
+  launch_indexer_topk(d, p.meta, sel_q, a.w_eff, sel_keys, a.topk, a.topk_scratch, stream,
+                      IndexerKernel::automatic, scores);
 }
 
 bool loss_logits_from_selection(const ForwardParams& p) {

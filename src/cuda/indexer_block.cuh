@@ -135,14 +135,10 @@ __device__ void select_block(const LayerDims& d, unsigned selecting, const Share
         G::sync();
         scores = reinterpret_cast<const float*>(mine);
       }
-      if constexpr (kScores)
-        idxsel::select_topk_radix<G, true>(scores, n, d.topk, hist + i * idxsel::kBins, sel[i],
-                                           topk + static_cast<long>(t0 + i) * d.topk, staged,
-                                           scores_out + static_cast<long>(t0 + i) * d.topk * score_stride,
-                                           score_stride);
-      else
-        idxsel::select_topk_radix<G>(scores, n, d.topk, hist + i * idxsel::kBins, sel[i],
-                                     topk + static_cast<long>(t0 + i) * d.topk, staged);
+      idxsel::select_topk_radix<G, kScores>(
+          scores, n, d.topk, hist + i * idxsel::kBins, sel[i], topk + static_cast<long>(t0 + i) * d.topk, staged,
+          kScores ? scores_out + static_cast<long>(t0 + i) * d.topk * score_stride : nullptr,
+          kScores ? score_stride : 1);
     }
     __syncthreads();  // every row's select is done with hist, sel and stage before the next block
   } else {

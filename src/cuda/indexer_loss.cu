@@ -326,8 +326,7 @@ void launch_indexer_loss(const LayerDims& d, const DeviceMetadata& meta, const I
     return;
   }
   // CSATTN_INDEXER_LOSS=baseline asks for the CUDA-core kernel (benchmarks, bisecting).
-  static const std::string loss_env = kernel_switch("CSATTN_INDEXER_LOSS", {"baseline"});
-  const bool force_baseline = loss_env == "baseline";
+  static const bool force_baseline = kernel_switch("CSATTN_INDEXER_LOSS", {"baseline"}) == "baseline";
   const bool mma = kernel == IndexerLossKernel::tensor_core ||
                    (kernel == IndexerLossKernel::automatic && !force_baseline &&
                     indexer_loss_mma_supported(d));

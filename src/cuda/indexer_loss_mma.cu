@@ -13,7 +13,8 @@
 //    16 heads x 16 keys, then ReLU, w' and the head sum (fixed order: lanes, then 4 warps);
 //  - gradients: G[h, j] = g_j w'_h 1[S > 0] (bf16, in shared memory as [key][head]),
 //    dqI += G K^I and dK^I = G^T qI as MMAs, dw' += g_j ReLU(S) in registers; dK^I leaves
-//    through add_key_grad (indexer_loss_keygrad.cuh), everything else is summed in a fixed
+//    through add_key_grads_lines (fast mode) or store_key_grad (deterministic mode;
+//    indexer_loss_keygrad.cuh), everything else is summed in a fixed
 //    order (bitwise repeatable per row).
 // The sparse loss computes its predictor logits I once, in its first candidate pass, and the
 // final pass reads them back: with predictor operands (a.pred_qi / a.pred_keys, the MXFP8
@@ -800,7 +801,9 @@ void launch_indexer_loss_rows_mma(const LayerDims& d, const DeviceMetadata& meta
           "heads and 128 heads");
   // The gradient launch whose rows all read their kept values (the caller's contract,
   // kKeptGradients): the gradient-only instance, two CTAs an SM.
-  const bool grad_only = (given & kKeptGradients) && grads && a.sparse && kept != nullptr;
+  const bool grad_only = (given & kKeptGradients) != 0;
+  require(!grad_only || (grads && a.sparse && kept != nullptr), ErrorKind::Internal,
+          "kKeptGradients is for the sparse loss's gradient launch with kept values");
   const std::size_t smem = mma_smem_bytes(d, a.sparse, grad_only);
   auto kernel = grad_only ? indexer_loss_mma_kernel<1, true> : loss_kernel(d);
   allow_dynamic_smem(kernel, smem, "the tensor-core indexer loss");

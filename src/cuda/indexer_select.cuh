@@ -206,7 +206,7 @@ __device__ __forceinline__ void for_each_float4_warp(const float* scores, int n,
   }
 }
 
-// One warp's second-digit histogram (select_topk_radix's kCompact): the pass over
+// One warp's second-digit histogram (select_topk_radix's one-warp path): the pass over
 // the row that counts the second digit of the keys in the first digit's bin `bin0` also
 // appends those keys to `kept` (shared memory, room for all of them: the caller checked the
 // bin's count), so the third digit is counted from `kept` instead of another pass over the
@@ -309,19 +309,19 @@ __device__ __forceinline__ void write_ids_warp_scan(const float* scores, int n, 
 // writes the ids by write_ids_warp_scan, without the counting pass. mark(p) (measurement
 // hooks, no-ops by default): p = 1 after the second digit's histogram, 2 after the third's,
 // 3 the threshold found, 4 the ranks counted (not by one warp), 5 the ids written.
-// kCompact (one warp: the overlapped indexer's selecting warps): where the first digit's bin
-// holds at most kept_cap keys, they are kept in `kept` (shared memory) by the second digit's
-// pass and the third digit is counted from there (digit1_histogram_keeping,
+// One warp (the overlapped indexer's selecting warps, its only caller) also keeps the first
+// digit's bin where it holds at most kept_cap keys: in `kept` (shared memory), during the
+// second digit's pass, and counts the third digit from there (digit1_histogram_keeping,
 // digit2_histogram_kept); the same threshold.
 struct NoMark {
   __device__ void operator()(int) const {}
 };
-template <class G, bool kScores = false, bool kCompact = false, class Mark = NoMark>
+template <class G, bool kScores = false, class Mark = NoMark>
 __device__ void select_topk_radix(const float* scores, int n, int K, unsigned* hist,
                                   SelectShared& sh, std::int32_t* out, bool odd_chunks = false,
                                   float* out_scores = nullptr, int score_stride = 1, Mark mark = {},
                                   unsigned* kept = nullptr, int kept_cap = 0) {
-  static_assert(!kCompact || G::kOneWarp, "the kept keys are one warp's");
+  constexpr bool kCompact = G::kOneWarp;  // the first digit's bin kept (above)
   find_bin<G>(hist, 1 << kDigit0Bits, K, sh);
   unsigned prefix = static_cast<unsigned>(sh.bin) << (kDigit1Bits + kDigit2Bits);
   int need = sh.need;

@@ -320,10 +320,10 @@ IndexerKernel indexer_kernel_for(const LayerDims& d) {
   return indexer_mma_supported(d) ? IndexerKernel::mma1 : IndexerKernel::baseline;
 }
 
-bool launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
+void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                          const float* w_eff, const bf16* keys, std::int32_t* topk, void* scratch,
                          cudaStream_t stream, IndexerKernel which, const SelectedScores& scores) {
-  if (d.rows <= 0) return false;
+  if (d.rows <= 0) return;
   require(d.index_dim <= 256, ErrorKind::Unsupported,
           "the CUDA indexer supports index_head_dim up to 256, got " + std::to_string(d.index_dim));
   if (which == IndexerKernel::automatic) which = indexer_kernel_for(d);
@@ -346,7 +346,6 @@ bool launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const b
       launch_one_row(d, meta, qi, w_eff, keys, topk, false, stream);
       break;
   }
-  return scores.base != nullptr && indexer_writes_selected_scores(which);
 }
 
 bool indexer_writes_selected_scores(IndexerKernel k) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "cuda/indexer_topk_plan.hpp"
 #include "cuda/params.hpp"
 
 namespace csattn::cuda {
@@ -50,12 +51,11 @@ struct IndexerStamps {
 // at row_slot(r, .): `scored_wait` - waiting for a scored block (and the stop), then over the
 // `selected` blocks whose row r had more visible entries than top-k: `count` - the first
 // digit's histogram, `digit1` - its bin found and the second digit's histogram, `digit2` -
-// the same for the third, `threshold` - its bin found, `rank` - the counting pass (none with
-// the scan writes), `write` - the ids written.
+// the same for the third, `threshold` - its bin found, `write` - the ids written.
 struct IndexerOverlapTotals {
-  static constexpr int ctas = 132;
+  static constexpr int ctas = kIdxTiledMaxCtas / 2;  // the most the overlapped kernel runs
   enum Slot { blocks, free_wait, setup, scoring, first_row_slot };
-  enum RowSlot { scored_wait, count, digit1, digit2, threshold, rank, write, selected, row_slots };
+  enum RowSlot { scored_wait, count, digit1, digit2, threshold, write, selected, row_slots };
   static constexpr int rows = 4;
   static constexpr int slots = first_row_slot + rows * row_slots;
   static constexpr int row_slot(int r, int s) { return first_row_slot + r * row_slots + s; }

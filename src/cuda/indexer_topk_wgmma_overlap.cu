@@ -50,6 +50,7 @@ constexpr int kScoreThreads = idxwg::kScoreThreads;  // warpgroups 0 and 1 (scor
 constexpr int kSelectThreads = 128;  // warpgroup 2: warp 8 + r selects row r of a block
 constexpr int kThreads = kScoreThreads + kSelectThreads;
 static_assert(kSelectThreads / 32 == kRows, "one selecting warp a row");
+static_assert(IndexerOverlapTotals::rows == kRows, "the totals' rows are the selecting warps'");
 // setmaxnreg moves registers inside the launch allocation (65536 / 384 -> 168 a thread):
 // 256 x 208 + 128 x 88 = 384 x 168. The two-warpgroup kernel took 228 registers; here the
 // scoring fits 208 without its histogram (ptxas: no spill), and the one-warp radix select
@@ -92,7 +93,7 @@ constexpr int kKeptBytes = kRows * kKept * 4;
 // (IndexerOverlapTotals, indexer_topk_tiled.hpp); an instance of its own, so the measured
 // kernels carry none of it. Each selecting warp keeps its row's keys of the first digit's bin
 // in shared memory (kKept of them at most, past the layout) while counting the second digit,
-// and counts the third from there (idxsel::select_topk_radix's kCompact); a row whose bin
+// and counts the third from there (idxsel::select_topk_radix's one-warp path); a row whose bin
 // holds more takes another pass over its scores. Why: the totals (sixteenth session) put that
 // pass at ~30K of the selection's 138K cycles a block at 32K tokens, the scoring at ~120K.
 // Measured (seventeenth session, H100): the third digit 30K -> 12K cycles, the indexer
@@ -153,17 +154,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         add_since(Totals::count);
         auto phase_mark = [&](int phase) {
           if constexpr (kTotals) {
-            constexpr int kSlot[6] = {0, Totals::digit1, Totals::digit2, Totals::threshold, Totals::rank, Totals::write};
-            add_since(kSlot[phase]);
+            // (phase 4, the ranks' count, is the multi-warp groups': one warp has none)
+            constexpr int kSlot[6] = {0, Totals::digit1, Totals::digit2, Totals::threshold, -1, Totals::write};
+            if (kSlot[phase] >= 0) add_since(kSlot[phase]);
           }
         };
-        if constexpr (kScores)
-          idxsel::select_topk_radix<idxsel::WarpThreads, true, true>(
-              scores, n, K, h, sel[r], out, false, scores_out + static_cast<long>(t0 + r) * K * score_stride,
-              score_stride, phase_mark, kept + r * kKept, kKept);
-        else
-          idxsel::select_topk_radix<idxsel::WarpThreads, false, true>(scores, n, K, h, sel[r], out, false, nullptr, 1,
-                                                                      phase_mark, kept + r * kKept, kKept);
+        idxsel::select_topk_radix<idxsel::WarpThreads, kScores>(
+            scores, n, K, h, sel[r], out, false,
+            kScores ? scores_out + static_cast<long>(t0 + r) * K * score_stride : nullptr, kScores ? score_stride : 1,
+            phase_mark, kept + r * kKept, kKept);
         if constexpr (kTotals) ++phase_clock.sums[Totals::selected];
       }
       __threadfence_block();

@@ -117,14 +117,14 @@ void launch_indexer_weights(const LayerDims& d, const bf16* w_raw, float* w_eff,
 // scores (the sparse loss's predictor logits from the selection, forward.cpp's
 // loss_logits_from_selection): where base is set, the wgmma kernel also writes each
 // selected id's score, row t's k-th at base[(t * K + k) * stride], for the rows it selects by
-// radix (n > K: more visible entries than K; the rows with n <= K are not scored). Returns
-// whether they were written (a wgmma kernel ran).
+// radix (n > K: more visible entries than K; the rows with n <= K are not scored); the other
+// kernels leave them (indexer_writes_selected_scores says which).
 enum class IndexerKernel { automatic, baseline, mma1, tiled, wgmma, wgmma_overlap };
 IndexerKernel indexer_kernel_for(const LayerDims& d);
 // Whether kernel k (not automatic) writes SelectedScores where it is given them: the wgmma
 // kernels (their radix select has each selected id's score at hand); the others do not.
 bool indexer_writes_selected_scores(IndexerKernel k);
-bool launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
+void launch_indexer_topk(const LayerDims& d, const DeviceMetadata& meta, const bf16* qi,
                          const float* w_eff, const bf16* keys, std::int32_t* topk, void* scratch,
                          cudaStream_t stream, IndexerKernel which = IndexerKernel::automatic,
                          const SelectedScores& scores = {});

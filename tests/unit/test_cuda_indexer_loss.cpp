@@ -706,12 +706,9 @@ TEST(CudaIndexerLoss, ValueLaunchTakesTheSelectionsLogits) {
         EXPECT_EQ(rows[t], ref.loss_rows[t]) << "row " << t << " took logits it was not given";
         continue;
       }
-      int n = 0;
+      const int n = K;  // the row's candidates: more visible entries than K, so all K
       double sum = 0.0;
-      for (; n < K; ++n) {  // the row's candidates: more visible entries than K, so all K
-        const double m = masses[2 * (static_cast<std::size_t>(t) * K + n)];
-        sum += m;
-      }
+      for (int j = 0; j < n; ++j) sum += masses[2 * (static_cast<std::size_t>(t) * K + j)];
       double want = 0.0;
       for (int j = 0; j < n; ++j) {
         const double p = masses[2 * (static_cast<std::size_t>(t) * K + j)] / sum;
@@ -724,7 +721,7 @@ TEST(CudaIndexerLoss, ValueLaunchTakesTheSelectionsLogits) {
   }
 }
 
-// The candidate kGivenLight (CSATTN_INDEXER_LOSS=light): the value launch's rows with given
+// kGivenLight (the layer's value launch, with kGivenLogits): the value launch's rows with given
 // masses and logits and more visible entries than K take their KL from `kept` alone (warp 0,
 // the CTA's other warps leave). Against the same launch without it, on the same kept
 // logits: the loss rows, the masses' sum and the LSE it keeps for the gradient launch are
