@@ -12,6 +12,14 @@ __device__ __forceinline__ float round_bf16(float x) {
   return __bfloat162float(__float2bfloat16_rn(x));
 }
 
+// One RoPE pair rotated by (c, s) (s carries the rotation's sign), each result rounded to
+// bf16: every RoPE kernel rotates through this, so they agree bit for bit.
+__device__ __forceinline__ void rotate_pair(float& x0, float& x1, float c, float s) {
+  const float a = x0, b = x1;
+  x0 = round_bf16(a * c - b * s);
+  x1 = round_bf16(a * s + b * c);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -125,10 +125,9 @@ __global__ void __launch_bounds__(256)
         const int elem = (k * 32 + lane) * kVec + 2 * e;
         if (table != nullptr && elem >= base) {
           const float2 cs = __bfloat1622float2(table[(elem - base) / 2]);
-          const float co = cs.x, si = cs.y * static_cast<float>(rope.rope_sign);
-          const float x0 = round_bf16(d0), x1 = round_bf16(d1);
-          d0 = round_bf16(x0 * co - x1 * si);
-          d1 = round_bf16(x0 * si + x1 * co);
+          d0 = round_bf16(d0);
+          d1 = round_bf16(d1);
+          rotate_pair(d0, d1, cs.x, cs.y * static_cast<float>(rope.rope_sign));
         }
         o.h[e] = __floats2bfloat162_rn(d0, d1);
       }

@@ -147,10 +147,7 @@ __device__ __forceinline__ void transform_row(const NormRopeArgs& a, int row, in
       // stack frame into this kernel.
       const float2 cs =
           __bfloat1622float2(a.rope_table[static_cast<long>(position) * (a.rope_dim / 2) + (e - base) / 2]);
-      const float c = cs.x, s = cs.y * static_cast<float>(a.rope_sign);
-      const float x0 = v[i], x1 = v[i + 1];
-      v[i] = round_bf16(x0 * c - x1 * s);
-      v[i + 1] = round_bf16(x0 * s + x1 * c);
+      rotate_pair(v[i], v[i + 1], cs.x, cs.y * static_cast<float>(a.rope_sign));
     }
   }
 
@@ -265,10 +262,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_n128_kernel(Nor
         const int e = elem(c) + k;
         if (e < base) continue;
         const float2 cs = __bfloat1622float2(table[(e - base) / 2]);
-        const float co = cs.x, si = cs.y * static_cast<float>(a.rope_sign);
-        const float x0 = v[8 * c + k], x1 = v[8 * c + k + 1];
-        v[8 * c + k] = round_bf16(x0 * co - x1 * si);
-        v[8 * c + k + 1] = round_bf16(x0 * si + x1 * co);
+        rotate_pair(v[8 * c + k], v[8 * c + k + 1], cs.x, cs.y * static_cast<float>(a.rope_sign));
       }
   }
 
@@ -319,6 +313,32 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_n128_kernel(Nor
   }
 }
 
+// RoPE alone, in place (the backward's RoPE^T passes, e.g. on the attention output's
+// gradient, [T*H, 512] with 64 rotated dims): only each row's rotated tail is read and
+// written - 1/8 of the bytes the whole-row kernels move there, whose other elements would go
+// through fp32 and back unchanged. A thread rotates 8 elements (16 bytes) of one row's tail,
+// through rotate_pair with the table's cos / sin: the whole-row kernels' bits.
+constexpr int kTailThreads = 256;
+__global__ void __launch_bounds__(kTailThreads) rope_tail_kernel(NormRopeArgs a) {
+  const int per_row = a.rope_dim / 8;
+  const long idx = static_cast<long>(blockIdx.x) * kTailThreads + threadIdx.x;
+  const long row = idx / per_row;
+  if (row >= a.rows) return;
+  const int position = row_position_of(a, static_cast<int>(row));
+  if (position < 0) return;  // compressed capacity rows without an entry
+  const int chunk = static_cast<int>(idx - row * per_row);
+  bf16* p = a.out + row * a.n + (a.n - a.rope_dim) + 8 * chunk;
+  float v[8];
+  load_lane<8>(p, v);
+  const __nv_bfloat162* table = a.rope_table + static_cast<long>(position) * (a.rope_dim / 2) + 4 * chunk;
+#pragma unroll
+  for (int i = 0; i < 8; i += 2) {
+    const float2 cs = __bfloat1622float2(table[i / 2]);
+    rotate_pair(v[i], v[i + 1], cs.x, cs.y * static_cast<float>(a.rope_sign));
+  }
+  store_lane<8>(p, v);
+}
+
 __global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
   extern __shared__ float buf[];  // [n]
   __shared__ float scratch[32];
@@ -350,9 +370,7 @@ __global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
       // correctly rounded like the host's, then cast to bf16 (the table's dtype).
       float c, s;
       rope_cos_sin(a, position, i, c, s);
-      const float x0 = buf[base + 2 * i], x1 = buf[base + 2 * i + 1];
-      buf[base + 2 * i] = round_bf16(x0 * c - x1 * s);
-      buf[base + 2 * i + 1] = round_bf16(x0 * s + x1 * c);
+      rotate_pair(buf[base + 2 * i], buf[base + 2 * i + 1], c, s);
     }
     __syncthreads();
   }
@@ -396,6 +414,15 @@ void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
   const std::uintptr_t addr_bits = reinterpret_cast<std::uintptr_t>(a.in) |
                                    reinterpret_cast<std::uintptr_t>(a.out) |
                                    reinterpret_cast<std::uintptr_t>(a.weight);
+  // RoPE alone in place: the tail kernel (rows and tails 16-byte aligned).
+  if (a.in == a.out && !a.norm && !a.hadamard && a.rstd == nullptr && a.rope_dim > 0 && a.rope_table &&
+      a.rope_dim % 8 == 0 && a.rope_dim <= a.n && a.n % 8 == 0 && addr_bits % 16 == 0) {
+    const long threads = static_cast<long>(a.rows) * (a.rope_dim / 8);
+    rope_tail_kernel<<<static_cast<unsigned>((threads + kTailThreads - 1) / kTailThreads), kTailThreads, 0,
+                       stream>>>(a);
+    CSATTN_CUDA_LAUNCH_CHECK();
+    return;
+  }
   if (rope_ok && addr_bits % 16 == 0) {
     auto launch = [&](auto kernel, int rows_per_warp) {
       const int rows_per_block = kWarpsPerBlock * rows_per_warp;

@@ -5,7 +5,8 @@
 // order, so with it a few elements may differ by one bf16 step. The table must reproduce the
 // reference's per-row cos / sin exactly. Outputs are NaN-poisoned first; compressed rows
 // without an entry must stay untouched. Also the backward's norm kernels and column sums
-// (norm_backward.cu) against their formulas in fp64. Skips where no GPU is present.
+// (norm_backward.cu) against their formulas in fp64, and RoPE alone in place (the tail kernel)
+// against the block kernel. Skips where no GPU is present.
 #ifdef CSATTN_HAVE_CUDA
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
@@ -126,6 +127,62 @@ INSTANTIATE_TEST_SUITE_P(
                       NrCase{"rows_128_partial_group", 128, true, true, true, false, 1, 1},
                       NrCase{"rows_256_partial_group", 256, true, false, false, false, 1, 1}),
     [](const auto& param_info) { return param_info.param.name; });
+
+// RoPE alone in place (the backward's RoPE^T passes: launch_norm_rope with in == out, no norm,
+// no Hadamard) takes the tail kernel, which reads and writes only each row's rotated dims: its
+// rows must be bitwise the block kernel's out-of-place output, every element before the tail
+// untouched, and compressed capacity rows without an entry left as they were. Token rows (4
+// heads a token, per_token) and compressed rows; widths 512 (the attention output's gradient)
+// and 128 (the indexer's queries); both rotation signs.
+TEST(CudaNormRope, InPlaceRopeTouchesOnlyTheRotatedTail) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  cfg.compress_ratio = 4;
+  const testing_util::DeviceBatch batch(cfg, {37, 1, 300, 9}, {40, 1, 303, 9});
+  const cuda::LayerDims& d = batch.dims;
+  cuda::DeviceWeights w;
+  w.omega = batch.omega();
+  for (int n : {512, 128})
+    for (bool compressed : {false, true})
+      for (int sign : {1, -1}) {
+        SCOPED_TRACE("n " + std::to_string(n) + (compressed ? " compressed" : " token") + " rows, sign " +
+                     std::to_string(sign));
+        const int per_token = 4;
+        const int rows = compressed ? d.comp_capacity : d.rows * per_token;
+        const std::size_t count = static_cast<std::size_t>(rows) * n;
+        const std::vector<std::uint16_t> x = testing_util::random_bf16(count, 50 + n + sign + (compressed ? 7 : 0), 3.0f);
+        const DeviceArray<std::uint16_t> in(x);
+        DeviceArray<std::uint16_t> inplace(x), ref(count);
+        ref.fill_bytes(0xFF);
+        auto args = [&](const cuda::bf16* from, cuda::bf16* to) {
+          cuda::NormRopeArgs a = compressed ? cuda::compressed_rows_args(d, w, batch.meta, from, to, n)
+                                            : cuda::token_rows_args(d, w, batch.meta, from, to, rows, n, per_token);
+          a.rope_dim = cfg.rope_dim;
+          a.rope_sign = sign;
+          return a;
+        };
+        cuda::launch_norm_rope(args(dev_cast<cuda::bf16>(inplace), dev_cast<cuda::bf16>(inplace)), nullptr);
+        cuda::launch_norm_rope_reference(args(dev_cast<cuda::bf16>(in), dev_cast<cuda::bf16>(ref)), nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<std::uint16_t> got = inplace.download(), want = ref.download();
+        const int written = compressed ? batch.host_comp_start[d.segments] : rows;
+        ASSERT_GT(written, 0);
+        std::size_t rotated_changed = 0;
+        for (int row = 0; row < rows; ++row)
+          for (int i = 0; i < n; ++i) {
+            const std::size_t k = static_cast<std::size_t>(row) * n + i;
+            if (row >= written || i < n - cfg.rope_dim) {
+              ASSERT_EQ(got[k], x[k]) << "row " << row << " [" << i << "] was written";
+              continue;
+            }
+            ASSERT_EQ(got[k], want[k]) << "row " << row << " [" << i << "]";
+            rotated_changed += got[k] != x[k];
+          }
+        // The rotation did something (position 0 rows alone would leave their tails as they were).
+        EXPECT_GT(rotated_changed, static_cast<std::size_t>(written) * cfg.rope_dim / 4);
+      }
+}
 
 // Four query heads per token of a small ragged batch at the Flash shape: the metadata, the
 // RoPE table and the row count the norm tests below run on.
