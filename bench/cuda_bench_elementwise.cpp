@@ -156,10 +156,33 @@ json elementwise_benchmarks(double copy_tbps) {
     a.norm = true;
     a.rope_dim = d.rope_dim;
   });
-  norm_rope_case("output: inverse RoPE [T*H, 512]", H, D, [](NormRopeArgs& a, const LayerDims& d) {
-    a.rope_dim = d.rope_dim;
-    a.rope_sign = -1;
-  });
+  // The attention output's RoPE passes, in place on each head row's tail (the tail kernel):
+  // the forward's inverse RoPE, which also keeps the tail's values (reads the tails, writes
+  // them and the kept copy), and the backward's transpose on the output's gradient (reads and
+  // writes the tails). Whole [T*H, 512] rows in their own buffer, only the tails moved.
+  {
+    const int span = attention_tail_dim(batch.set(cfg, 4096));
+    const int T = tokens_for(3.0 * 2.0 * H * span);
+    const LayerDims d = batch.set(cfg, T);
+    const std::size_t rows = static_cast<std::size_t>(T) * H;
+    bf16* o = device_alloc<bf16>(rows * D);
+    bf16* kept = device_alloc<bf16>(rows * span);
+    fill_random_bf16(o, rows * D, 3);
+    for (const bool forward : {true, false}) {
+      NormRopeArgs a = token_rows_args(d, w, m, o, o, static_cast<int>(rows), D, H);
+      a.rope_dim = d.rope_dim;
+      a.rope_sign = forward ? -1 : 1;
+      if (forward) {
+        a.keep_tail = kept;
+        a.keep_tail_dim = span;
+      }
+      const double bytes = (forward ? 3.0 : 2.0) * 2.0 * static_cast<double>(rows) * (forward ? span : d.rope_dim);
+      const double ms = median_event_ms([&] { launch_norm_rope(a, nullptr); }, nullptr, 3, 20);
+      report(forward ? "output: inverse RoPE, tails [T*H, 512]" : "output backward: RoPE^T, tails", T, bytes, ms, -1.0);
+    }
+    cudaFree(o);
+    cudaFree(kept);
+  }
   norm_rope_case("indexer q: RoPE + Hadamard [T*64, 128]", HI, DI, [](NormRopeArgs& a, const LayerDims& d) {
     a.rope_dim = d.rope_dim;
     a.hadamard = true;

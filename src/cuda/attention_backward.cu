@@ -30,7 +30,7 @@ constexpr int kMaxDimPerThread = 4;  // head_dim <= 1024
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kernel(LayerDims d, DeviceMetadata meta, const bf16* q, const bf16* kv,
                               const bf16* comp, const float* sink, const std::int32_t* topk,
-                              const bf16* out, const float* lse, const bf16* dout, bf16* dq,
+                              OutputRows out, const float* lse, const bf16* dout, bf16* dq,
                               float* dkv_acc, float* dcomp_acc, float* dsink_part,
                               GradChunk chunk) {
   extern __shared__ float sm[];
@@ -54,10 +54,10 @@ __global__ void __launch_bounds__(kThreads)
 
   // D_row = dO . o per head, and the sink gradient.
   for (int h = warp; h < H; h += kWarps) {
-    const long base = (static_cast<long>(t) * H + h) * D;
+    const long row = static_cast<long>(t) * H + h, base = row * D;
     float acc = 0.0f;
     for (int i = lane; i < D; i += 32)
-      acc += __bfloat162float(dout[base + i]) * __bfloat162float(out[base + i]);
+      acc += __bfloat162float(dout[base + i]) * __bfloat162float(*out.at(row, i, D));
     acc = warp_sum(acc);
     if (lane == 0) {
       drow[h] = acc;
@@ -189,9 +189,16 @@ BackwardKernel backward_kernel(const LayerDims& d) {
 
 }  // namespace
 
+void check_output_rows(const LayerDims& d, const OutputRows& out) {
+  require(out.rows != nullptr && (out.tail == nullptr || out.tail_dim == attention_tail_dim(d)),
+          ErrorKind::InvalidArgument,
+          "the attention backward's O: whole rows, or heads with their tails of " +
+              std::to_string(attention_tail_dim(d)) + " dims apart (got " + std::to_string(out.tail_dim) + ")");
+}
+
 void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                const bf16* kv, const bf16* comp, const float* sink,
-                               const std::int32_t* topk, const bf16* out, const float* lse,
+                               const std::int32_t* topk, OutputRows out, const float* lse,
                                const bf16* dout, bf16* dq, float* dkv_acc,
                                float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                const GradChunk& chunk) {
@@ -229,10 +236,11 @@ const char* attention_backward_kernel_name(const LayerDims& d) {
 void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata& meta,
                                         const bf16* q, const bf16* kv, const bf16* comp,
                                         const float* sink, const std::int32_t* topk,
-                                        const bf16* out, const float* lse, const bf16* dout,
+                                        OutputRows out, const float* lse, const bf16* dout,
                                         bf16* dq, float* dkv_acc, float* dcomp_acc,
                                         float* dsink_part, cudaStream_t stream,
                                         const GradChunk& chunk) {
+  check_output_rows(d, out);
   const int rows = chunk.launch_rows(d.rows);
   if (rows <= 0) return;
   require(d.head_dim <= kThreads * kMaxDimPerThread, ErrorKind::Unsupported,

@@ -58,7 +58,7 @@ __global__ void sum_chunks_kernel(const float* partials, int chunks, long chunk_
 }
 
 // D_row = dO . O for every (row, head): a warp a row of 512, 16-byte loads.
-__global__ void row_dot_kernel(const bf16* out, const bf16* dout, long rows, float* drow) {
+__global__ void row_dot_kernel(OutputRows out, const bf16* dout, long rows, float* drow) {
   const int lane = threadIdx.x & 31;
   for (long r = (blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x) >> 5; r < rows;
        r += (static_cast<long>(gridDim.x) * blockDim.x) >> 5) {
@@ -67,7 +67,7 @@ __global__ void row_dot_kernel(const bf16* out, const bf16* dout, long rows, flo
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const long off = r * kDim + 256 * k + 8 * lane;
-      acc += dot_bf16x8(out + off, dout + off);
+      acc += dot_bf16x8(out.at(r, 256 * k + 8 * lane, kDim), dout + off);
     }
     acc = warp_sum(acc);
     if (lane == 0) drow[r] = acc;
@@ -94,11 +94,12 @@ std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d) {
 }
 
 void launch_comp_grad_keyed(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
-                            const bf16* comp, const bf16* out, const float* lse,
+                            const bf16* comp, OutputRows out, const float* lse,
                             const bf16* dout, float* drow, float* dcomp_acc, float* scratch,
                             std::size_t scratch_bytes, cudaStream_t stream) {
   require(comp_grad_keyed_applies(d), ErrorKind::Unsupported,
           "the key-stationary compressed-row gradient needs an HCA layer with head_dim 512");
+  check_output_rows(d, out);
   if (d.rows <= 0) return;
   const int chunks = comp_grad_keyed_chunks(d);
   const std::size_t needed = comp_grad_keyed_scratch_bytes(d);

@@ -241,7 +241,7 @@ template <KeyGrads kMode, bool kStamps, bool kLines>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                     const bf16* kv, const bf16* comp, const float* sink,
-                                    const std::int32_t* topk, const bf16* out, const float* lse,
+                                    const std::int32_t* topk, OutputRows out, const float* lse,
                                     const bf16* dout, bf16* dq_out, float* dkv_acc,
                                     float* dcomp_acc, float* dsink_part, int head_blocks,
                                     GradChunk chunk, unsigned* stamps, int rotate) {
@@ -494,11 +494,12 @@ bool attention_backward_wgmma_supported(const LayerDims& d) {
 
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                      const bf16* kv, const bf16* comp, const float* sink,
-                                     const std::int32_t* topk, const bf16* out, const float* lse,
+                                     const std::int32_t* topk, OutputRows out, const float* lse,
                                      const bf16* dout, bf16* dq_out, float* dkv_acc,
                                      float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                      const GradChunk& chunk, KeyGradWrites writes,
                                      unsigned* phase_stamps) {
+  check_output_rows(d, out);
   const int rows = chunk.launch_rows(d.rows);
   if (rows <= 0) return;
   require(d.head_dim == kDim, ErrorKind::Unsupported,

@@ -43,7 +43,7 @@ __device__ __forceinline__ float dot_bf16x8(const void* a, const void* b) {
 // prologue of every CTA - most of an SWA item's time (2 key tiles). The sums are the same, in
 // the same order.
 template <int kWarps, int kD>
-__device__ __forceinline__ void attention_row_terms(int H, int t, int h0, const bf16* out, const bf16* dout,
+__device__ __forceinline__ void attention_row_terms(int H, int t, int h0, const OutputRows& out, const bf16* dout,
                                                     const float* lse, const float* sink, float* dsink_part,
                                                     float* drow_s, float* lse2_s) {
   static_assert(64 % kWarps == 0 && kD % 256 == 0, "rows a warp, 16-byte groups a lane");
@@ -55,10 +55,10 @@ __device__ __forceinline__ void attention_row_terms(int H, int t, int h0, const 
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int h = h0 + warp + kWarps * i;
     if (h < H) {  // uniform per warp
-      const long base = (static_cast<long>(t) * H + h) * kD + 8 * lane;
+      const long row = static_cast<long>(t) * H + h, base = row * kD + 8 * lane;
 #pragma unroll
       for (int c = 0; c < kGroups; ++c) {
-        o[i][c] = *reinterpret_cast<const uint4*>(out + base + 256 * c);
+        o[i][c] = *reinterpret_cast<const uint4*>(out.at(row, 256 * c + 8 * lane, kD));
         g[i][c] = *reinterpret_cast<const uint4*>(dout + base + 256 * c);
       }
       l[i] = lse[static_cast<long>(t) * H + h];

@@ -87,13 +87,11 @@ void backward_output(const ForwardParams& f, const BackwardParams& p, cublasHand
   const BackwardBuffers& b = p.buf;
   const int T = d.rows, HD = d.heads * d.head_dim, dm = d.d_model;
   const int gro = d.o_groups * d.o_lora_rank, gd = HD / d.o_groups;
-  // Output projections, then the transpose of the inverse RoPE (a forward rotation). The wo_a
-  // gradient reads the rotated output, which the forward did not keep: recomputed into dattn's
-  // bytes, read, then overwritten by dattn.
+  // Output projections (the wo_a gradient reads the rotated output the forward left in attn),
+  // then the transpose of the inverse RoPE (a forward rotation, in place on the tails).
   linear_grad_input(blas, b.dy, T, dm, f.w.wo_b, gro, b.du);
   linear_grad_weight(blas, b.dy, T, dm, f.act.u, gro, p.grad.wo_b);
-  inverse_rope_output(f, 0, T, b.dattn, stream);
-  grouped_linear_grad_weight(blas, b.du, T, d.o_groups, gd, b.dattn, d.o_lora_rank, p.grad.wo_a);
+  grouped_linear_grad_weight(blas, b.du, T, d.o_groups, gd, f.act.attn, d.o_lora_rank, p.grad.wo_a);
   grouped_linear_grad_input(blas, b.du, T, d.o_groups, gd, f.w.wo_a, d.o_lora_rank, b.dattn);
   rope_rows(f, b.dattn, T * d.heads, d.head_dim, d.heads, +1, stream);
 }
@@ -127,7 +125,7 @@ void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStr
     for (int r0 = 0; r0 < T; r0 += chunk_rows) {
       GradChunk c{r0, std::min(chunk_rows, T - r0), b.det_scratch, slots, copies};
       c.window_only = keyed;
-      launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse,
+      launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, attention_output(f), a.lse,
                                 b.dattn, b.dq, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream, c);
       launch_ordered_scatter(d, f.meta, a.topk, os, c.r0, c.rows, b.det_scratch, stream);
     }
@@ -135,13 +133,13 @@ void backward_attention(const ForwardParams& f, const BackwardParams& p, cudaStr
     if (st) st->mark("attention");
     // dsink_part is dead after its column sum: it holds the keyed pass's D_row.
     if (keyed) {
-      launch_comp_grad_keyed(d, f.meta, a.q, a.comp, a.attn, a.lse, b.dattn, b.dsink_part,
+      launch_comp_grad_keyed(d, f.meta, a.q, a.comp, attention_output(f), a.lse, b.dattn, b.dsink_part,
                              b.dcomp_acc, b.det_scratch, b.det_scratch_bytes, stream);
       if (st) st->mark("attention keyed rows");
     }
     return;
   }
-  launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, a.attn, a.lse, b.dattn,
+  launch_attention_backward(d, f.meta, a.q, a.kv, a.comp, w.sink, a.topk, attention_output(f), a.lse, b.dattn,
                             b.dq, b.dkv_acc, b.dcomp_acc, b.dsink_part, stream);
   launch_column_sum(b.dsink_part, T, d.heads, p.grad.sink, stream);
   if (st) st->mark("attention");

@@ -44,9 +44,13 @@ void launch_rmsnorm_backward_from_output(const bf16* y, const float* rstd, const
 // dsink_part[t, h] = -P_sink * D_row. Dispatches to the wgmma kernel for
 // head_dim 512, else the mma.sync kernel, else the baseline; CSATTN_ATTENTION_BACKWARD=mma or
 // =baseline forces an older one (attention_backward.cu).
+// `out` is O (params.hpp, OutputRows: whole rows, or the layer's heads with their tails kept
+// apart - then with tail_dim = attention_tail_dim(d), which check_output_rows requires; each
+// launcher below that reads O checks it).
+void check_output_rows(const LayerDims& d, const OutputRows& out);
 void launch_attention_backward(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                const bf16* kv, const bf16* comp, const float* sink,
-                               const std::int32_t* topk, const bf16* out, const float* lse,
+                               const std::int32_t* topk, OutputRows out, const float* lse,
                                const bf16* dout, bf16* dq, float* dkv_acc,
                                float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                const GradChunk& chunk = {});
@@ -59,7 +63,7 @@ const char* attention_backward_kernel_name(const LayerDims& d);
 void launch_attention_backward_baseline(const LayerDims& d, const DeviceMetadata& meta,
                                         const bf16* q, const bf16* kv, const bf16* comp,
                                         const float* sink, const std::int32_t* topk,
-                                        const bf16* out, const float* lse, const bf16* dout,
+                                        OutputRows out, const float* lse, const bf16* dout,
                                         bf16* dq, float* dkv_acc, float* dcomp_acc,
                                         float* dsink_part, cudaStream_t stream,
                                         const GradChunk& chunk = {});
@@ -76,7 +80,7 @@ bool attention_backward_wgmma_supported(const LayerDims& d);
 void launch_attention_backward_wgmma(const LayerDims& d, const DeviceMetadata& meta,
                                      const bf16* q, const bf16* kv, const bf16* comp,
                                      const float* sink, const std::int32_t* topk,
-                                     const bf16* out, const float* lse, const bf16* dout,
+                                     OutputRows out, const float* lse, const bf16* dout,
                                      bf16* dq, float* dkv_acc, float* dcomp_acc,
                                      float* dsink_part, cudaStream_t stream,
                                      const GradChunk& chunk = {},
@@ -99,7 +103,7 @@ struct AttentionBackwardStamps {
 bool attention_backward_mma_supported(const LayerDims& d);
 void launch_attention_backward_mma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                    const bf16* kv, const bf16* comp, const float* sink,
-                                   const std::int32_t* topk, const bf16* out, const float* lse,
+                                   const std::int32_t* topk, OutputRows out, const float* lse,
                                    const bf16* dout, bf16* dq, float* dkv_acc,
                                    float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                                    const GradChunk& chunk = {});
@@ -117,7 +121,7 @@ bool comp_grad_keyed_applies(const LayerDims& d);
 int comp_grad_keyed_chunks(const LayerDims& d);
 std::size_t comp_grad_keyed_scratch_bytes(const LayerDims& d);
 void launch_comp_grad_keyed(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
-                            const bf16* comp, const bf16* out, const float* lse,
+                            const bf16* comp, OutputRows out, const float* lse,
                             const bf16* dout, float* drow, float* dcomp_acc, float* scratch,
                             std::size_t scratch_bytes, cudaStream_t stream);
 // The kernel's entries a CTA, and its launch alone (blocks = key blocks x chunks;

@@ -104,28 +104,27 @@ void forward_attention(const ForwardParams& p, cudaStream_t stream) {
                           stream);
 }
 
-void inverse_rope_output(const ForwardParams& p, int r0, int rows, bf16* out, cudaStream_t stream) {
-  const LayerDims& d = p.dims;
-  const int H = d.heads, D = d.head_dim;
-  NormRopeArgs inv = token_rows_args(d, p.w, p.meta, p.act.attn + static_cast<long>(r0) * H * D,
-                                     out, rows * H, D, H);
-  inv.row_position = p.meta.row_position + r0;  // the chunk's first token is row 0 here
-  inv.rope_dim = d.rope_dim;
-  inv.rope_sign = -1;
-  launch_norm_rope(inv, stream);
+OutputRows attention_output(const ForwardParams& p) {
+  return {p.act.attn, p.act.attn_tail, attention_tail_dim(p.dims)};
 }
 
 void forward_output(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream) {
   const LayerDims& d = p.dims;
   const DeviceActivations& a = p.act;
   const int T = d.rows, H = d.heads, D = d.head_dim, G = d.o_groups, gro = G * d.o_lora_rank;
-  // Chunks of attn_rot_rows rows: the rotated output is only the grouped projection's input.
-  for (int r0 = 0; r0 < T; r0 += a.attn_rot_rows) {
-    const int rows = std::min(a.attn_rot_rows, T - r0);
-    inverse_rope_output(p, r0, rows, a.attn_rot, stream);
-    grouped_linear(blas, a.attn_rot, rows, G, H * D / G, p.w.wo_a, d.o_lora_rank,
-                   a.u + static_cast<long>(r0) * gro);
-  }
+  // The inverse RoPE in place, where only each head row's rotated tail is read and written
+  // (the tail kernel of launch_norm_rope), its values before the rotation kept in attn_tail:
+  // attn becomes the grouped projection's input, which the wo_a gradient reads again, and
+  // attn's heads with attn_tail are still O for the attention backward. (It was an
+  // out-of-place pass over whole rows, in chunks, recomputed in the backward: three passes
+  // over [T, H*D] a training step where this makes one over its tails.)
+  NormRopeArgs inv = token_rows_args(d, p.w, p.meta, a.attn, a.attn, T * H, D, H);
+  inv.rope_dim = d.rope_dim;
+  inv.rope_sign = -1;
+  inv.keep_tail = a.attn_tail;
+  inv.keep_tail_dim = attention_tail_dim(d);
+  launch_norm_rope(inv, stream);
+  grouped_linear(blas, a.attn, T, G, H * D / G, p.w.wo_a, d.o_lora_rank, a.u);
   linear(blas, a.u, T, gro, p.w.wo_b, d.d_model, a.y);
 }
 

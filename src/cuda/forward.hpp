@@ -63,8 +63,8 @@ bool loss_logits_from_selection(const ForwardParams& p);
 // Sparse attention (attn, lse), then the inverse RoPE and the output projections (y).
 void forward_attention(const ForwardParams& p, cudaStream_t stream);
 void forward_output(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream);
-// The inverse RoPE of attn's token rows [r0, r0 + rows) into out ([rows, H*D]): forward_output
-// per chunk, the backward for all rows (the same kernel on the same values: the same bits).
-void inverse_rope_output(const ForwardParams& p, int r0, int rows, bf16* out, cudaStream_t stream);
+// O as the attention backward reads it after forward_output: attn's heads with the tails
+// forward_output kept (params.hpp, OutputRows).
+OutputRows attention_output(const ForwardParams& p);
 
 }  // namespace csattn::cuda

@@ -37,6 +37,11 @@ struct NormRopeArgs {
   // With norm, optional: each row's 1 / rms (the factor the norm applied) stored here, for a
   // backward that reads the norm's output instead of its input (rmsnorm_backward_from_output).
   float* rstd = nullptr;
+  // RoPE alone in place, optional: each row's last keep_tail_dim elements (>= rope_dim, even)
+  // as they were before the rotation, [rows, keep_tail_dim] (the attention output's tails,
+  // OutputRows).
+  bf16* keep_tail = nullptr;
+  int keep_tail_dim = 0;
 };
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream);
 // Always the one-block-per-row kernel (the reference for tests and benchmarks).

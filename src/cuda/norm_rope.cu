@@ -313,30 +313,55 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_n128_kernel(Nor
   }
 }
 
-// RoPE alone, in place (the backward's RoPE^T passes, e.g. on the attention output's
-// gradient, [T*H, 512] with 64 rotated dims): only each row's rotated tail is read and
-// written - 1/8 of the bytes the whole-row kernels move there, whose other elements would go
-// through fp32 and back unchanged. A thread rotates 8 elements (16 bytes) of one row's tail,
-// through rotate_pair with the table's cos / sin: the whole-row kernels' bits.
+// RoPE alone, in place (the layer's inverse RoPE of the attention output, the backward's
+// RoPE^T passes; on [T*H, 512] rows 64 dims rotate): only each row's tail is read and written
+// - 1/8 of the bytes the whole-row kernels move there, whose other elements would go through
+// fp32 and back unchanged. The tail is the row's last `span` elements (rope_dim, or
+// keep_tail_dim >= rope_dim where the values before the rotation are kept: those go to
+// keep_tail first; the span's elements before the rotated dims are kept and left as they
+// are). A thread takes one pair of the span (a warp: 128 contiguous bytes of a 64-pair
+// tail), rotating it through rotate_pair with the table's cos / sin: the whole-row kernels'
+// bits. kPairs: 4-byte pair accesses (even rows and tails), else two 2-byte ones.
 constexpr int kTailThreads = 256;
-__global__ void __launch_bounds__(kTailThreads) rope_tail_kernel(NormRopeArgs a) {
-  const int per_row = a.rope_dim / 8;
+template <bool kPairs>
+__global__ void __launch_bounds__(kTailThreads) rope_tail_kernel(NormRopeArgs a, int span) {
+  const int pairs = span / 2;
   const long idx = static_cast<long>(blockIdx.x) * kTailThreads + threadIdx.x;
-  const long row = idx / per_row;
+  const long row = idx / pairs;
   if (row >= a.rows) return;
   const int position = row_position_of(a, static_cast<int>(row));
   if (position < 0) return;  // compressed capacity rows without an entry
-  const int chunk = static_cast<int>(idx - row * per_row);
-  bf16* p = a.out + row * a.n + (a.n - a.rope_dim) + 8 * chunk;
-  float v[8];
-  load_lane<8>(p, v);
-  const __nv_bfloat162* table = a.rope_table + static_cast<long>(position) * (a.rope_dim / 2) + 4 * chunk;
-#pragma unroll
-  for (int i = 0; i < 8; i += 2) {
-    const float2 cs = __bfloat1622float2(table[i / 2]);
-    rotate_pair(v[i], v[i + 1], cs.x, cs.y * static_cast<float>(a.rope_sign));
+  const int j = static_cast<int>(idx - row * pairs);
+  const int e = a.n - span + 2 * j;  // the pair's first element in its row
+  bf16* p = a.out + row * a.n + e;
+  float x0, x1;
+  if constexpr (kPairs) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+    x0 = f.x;
+    x1 = f.y;
+  } else {
+    x0 = __bfloat162float(p[0]);
+    x1 = __bfloat162float(p[1]);
   }
-  store_lane<8>(p, v);
+  if (a.keep_tail != nullptr) {
+    bf16* k = a.keep_tail + row * span + 2 * j;
+    if constexpr (kPairs) {
+      *reinterpret_cast<__nv_bfloat162*>(k) = *reinterpret_cast<const __nv_bfloat162*>(p);
+    } else {
+      k[0] = p[0];
+      k[1] = p[1];
+    }
+  }
+  const int rot = e - (a.n - a.rope_dim);  // the rotated dims' offset of this pair
+  if (rot < 0) return;  // before the rotated dims: kept only
+  const float2 cs = __bfloat1622float2(a.rope_table[static_cast<long>(position) * (a.rope_dim / 2) + rot / 2]);
+  rotate_pair(x0, x1, cs.x, cs.y * static_cast<float>(a.rope_sign));
+  if constexpr (kPairs) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x0, x1);
+  } else {
+    p[0] = __float2bfloat16_rn(x0);
+    p[1] = __float2bfloat16_rn(x1);
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
@@ -414,12 +439,22 @@ void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
   const std::uintptr_t addr_bits = reinterpret_cast<std::uintptr_t>(a.in) |
                                    reinterpret_cast<std::uintptr_t>(a.out) |
                                    reinterpret_cast<std::uintptr_t>(a.weight);
-  // RoPE alone in place: the tail kernel (rows and tails 16-byte aligned).
-  if (a.in == a.out && !a.norm && !a.hadamard && a.rstd == nullptr && a.rope_dim > 0 && a.rope_table &&
-      a.rope_dim % 8 == 0 && a.rope_dim <= a.n && a.n % 8 == 0 && addr_bits % 16 == 0) {
-    const long threads = static_cast<long>(a.rows) * (a.rope_dim / 8);
-    rope_tail_kernel<<<static_cast<unsigned>((threads + kTailThreads - 1) / kTailThreads), kTailThreads, 0,
-                       stream>>>(a);
+  // RoPE alone in place: the tail kernel. The values before the rotation are kept only by it.
+  const bool tail_only = a.in == a.out && !a.norm && !a.hadamard && a.rstd == nullptr && a.rope_dim > 0 &&
+                         a.rope_table != nullptr;
+  require(a.keep_tail == nullptr || (tail_only && a.keep_tail_dim >= a.rope_dim && a.keep_tail_dim <= a.n &&
+                                     a.keep_tail_dim % 2 == 0),
+          ErrorKind::InvalidArgument,
+          "launch_norm_rope keeps the tail only for RoPE alone, in place, with the RoPE table and "
+          "rope_dim <= keep_tail_dim <= n, even");
+  if (tail_only) {
+    const int span = a.keep_tail != nullptr ? a.keep_tail_dim : a.rope_dim;
+    const long threads = static_cast<long>(a.rows) * (span / 2);
+    const unsigned blocks = static_cast<unsigned>((threads + kTailThreads - 1) / kTailThreads);
+    if (a.n % 2 == 0 && (reinterpret_cast<std::uintptr_t>(a.out) | reinterpret_cast<std::uintptr_t>(a.keep_tail)) % 4 == 0)
+      rope_tail_kernel<true><<<blocks, kTailThreads, 0, stream>>>(a, span);
+    else
+      rope_tail_kernel<false><<<blocks, kTailThreads, 0, stream>>>(a, span);
     CSATTN_CUDA_LAUNCH_CHECK();
     return;
   }

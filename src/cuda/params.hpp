@@ -50,6 +50,33 @@ struct DeviceWeights {
   const float* omega = nullptr;  // RoPE frequencies [rope_dim / 2]
 };
 
+// The attention output O [T, H, D] as the backward reads it (D_row = dO . O): whole rows at
+// `rows`; or, as the layer keeps it, each head row's first D - tail_dim dims at `rows` and
+// its RoPE tail's values apart at `tail` [T * H, tail_dim] - forward_output rotates the tail
+// of `rows` in place into the output projection's input and keeps the original tail there.
+// Implicitly built from a pointer to whole rows.
+struct OutputRows {
+  const bf16* rows = nullptr;
+  const bf16* tail = nullptr;  // null: whole rows
+  int tail_dim = 0;            // attention_tail_dim
+  OutputRows() = default;
+  OutputRows(const bf16* whole) : rows(whole) {}  // NOLINT(google-explicit-constructor)
+  OutputRows(const bf16* head, const bf16* tail_values, int dim) : rows(head), tail(tail_values), tail_dim(dim) {}
+  // Element e (and the ones after it in its group of 8) of head row `row` = t * H + h.
+  __host__ __device__ const bf16* at(long row, int e, int D) const {
+    const int t0 = D - tail_dim;
+    return tail != nullptr && e >= t0 ? tail + row * tail_dim + (e - t0) : rows + row * D + e;
+  }
+};
+
+// How many of each attention output row's last elements forward_output keeps apart
+// (OutputRows::tail_dim): the RoPE dims, widened to whole 16-byte groups where rows are made
+// of them, so the kernels that read O by 16-byte groups never meet a group split across the
+// two places (the widening's dims are kept but not rotated).
+__host__ __device__ inline int attention_tail_dim(const LayerDims& d) {
+  return d.head_dim % 8 == 0 ? (d.rope_dim + 7) / 8 * 8 : d.rope_dim;
+}
+
 // Where the indexer writes the selected ids' scores (launch_indexer_topk): row t's k-th at
 // base[(t * K + k) * stride]; base null: not written.
 struct SelectedScores {
@@ -121,12 +148,12 @@ struct DeviceActivations {
   // The sparse loss's per-candidate teacher masses and predictor logits, then its per-row
   // sums, kept by the forward's loss launch for the backward's (launch_indexer_loss's `kept`).
   float* loss_kept = nullptr;                  // [T, K, 2] then [T, 2]
+  // The attention output, then (forward_output) with each head row's RoPE tail rotated back
+  // in place: the grouped output projection's input, which the wo_a gradient reads again;
+  // the tail's values before that rotation kept in attn_tail (O for the backward: OutputRows).
   bf16* attn = nullptr;                        // [T, H, D]
+  bf16* attn_tail = nullptr;                   // [T, H, attention_tail_dim]
   float* lse = nullptr;                        // [T, H]
-  // The output's inverse RoPE, a chunk of attn_rot_rows rows at a time (forward_output); the
-  // backward recomputes it for the wo_a gradient, so the forward does not keep [T, H*D] of it.
-  bf16* attn_rot = nullptr;                    // [attn_rot_rows, H*D]
-  int attn_rot_rows = 0;
   bf16* u = nullptr;                           // [T, G*r_o]
   bf16* y = nullptr;                           // [T, d_model]
 };

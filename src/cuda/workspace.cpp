@@ -100,9 +100,7 @@ WorkspacePlan plan_forward(const AttentionConfig& cfg, int rows, int segments, i
   }
   p.attn = take(T * HD * bf);
   p.lse = take(T * d.heads * f32);
-  p.attn_rot_rows = static_cast<int>(
-      std::min<std::size_t>(T, std::max<std::size_t>(1, WorkspacePlan::kAttnRotBytes / (HD * bf))));
-  p.attn_rot = take(static_cast<std::size_t>(p.attn_rot_rows) * HD * bf);
+  p.attn_tail = take(T * d.heads * attention_tail_dim(d) * bf);
   p.u = take(T * d.o_groups * d.o_lora_rank * bf);
   p.y = take(T * d.d_model * bf);
   p.blas = take(WorkspacePlan::kBlasWorkspaceBytes);
@@ -260,8 +258,7 @@ DeviceActivations WorkspacePlan::activations(void* base) const {
   }
   a.attn = at<bf16>(base, attn);
   a.lse = at<float>(base, lse);
-  a.attn_rot = at<bf16>(base, attn_rot);
-  a.attn_rot_rows = attn_rot_rows;
+  a.attn_tail = at<bf16>(base, attn_tail);
   a.u = at<bf16>(base, u);
   a.y = at<bf16>(base, y);
   return a;

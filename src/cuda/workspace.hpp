@@ -24,13 +24,9 @@ struct WorkspacePlan {
   std::size_t qi_proj = 0, qi = 0, w_raw = 0, w_eff = 0, i_a = 0, i_g = 0, i_pooled = 0,
               i_keys = 0, i_keys_mx = 0, topk = 0, topk_scratch = 0, loss_rows = 0, loss = 0,
               loss_kept = 0;  // 0: not planned (no sparse loss)
-  std::size_t attn = 0, lse = 0, attn_rot = 0, u = 0, y = 0;
+  std::size_t attn = 0, attn_tail = 0, lse = 0, u = 0, y = 0;
   std::size_t blas = 0;  // cuBLAS scratch (kBlasWorkspaceBytes)
   static constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;  // cuBLAS's Hopper guidance
-  // attn_rot holds this many rows (forward_output works through the output in chunks of them):
-  // as many as kAttnRotBytes hold (2048 at the Flash shape, 1024 at Pro), at most the batch's.
-  int attn_rot_rows = 0;
-  static constexpr std::size_t kAttnRotBytes = 128u << 20;
 
   // Pointers into a workspace of at least `bytes` bytes.
   DeviceMetadata metadata(void* base) const;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "csattn/error.hpp"
 #include "csattn/layer.hpp"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/kernels.hpp"
@@ -128,33 +129,44 @@ INSTANTIATE_TEST_SUITE_P(
                       NrCase{"rows_256_partial_group", 256, true, false, false, false, 1, 1}),
     [](const auto& param_info) { return param_info.param.name; });
 
-// RoPE alone in place (the backward's RoPE^T passes: launch_norm_rope with in == out, no norm,
-// no Hadamard) takes the tail kernel, which reads and writes only each row's rotated dims: its
-// rows must be bitwise the block kernel's out-of-place output, every element before the tail
-// untouched, and compressed capacity rows without an entry left as they were. Token rows (4
-// heads a token, per_token) and compressed rows; widths 512 (the attention output's gradient)
-// and 128 (the indexer's queries); both rotation signs.
+// RoPE alone in place (launch_norm_rope with in == out, no norm, no Hadamard: the layer's
+// inverse RoPE of the attention output and the backward's RoPE^T passes) takes the tail
+// kernel, which reads and writes only each row's tail: its rotated dims must be bitwise the
+// block kernel's out-of-place output, every element before them untouched, and compressed
+// capacity rows without an entry left as they were. Where asked (keep_tail), the tail's
+// values before the rotation are kept - over a span widened past the rotated dims as the
+// layer's attention_tail_dim widens it (rope_dim 12 of 512: 16 kept, 12 rotated). Token rows
+// (4 heads a token) and compressed rows; widths 512 (the attention output), 128 (the
+// indexer's queries) and 31 (odd: the kernel's 2-byte path); both rotation signs.
 TEST(CudaNormRope, InPlaceRopeTouchesOnlyTheRotatedTail) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-  AttentionConfig cfg = ModelConfig::preset("flash").base;
-  cfg.compress_ratio = 4;
-  const testing_util::DeviceBatch batch(cfg, {37, 1, 300, 9}, {40, 1, 303, 9});
-  const cuda::LayerDims& d = batch.dims;
-  cuda::DeviceWeights w;
-  w.omega = batch.omega();
-  for (int n : {512, 128})
+  struct Shape {
+    int n, rope_dim, keep_dim;  // keep_dim 0: nothing kept
+  };
+  for (const Shape sh : {Shape{512, 64, 64}, Shape{512, 64, 0}, Shape{128, 64, 0}, Shape{512, 12, 16},
+                         Shape{31, 12, 12}})
     for (bool compressed : {false, true})
       for (int sign : {1, -1}) {
-        SCOPED_TRACE("n " + std::to_string(n) + (compressed ? " compressed" : " token") + " rows, sign " +
+        const int n = sh.n, keep = sh.keep_dim;
+        SCOPED_TRACE("n " + std::to_string(n) + " rope " + std::to_string(sh.rope_dim) + " keep " +
+                     std::to_string(keep) + (compressed ? " compressed" : " token") + " rows, sign " +
                      std::to_string(sign));
+        AttentionConfig cfg = ModelConfig::preset("flash").base;
+        cfg.compress_ratio = 4;
+        cfg.rope_dim = sh.rope_dim;
+        const testing_util::DeviceBatch batch(cfg, {37, 1, 300, 9}, {40, 1, 303, 9});
+        const cuda::LayerDims& d = batch.dims;
+        cuda::DeviceWeights w;
+        w.omega = batch.omega();
         const int per_token = 4;
         const int rows = compressed ? d.comp_capacity : d.rows * per_token;
         const std::size_t count = static_cast<std::size_t>(rows) * n;
         const std::vector<std::uint16_t> x = testing_util::random_bf16(count, 50 + n + sign + (compressed ? 7 : 0), 3.0f);
         const DeviceArray<std::uint16_t> in(x);
-        DeviceArray<std::uint16_t> inplace(x), ref(count);
+        DeviceArray<std::uint16_t> inplace(x), ref(count), kept(static_cast<std::size_t>(rows) * std::max(keep, 1));
         ref.fill_bytes(0xFF);
+        kept.fill_bytes(0xFF);
         auto args = [&](const cuda::bf16* from, cuda::bf16* to) {
           cuda::NormRopeArgs a = compressed ? cuda::compressed_rows_args(d, w, batch.meta, from, to, n)
                                             : cuda::token_rows_args(d, w, batch.meta, from, to, rows, n, per_token);
@@ -162,26 +174,52 @@ TEST(CudaNormRope, InPlaceRopeTouchesOnlyTheRotatedTail) {
           a.rope_sign = sign;
           return a;
         };
-        cuda::launch_norm_rope(args(dev_cast<cuda::bf16>(inplace), dev_cast<cuda::bf16>(inplace)), nullptr);
+        cuda::NormRopeArgs a = args(dev_cast<cuda::bf16>(inplace), dev_cast<cuda::bf16>(inplace));
+        if (keep > 0) {
+          a.keep_tail = dev_cast<cuda::bf16>(kept);
+          a.keep_tail_dim = keep;
+        }
+        cuda::launch_norm_rope(a, nullptr);
         cuda::launch_norm_rope_reference(args(dev_cast<cuda::bf16>(in), dev_cast<cuda::bf16>(ref)), nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const std::vector<std::uint16_t> got = inplace.download(), want = ref.download();
+        const std::vector<std::uint16_t> got = inplace.download(), want = ref.download(), k = kept.download();
         const int written = compressed ? batch.host_comp_start[d.segments] : rows;
         ASSERT_GT(written, 0);
         std::size_t rotated_changed = 0;
-        for (int row = 0; row < rows; ++row)
+        for (int row = 0; row < rows; ++row) {
           for (int i = 0; i < n; ++i) {
-            const std::size_t k = static_cast<std::size_t>(row) * n + i;
+            const std::size_t at = static_cast<std::size_t>(row) * n + i;
             if (row >= written || i < n - cfg.rope_dim) {
-              ASSERT_EQ(got[k], x[k]) << "row " << row << " [" << i << "] was written";
+              ASSERT_EQ(got[at], x[at]) << "row " << row << " [" << i << "] was written";
               continue;
             }
-            ASSERT_EQ(got[k], want[k]) << "row " << row << " [" << i << "]";
-            rotated_changed += got[k] != x[k];
+            ASSERT_EQ(got[at], want[at]) << "row " << row << " [" << i << "]";
+            rotated_changed += got[at] != x[at];
           }
+          for (int i = 0; i < keep; ++i) {
+            const std::uint16_t expect = row < written ? x[static_cast<std::size_t>(row) * n + n - keep + i] : 0xFFFF;
+            ASSERT_EQ(k[static_cast<std::size_t>(row) * keep + i], expect) << "kept row " << row << " [" << i << "]";
+          }
+        }
         // The rotation did something (position 0 rows alone would leave their tails as they were).
         EXPECT_GT(rotated_changed, static_cast<std::size_t>(written) * cfg.rope_dim / 4);
       }
+  // Keeping the tail needs RoPE alone in place: anything else is refused, not half done.
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  const testing_util::DeviceBatch batch(cfg, {8}, {8});
+  cuda::DeviceWeights w;
+  w.omega = batch.omega();
+  DeviceArray<std::uint16_t> rows(static_cast<std::size_t>(8) * 512), out(static_cast<std::size_t>(8) * 512),
+      kept(static_cast<std::size_t>(8) * 64);
+  cuda::NormRopeArgs bad = cuda::token_rows_args(batch.dims, w, batch.meta, dev_cast<cuda::bf16>(rows),
+                                                 dev_cast<cuda::bf16>(out), 8, 512, 1);
+  bad.rope_dim = 64;
+  bad.keep_tail = dev_cast<cuda::bf16>(kept);
+  bad.keep_tail_dim = 64;
+  EXPECT_THROW(cuda::launch_norm_rope(bad, nullptr), Error);  // out of place
+  bad.out = dev_cast<cuda::bf16>(rows);
+  bad.keep_tail_dim = 60;  // fewer than the rotated dims
+  EXPECT_THROW(cuda::launch_norm_rope(bad, nullptr), Error);
 }
 
 // Four query heads per token of a small ragged batch at the Flash shape: the metadata, the

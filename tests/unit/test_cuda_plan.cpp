@@ -58,10 +58,6 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
         const std::size_t t = static_cast<std::size_t>(T), hd = static_cast<std::size_t>(cfg.n_heads) * cfg.head_dim;
         const std::size_t nc = ratio > 1 ? t / ratio : 0;
         EXPECT_EQ(f.dims.comp_capacity, static_cast<int>(nc)) << what;
-        // The rotated output: a bounded chunk of rows, the whole batch when it is smaller.
-        EXPECT_EQ(static_cast<std::size_t>(f.attn_rot_rows),
-                  std::min(t, std::max<std::size_t>(1, cuda::WorkspacePlan::kAttnRotBytes / (2 * hd))))
-            << what;
         std::vector<Piece> fp = {
             {"cu_real", f.cu_real, 4u * (B + 1)}, {"cu_padded", f.cu_padded, 4u * (B + 1)},
             {"row_segment", f.row_segment, 4 * t}, {"row_position", f.row_position, 4 * t},
@@ -71,7 +67,7 @@ TEST(CudaPlan, BuffersAreAlignedDisjointAndLargeEnough) {
             {"cq", f.cq, 2 * t * cfg.q_lora_rank}, {"q_rstd", f.q_rstd, 4 * t * cfg.n_heads},
             {"q", f.q, 2 * t * hd}, {"kv_proj", f.kv_proj, 2 * t * cfg.head_dim},
             {"kv", f.kv, 2 * t * cfg.head_dim}, {"attn", f.attn, 2 * t * hd},
-            {"lse", f.lse, 4 * t * cfg.n_heads}, {"attn_rot", f.attn_rot, 2 * static_cast<std::size_t>(f.attn_rot_rows) * hd},
+            {"lse", f.lse, 4 * t * cfg.n_heads}, {"attn_tail", f.attn_tail, 2 * t * cfg.n_heads * ((cfg.rope_dim + 7) / 8 * 8)},
             {"u", f.u, 2 * t * cfg.o_groups * cfg.o_lora_rank}, {"y", f.y, 2 * t * cfg.d_model},
             {"blas", f.blas, cuda::WorkspacePlan::kBlasWorkspaceBytes}};
         if (ratio > 1) {
