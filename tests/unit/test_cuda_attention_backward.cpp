@@ -122,7 +122,7 @@ OrderedScatter attention_scatter(float* dkv, float* dcomp, int slots, int copies
 
 // launch_attention_backward_wgmma with the others' signature (key gradients written).
 void launch_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q, const bf16* kv,
-                  const bf16* comp, const float* sink, const std::int32_t* topk, const bf16* out,
+                  const bf16* comp, const float* sink, const std::int32_t* topk, OutputRows out,
                   const float* lse, const bf16* dout, bf16* dq, float* dkv_acc,
                   float* dcomp_acc, float* dsink_part, cudaStream_t stream,
                   const GradChunk& chunk) {
@@ -211,15 +211,16 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   const auto name = [](Kernel k) {
     return k == Kernel::wgmma ? "wgmma kernel" : k == Kernel::mma ? "mma kernel" : "baseline";
   };
-  auto run = [&](Kernel k) {
+  // o: O as given to the kernels (null: out's whole rows).
+  auto run = [&](Kernel k, const OutputRows* o = nullptr) {
     // dq and dsink_part are written: NaN first. The key gradients are accumulated: zero.
     dq.fill_bytes(0xFF);
     dsink.fill_bytes(0xFF);
     dkv.fill_bytes(0);
     dcomp.fill_bytes(0);
     launcher(k)(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp), sink.get(),
-                topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout), dev_cast<bf16>(dq),
-                dkv.get(), dcomp.get(), dsink.get(), nullptr, GradChunk{});
+                topk.get(), o ? *o : OutputRows(dev_cast<bf16>(out)), lse.get(), dev_cast<bf16>(dout),
+                dev_cast<bf16>(dq), dkv.get(), dcomp.get(), dsink.get(), nullptr, GradChunk{});
     CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
     return Grads{download_bf16(dq), dkv.download(), dcomp.download(), dsink.download()};
   };
@@ -264,7 +265,8 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
   // window slots (GradChunk::window_only) and the compressed rows' gradients come from the
   // key-stationary pass (launch_comp_grad_keyed); dcomp is NaN-poisoned then, since that pass
   // overwrites the rows with an entry and must leave the capacity rows alone.
-  auto run_deterministic = [&](Kernel k, int chunk_rows, bool keyed = false) {
+  auto run_deterministic = [&](Kernel k, int chunk_rows, bool keyed = false, const OutputRows* o = nullptr) {
+    const OutputRows o_rows = o ? *o : OutputRows(dev_cast<bf16>(out));
     dq.fill_bytes(0xFF);
     dsink.fill_bytes(0xFF);
     dkv.fill_bytes(0);
@@ -278,7 +280,7 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
       GradChunk chunk{r0, std::min(chunk_rows, T - r0), scratch.get(), slots, copies};
       chunk.window_only = keyed;
       launcher(k)(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
-                  sink.get(), topk.get(), dev_cast<bf16>(out), lse.get(), dev_cast<bf16>(dout),
+                  sink.get(), topk.get(), o_rows, lse.get(), dev_cast<bf16>(dout),
                   dev_cast<bf16>(dq), dkv.get(), dcomp.get(), dsink.get(), nullptr, chunk);
       launch_ordered_scatter(d, meta, topk.get(), os, chunk.r0, chunk.rows, scratch.get(), nullptr);
     }
@@ -288,7 +290,7 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
           drow(static_cast<std::size_t>(T) * H);
       kscratch.fill_bytes(0xFF);
       drow.fill_bytes(0xFF);
-      launch_comp_grad_keyed(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(comp), dev_cast<bf16>(out),
+      launch_comp_grad_keyed(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(comp), o_rows,
                              lse.get(), dev_cast<bf16>(dout), drow.get(), dcomp.get(),
                              kscratch.get(), kbytes, nullptr);
       CSATTN_CUDA_CHECK(cudaDeviceSynchronize());  // before kscratch / drow are freed
@@ -338,6 +340,54 @@ TEST_P(CudaAttentionBackward, TensorCoreMatchesBaseline) {
           << "dcomp is not bitwise repeatable";
     }
   }
+  // O as the layer keeps it (OutputRows): each head row's first D - tail dims with its tail
+  // overwritten (forward_output's in-place inverse RoPE leaves the rotated tail there; here
+  // random bits) and the original tail apart. Every kernel must read the same O: the same
+  // D_row, so the same sink gradient bit for bit in the fast mode and the same everything in
+  // the deterministic mode (the keyed pass too).
+  {
+    const int tail = attention_tail_dim(d);
+    ASSERT_EQ(tail, 64);
+    const std::vector<std::uint16_t> whole = out.download(), noise = random_bf16(rowsHD, 9);
+    std::vector<std::uint16_t> heads_h = whole, tails_h(static_cast<std::size_t>(T) * H * tail);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(T) * H; ++r)
+      for (int i = 0; i < tail; ++i) {
+        const std::size_t at = r * D + (D - tail) + i;
+        tails_h[r * tail + i] = whole[at];
+        heads_h[at] = noise[at];
+      }
+    const DeviceArray<std::uint16_t> heads(heads_h), tails(tails_h);
+    const OutputRows split(dev_cast<bf16>(heads), dev_cast<bf16>(tails), tail);
+    for (Kernel k : {Kernel::wgmma, Kernel::mma, Kernel::baseline}) {
+      SCOPED_TRACE(std::string("O with its tails apart, ") + name(k));
+      const Grads& whole_rows = k == Kernel::wgmma ? got : k == Kernel::mma ? got_mma : ref;
+      const Grads fast = run(k, &split);
+      EXPECT_EQ(fast.dsink, whole_rows.dsink) << "D_row differs";
+      expect_close(fast.dq, whole_rows.dq, "dq");
+      expect_close(fast.dkv, whole_rows.dkv, "dkv");
+      for (bool keyed : {false, true}) {
+        if (keyed && c.ratio != 128) continue;
+        const Grads a = run_deterministic(k, 37, keyed, &split), b = run_deterministic(k, 37, keyed);
+        EXPECT_EQ(a.dq, b.dq) << "deterministic dq" << (keyed ? " (keyed)" : "");
+        EXPECT_EQ(a.dkv, b.dkv) << "deterministic dkv" << (keyed ? " (keyed)" : "");
+        EXPECT_EQ(a.dsink, b.dsink) << "deterministic dsink" << (keyed ? " (keyed)" : "");
+        // (NaN capacity rows of the keyed pass compare unequal: the entries' rows only.)
+        std::int32_t entries = Nc;
+        if (keyed) CSATTN_CUDA_CHECK(cudaMemcpy(&entries, meta.comp_start + B, 4, cudaMemcpyDeviceToHost));
+        const std::size_t live = static_cast<std::size_t>(entries) * D;
+        EXPECT_EQ(std::vector<float>(a.dcomp.begin(), a.dcomp.begin() + live),
+                  std::vector<float>(b.dcomp.begin(), b.dcomp.begin() + live))
+            << "deterministic dcomp" << (keyed ? " (keyed)" : "");
+      }
+    }
+    // A tail split other than the layer's is refused.
+    const OutputRows wrong(dev_cast<bf16>(heads), dev_cast<bf16>(tails), 32);
+    EXPECT_THROW(launch_attention_backward(d, meta, dev_cast<bf16>(q), dev_cast<bf16>(kv), dev_cast<bf16>(comp),
+                                           sink.get(), topk.get(), wrong, lse.get(), dev_cast<bf16>(dout),
+                                           dev_cast<bf16>(dq), dkv.get(), dcomp.get(), dsink.get(), nullptr),
+                 Error);
+  }
+
   for (const Grads* g : {&got, &got_mma}) {
     SCOPED_TRACE(g == &got ? "wgmma kernel" : "mma kernel");
     expect_close(g->dq, ref.dq, "dq");
