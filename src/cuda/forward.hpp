@@ -61,6 +61,8 @@ void forward_selection(const ForwardParams& p, cudaStream_t stream);
 // warpgroup or the overlapped kernel), the ones that write them. The selection and the loss launch both ask, so they agree.
 bool loss_logits_from_selection(const ForwardParams& p);
 // Sparse attention (attn, lse), then the inverse RoPE and the output projections (y).
+// forward_output rotates attn in place: it runs once after each forward_attention (a second
+// run would rotate attn again and keep rotated tails).
 void forward_attention(const ForwardParams& p, cudaStream_t stream);
 void forward_output(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream);
 // O as the attention backward reads it after forward_output: attn's heads with the tails
