@@ -2,13 +2,15 @@
 // aligned, inside the allocation, holds what its kernels write, and no two buffers overlap
 // but the planned aliases (dqb in dattn's bytes, dx in dq's), for every preset, layer type
 // and a range of batch shapes (including ones no device test has run yet, e.g. Pro and 128K
-// tokens).
+// tokens). Also how the attention backward reads the output the layer keeps (OutputRows).
 #ifdef CSATTN_HAVE_CUDA
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "csattn/config.hpp"
@@ -277,6 +279,39 @@ TEST(CudaPlan, ContextParallelRanksHoldAShareOfTheLayer) {
       }
       EXPECT_LT(static_cast<double>(hi) / lo, 1.1) << what;
     }
+}
+
+// How the attention backward reads O as the layer keeps it (params.hpp, OutputRows): each
+// head row's first D - tail dims from `rows`, the rest from `tail`, for whole 16-byte groups
+// (attention_tail_dim widens the RoPE dims to them where rows are made of them) and for
+// single elements (the baseline kernel, any head_dim); whole rows when no tail is given.
+TEST(CudaPlan, OutputRowsReadHeadsAndKeptTails) {
+  AttentionConfig cfg = ModelConfig::preset("flash").base;
+  const cuda::LayerDims flash = cuda::make_dims(cfg, 16, 1, 16);
+  EXPECT_EQ(cuda::attention_tail_dim(flash), 64);
+  cuda::LayerDims d = flash;
+  d.rope_dim = 12;
+  EXPECT_EQ(cuda::attention_tail_dim(d), 16) << "widened to whole 16-byte groups";
+  d.head_dim = 30;
+  EXPECT_EQ(cuda::attention_tail_dim(d), 12) << "rows not made of 16-byte groups: the RoPE dims";
+
+  // Fake addresses, never dereferenced: offsets in elements from two bases.
+  const auto* rows = reinterpret_cast<const cuda::bf16*>(std::uintptr_t{1} << 20);
+  const auto* tails = reinterpret_cast<const cuda::bf16*>(std::uintptr_t{1} << 30);
+  for (const auto& [D, tail] : {std::pair{512, 64}, std::pair{30, 12}}) {
+    SCOPED_TRACE("D " + std::to_string(D) + " tail " + std::to_string(tail));
+    const cuda::OutputRows split(rows, tails, tail), whole(rows);
+    for (long row : {0L, 1L, 777L})
+      for (int e = 0; e < D; ++e) {
+        EXPECT_EQ(whole.at(row, e, D), rows + row * D + e);
+        const cuda::bf16* want = e < D - tail ? rows + row * D + e : tails + row * tail + (e - (D - tail));
+        ASSERT_EQ(split.at(row, e, D), want) << "row " << row << " element " << e;
+      }
+  }
+  // A 16-byte group (8 elements from a multiple of 8) of a 512-wide row never straddles the
+  // split at the layer's tail: its last element comes from the same place as its first.
+  const cuda::OutputRows layer(rows, tails, cuda::attention_tail_dim(flash));
+  for (int e = 0; e < 512; e += 8) EXPECT_EQ(layer.at(3, e + 7, 512), layer.at(3, e, 512) + 7) << e;
 }
 
 }  // namespace
