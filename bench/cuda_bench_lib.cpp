@@ -165,8 +165,8 @@ json sparse_attention_backward_case(int heads, int topk, int keys, int queries,
 // gradient rows of 512 fp32. One run from zeros is checked first, element by element - each
 // must be exactly what the path adds (1.0f per tile that picked its row; the stores leave
 // 1.0f on every row they touch) - then the path is timed; TB/s over the bytes added
-// (tiles x 64 x 2 KB).
-json reduction_case(ReductionPath path, int tiles, int rows) {
+// (tiles x 64 x 2 KB). keep_rows: red_row_major_kept's evict_last rows.
+json reduction_case(ReductionPath path, int tiles, int rows, int keep_rows = 0) {
   std::mt19937 rng(static_cast<unsigned>(rows) + 7u);
   std::uniform_int_distribution<int> pick(0, rows - 1);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(tiles) * 64);
@@ -177,7 +177,7 @@ json reduction_case(ReductionPath path, int tiles, int rows) {
   auto* dst = reinterpret_cast<float*>(dst_mem.reserve(floats * 4));
   CSATTN_CUDA_CHECK(cudaMemcpy(ids_dev, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
   CSATTN_CUDA_CHECK(cudaMemset(dst, 0, floats * 4));
-  launch_reduction_ceiling(path, dst, ids_dev, tiles, nullptr);
+  launch_reduction_ceiling(path, dst, ids_dev, tiles, nullptr, keep_rows);
   CSATTN_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float> h(floats);
   CSATTN_CUDA_CHECK(cudaMemcpy(h.data(), dst, floats * 4, cudaMemcpyDeviceToHost));
@@ -195,10 +195,10 @@ json reduction_case(ReductionPath path, int tiles, int rows) {
                                            std::to_string(i % 512) + " holds " + std::to_string(h[i]) +
                                            ", expected " + std::to_string(want));
   }
-  const double ms = median_ms([&] { launch_reduction_ceiling(path, dst, ids_dev, tiles, nullptr); }, 2, 5);
+  const double ms = median_ms([&] { launch_reduction_ceiling(path, dst, ids_dev, tiles, nullptr, keep_rows); }, 2, 5);
   const double bytes = static_cast<double>(ids.size()) * 512 * 4;
-  return json{{"path", reduction_path_name(path)}, {"tiles", tiles}, {"rows", rows}, {"ms", ms},
-              {"tbps", bytes / (ms * 1e-3) / 1e12}, {"checked", true}};
+  return json{{"path", reduction_path_name(path)}, {"tiles", tiles}, {"rows", rows}, {"kept_rows", keep_rows},
+              {"ms", ms}, {"tbps", bytes / (ms * 1e-3) / 1e12}, {"checked", true}};
 }
 
 // The indexer KL loss alone (value + gradients) at the Flash or Pro shape: one sequence of
@@ -485,6 +485,49 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
             if (cudaGetLastError() != cudaSuccess) throw;  // a sticky device error ends the run
           }
         }
+      // Does a fixed set of rows stay in L2 under random reductions into more rows than L2
+      // holds (the attention backward's dK rows at 32K / 64K keys: 64 / 128 MB)? The row-major
+      // reductions with the rows of half the L2 at evict_last, without and then with a
+      // persisting L2 set-aside of their size (a device-wide limit: set around the case, then
+      // restored). If they stay, their share of the reductions hits L2 and the rate rises over
+      // the plain case's; an evict_last hint on the attention backward's own reductions
+      // gained nothing without a set-aside (perf.md, eighteenth session).
+      {
+        int device = 0, l2_bytes = 0, max_set_aside = 0;
+        CSATTN_CUDA_CHECK(cudaGetDevice(&device));
+        CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+        CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&max_set_aside, cudaDevAttrMaxPersistingL2CacheSize, device));
+        const int keep_rows = l2_bytes / 2 / (512 * 4);
+        std::printf("\nL2 residency under random reductions (4 rows x 128 B a warp instruction; kept: the first %d "
+                    "rows, %.1f MB, at evict_last)\n",
+                    keep_rows, keep_rows * 2048.0 / 1e6);
+        std::printf("%8s %-34s %8s %9s\n", "rows", "case", "ms", "TB/s");
+        for (int rows : {32768, 65536}) {
+          for (int variant = 0; variant < 3; ++variant) {
+            const char* label = variant == 0 ? "plain" : variant == 1 ? "kept, hint only" : "kept, hint + set-aside";
+            std::size_t set_aside = 0;
+            if (variant == 2) {
+              set_aside = std::min<std::size_t>(static_cast<std::size_t>(keep_rows) * 2048, max_set_aside);
+              const cudaError_t e = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, set_aside);
+              if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                std::printf("%8d %-34s   set-aside refused: %s\n", rows, label, cudaGetErrorString(e));
+                continue;
+              }
+            }
+            json j = reduction_case(variant == 0 ? ReductionPath::red_row_major : ReductionPath::red_row_major_kept,
+                                    32768, rows, variant == 0 ? 0 : keep_rows);
+            if (variant == 2) {
+              CSATTN_CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0));
+              CSATTN_CUDA_CHECK(cudaCtxResetPersistingL2Cache());
+            }
+            j["case"] = label;
+            j["set_aside_bytes"] = set_aside;
+            std::printf("%8d %-34s %8.3f %9.2f\n", rows, label, j["ms"].get<double>(), j["tbps"].get<double>());
+            report["l2_residency"].push_back(j);
+          }
+        }
+      }
     }
     if (want("layer")) {
       std::printf("\nlayer forward + backward (flash shape, one sequence)\n");

@@ -3,6 +3,8 @@
 // so the issuing thread never waits for it.
 #pragma once
 
+#include <cstdint>
+
 namespace csattn::cuda {
 
 // dst[0..3] += v (dst 16-byte aligned, global memory).
@@ -10,6 +12,23 @@ __device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b),
                "f"(c), "f"(d)
                : "memory");
+}
+
+// red_add_v4 with an L2 eviction priority for the line it adds into (`policy` from
+// createpolicy). The policy must be the same in every lane of the warp: SASS keeps it in a
+// uniform register (R2UR), so a lane-varying one silently becomes one lane's. Measurement
+// only so far (the reductions section's kept rows).
+__device__ __forceinline__ void red_add_v4_hinted(float* dst, float a, float b, float c, float d,
+                                                  std::uint64_t policy) {
+  asm volatile("red.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "f"(a),
+               "f"(b), "f"(c), "f"(d), "l"(policy)
+               : "memory");
+}
+// The L2 policy evict_last for the hinted accesses (the same in every lane).
+__device__ __forceinline__ std::uint64_t l2_policy_evict_last() {
+  std::uint64_t p;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
 }
 
 }  // namespace csattn::cuda

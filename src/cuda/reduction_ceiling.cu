@@ -40,16 +40,29 @@ __global__ void __launch_bounds__(kThreads) flush_layout_kernel(float* dst, cons
 }
 
 // A warp instruction on 4 rows x 128 contiguous bytes: warp v takes rows 8 v .. 8 v + 7, lane l
-// dims 4 (l % 8) + 32 k of row 8 v + 4 r + l / 8.
-__global__ void __launch_bounds__(kThreads) row_major_kernel(float* dst, const std::int32_t* ids, int tiles) {
+// dims 4 (l % 8) + 32 k of row 8 v + 4 r + l / 8. kHinted: the rows below keep_rows added at
+// L2 priority evict_last, the others by the plain instruction. Two instructions, each lane
+// predicated onto one: the cache policy lives in a uniform register (SASS: R2UR into the
+// access's descriptor), so a policy that differs between a warp's lanes would be one lane's
+// for all of them - which is what the eighteenth session's first try did.
+template <bool kHinted>
+__global__ void __launch_bounds__(kThreads) row_major_kernel(float* dst, const std::int32_t* ids, int tiles,
+                                                             int keep_rows) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int slot = 8 * warp + 4 * r + (lane >> 3);
-      float* row = dst + static_cast<long>(ids[static_cast<long>(t) * kTileRows + slot]) * kWidth + 4 * (lane & 7);
+      const int id = ids[static_cast<long>(t) * kTileRows + slot];
+      float* row = dst + static_cast<long>(id) * kWidth + 4 * (lane & 7);
+      const bool keep = kHinted && id < keep_rows;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) red_add_v4(row + 32 * k, 1.0f, 1.0f, 1.0f, 1.0f);
+      for (int k = 0; k < 16; ++k) {
+        if (keep)
+          red_add_v4_hinted(row + 32 * k, 1.0f, 1.0f, 1.0f, 1.0f, l2_policy_evict_last());
+        else
+          red_add_v4(row + 32 * k, 1.0f, 1.0f, 1.0f, 1.0f);
+      }
     }
   }
 }
@@ -97,12 +110,13 @@ const char* reduction_path_name(ReductionPath path) {
     case ReductionPath::red_half_lines: return "red.v4, 8 rows x 64 B a warp instruction";
     case ReductionPath::bulk_shared: return "cp.reduce.async.bulk add.f32, 512 B pieces from shared memory";
     case ReductionPath::store_flush_layout: return "st.v4 (not a reduction), flush_dk layout";
+    case ReductionPath::red_row_major_kept: return "red.v4, 4 rows x 128 B, the first rows at L2 evict_last";
   }
   return "?";
 }
 
 void launch_reduction_ceiling(ReductionPath path, float* dst, const std::int32_t* row_ids,
-                              int tiles, cudaStream_t stream) {
+                              int tiles, cudaStream_t stream, int keep_rows) {
   if (tiles <= 0) return;
   const unsigned grid = static_cast<unsigned>(multiprocessor_count() * kCtasPerSm);
   switch (path) {
@@ -113,7 +127,10 @@ void launch_reduction_ceiling(ReductionPath path, float* dst, const std::int32_t
       flush_layout_kernel<true><<<grid, kThreads, 0, stream>>>(dst, row_ids, tiles);
       break;
     case ReductionPath::red_row_major:
-      row_major_kernel<<<grid, kThreads, 0, stream>>>(dst, row_ids, tiles);
+      row_major_kernel<false><<<grid, kThreads, 0, stream>>>(dst, row_ids, tiles, 0);
+      break;
+    case ReductionPath::red_row_major_kept:
+      row_major_kernel<true><<<grid, kThreads, 0, stream>>>(dst, row_ids, tiles, keep_rows);
       break;
     case ReductionPath::red_half_lines:
       half_lines_kernel<<<grid, kThreads, 0, stream>>>(dst, row_ids, tiles);

@@ -12,7 +12,11 @@
 //   bulk_shared      - cp.reduce.async.bulk ... .add.f32 from shared memory (the TMA unit adds
 //                      512-byte row pieces; the threads only issue);
 //   store_flush_layout - plain 16-byte stores with flush_dk's addresses (not a reduction: the
-//                      write bandwidth of the pattern, for scale).
+//                      write bandwidth of the pattern, for scale);
+//   red_row_major_kept - red_row_major with an L2 cache hint: the rows below keep_rows at
+//                      priority evict_last, the others evict_normal - whether a fixed set of
+//                      rows stays resident under random reductions into more rows than L2
+//                      holds (the caller may set a persisting L2 set-aside around it).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -20,12 +24,20 @@
 
 namespace csattn::cuda {
 
-enum class ReductionPath { red_flush_layout, red_row_major, red_half_lines, bulk_shared, store_flush_layout };
+enum class ReductionPath {
+  red_flush_layout,
+  red_row_major,
+  red_half_lines,
+  bulk_shared,
+  store_flush_layout,
+  red_row_major_kept
+};
 const char* reduction_path_name(ReductionPath path);
 
 // Adds 1.0f to every element of rows row_ids[64 t .. 64 t + 63] of dst ([rows x 512] fp32) for
 // t < tiles (plain stores write 1.0f instead). Grid sizes from the device's multiprocessors.
+// keep_rows: red_row_major_kept's evict_last rows (the others ignore it).
 void launch_reduction_ceiling(ReductionPath path, float* dst, const std::int32_t* row_ids,
-                              int tiles, cudaStream_t stream);
+                              int tiles, cudaStream_t stream, int keep_rows = 0);
 
 }  // namespace csattn::cuda
