@@ -13,12 +13,6 @@ namespace csattn::cuda {
 namespace {
 
 // RoPE^T (sign -1) or the transpose of the inverse RoPE (sign +1) on token rows, in place.
-NormRopeArgs rope_rows_args(const ForwardParams& f, bf16* v, int rows, int n, int per_token, int sign) {
-  NormRopeArgs a = token_rows_args(f.dims, f.w, f.meta, v, v, rows, n, per_token);
-  a.rope_dim = f.dims.rope_dim;
-  a.rope_sign = sign;
-  return a;
-}
 void rope_rows(const ForwardParams& f, bf16* v, int rows, int n, int per_token, int sign,
                cudaStream_t stream) {
   launch_norm_rope(rope_rows_args(f, v, rows, n, per_token, sign), stream);

@@ -104,6 +104,13 @@ void forward_attention(const ForwardParams& p, cudaStream_t stream) {
                           stream);
 }
 
+NormRopeArgs rope_rows_args(const ForwardParams& f, bf16* v, int rows, int n, int per_token, int sign) {
+  NormRopeArgs a = token_rows_args(f.dims, f.w, f.meta, v, v, rows, n, per_token);
+  a.rope_dim = f.dims.rope_dim;
+  a.rope_sign = sign;
+  return a;
+}
+
 OutputRows attention_output(const ForwardParams& p) {
   return {p.act.attn, p.act.attn_tail, attention_tail_dim(p.dims)};
 }
@@ -118,9 +125,7 @@ void forward_output(const ForwardParams& p, cublasHandle_t blas, cudaStream_t st
   // attn's heads with attn_tail are still O for the attention backward. (It was an
   // out-of-place pass over whole rows, in chunks, recomputed in the backward: three passes
   // over [T, H*D] a training step where this makes one over its tails.)
-  NormRopeArgs inv = token_rows_args(d, p.w, p.meta, a.attn, a.attn, T * H, D, H);
-  inv.rope_dim = d.rope_dim;
-  inv.rope_sign = -1;
+  NormRopeArgs inv = rope_rows_args(p, a.attn, T * H, D, H, -1);
   inv.keep_tail = a.attn_tail;
   inv.keep_tail_dim = attention_tail_dim(d);
   launch_norm_rope(inv, stream);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cuda/check.hpp"
+#include "cuda/kernels.hpp"
 #include "cuda/params.hpp"
 
 namespace csattn::cuda {
@@ -65,6 +66,9 @@ bool loss_logits_from_selection(const ForwardParams& p);
 // run would rotate attn again and keep rotated tails).
 void forward_attention(const ForwardParams& p, cudaStream_t stream);
 void forward_output(const ForwardParams& p, cublasHandle_t blas, cudaStream_t stream);
+// RoPE alone on `rows` token rows of width n (per_token a token), in place, with the given
+// sign: launch_norm_rope's tail kernel (forward_output's inverse RoPE, the backward's RoPE^T).
+NormRopeArgs rope_rows_args(const ForwardParams& f, bf16* v, int rows, int n, int per_token, int sign);
 // O as the attention backward reads it after forward_output: attn's heads with the tails
 // forward_output kept (params.hpp, OutputRows).
 OutputRows attention_output(const ForwardParams& p);

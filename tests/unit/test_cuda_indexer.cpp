@@ -459,10 +459,16 @@ TEST_P(CudaIndexer, AllTiesTakeTheSmallestIds) {
 // fits: with every key equal, a row's bin holds all its n visible entries, so the rows
 // of up to 1920 entries keep them and the longer ones (up to 1925 here) take the passes over
 // the row - both sides of the boundary, in one launch, must give ids 0..K-1, as tiled does.
+// Two segments whose rows reach 1925 and 1920 visible entries: rows on both sides of the kept
+// bin's 1920 keys, at top-k 64.
+Problem around_kept_capacity(Values values, unsigned seed) {
+  return Problem(8, 64, 64, {4 * 1925 + 3, 4 * 1920}, {4 * 1925 + 3, 4 * 1920}, values, seed);
+}
+
 TEST(CudaIndexerCompact, RowsAroundTheKeptCapacity) {
   SKIP_WITHOUT_GPU();
-  const int K = 64;
-  const Problem p(8, 64, K, {4 * 1925 + 3, 4 * 1920}, {4 * 1925 + 3, 4 * 1920}, Values::equal_keys, 18);
+  const Problem p = around_kept_capacity(Values::equal_keys, 18);
+  const int K = p.K;
   DeviceProblem dev(p);
   dev.upload();
   int kept = 0, passed = 0;
@@ -489,8 +495,7 @@ TEST(CudaIndexerCompact, RowsAroundTheKeptCapacity) {
 // the tiled kernel's on some row.
 TEST(CudaIndexerCompact, DistinctScoresAroundTheKeptCapacity) {
   SKIP_WITHOUT_GPU();
-  const int K = 64;
-  const Problem p(8, 64, K, {4 * 1925 + 3, 4 * 1920}, {4 * 1925 + 3, 4 * 1920}, Values::one_bin, 19);
+  const Problem p = around_kept_capacity(Values::one_bin, 19);
   DeviceProblem dev(p);
   dev.upload();
   std::vector<int> rows;  // every row with 1916 .. 1925 visible entries, in both segments
