@@ -139,10 +139,15 @@ struct CudaGradCase {
   bool sparse;
   double coeff;
   bool per_token = false;  // the loss summed over rows (its scale lambda, not lambda / rows)
+  // 0: the preset's. 12 is not a multiple of 8: the output's kept RoPE tail is widened to
+  // 16 columns (attention_tail_dim), so the forward's in-place inverse RoPE, the kept tails
+  // and the backward's RoPE^T run their odd-span paths through the whole layer.
+  int rope_dim = 0;
 };
 void PrintTo(const CudaGradCase& c, std::ostream* os) {
   *os << "ratio " << c.ratio << (c.sparse ? " sparse" : " dense") << " coeff " << c.coeff
-      << (c.per_token ? " per token" : "");
+      << (c.per_token ? " per token" : "") << (c.rope_dim ? " rope_dim " : "")
+      << (c.rope_dim ? std::to_string(c.rope_dim) : "");
 }
 
 class CudaBackward : public ::testing::TestWithParam<CudaGradCase> {};
@@ -154,6 +159,8 @@ TEST_P(CudaBackward, MatchesCpuBackend) {
   cfg.sparse_loss = GetParam().sparse;
   cfg.loss_coeff = GetParam().coeff;
   cfg.per_token_loss = GetParam().per_token;
+  if (GetParam().rope_dim > 0) cfg.rope_dim = GetParam().rope_dim;
+  cfg.validate();
   const SeqLayout layout = batch_for(cfg);
   const int T = static_cast<int>(layout.total_rows());
   const LayerWeights w = LayerWeights::random(cfg, 31);
@@ -173,12 +180,16 @@ INSTANTIATE_TEST_SUITE_P(Layers, CudaBackward,
                                            CudaGradCase{4, true, 0.5}, CudaGradCase{4, false, 0.5},
                                            CudaGradCase{4, true, 0.0},
                                            // the device loss scale's per-token branch
-                                           CudaGradCase{4, true, 0.5, true}),
+                                           CudaGradCase{4, true, 0.5, true},
+                                           // a widened output tail (rope_dim 12 -> 16 kept)
+                                           CudaGradCase{0, true, 0.01, false, 12},
+                                           CudaGradCase{4, true, 0.5, false, 12}),
                          [](const auto& param_info) {
                            const CudaGradCase& c = param_info.param;
                            return std::string(layer_kind_name(layer_kind(c.ratio))) +
                                   (c.sparse ? "_sparse" : "_dense") + (c.coeff == 0.0 ? "_nolos" : "") +
-                                  (c.per_token ? "_pertoken" : "");
+                                  (c.per_token ? "_pertoken" : "") +
+                                  (c.rope_dim ? "_rope" + std::to_string(c.rope_dim) : "");
                          });
 
 TEST(CudaBackward, FlashShapeMatchesCpuBackend) {
