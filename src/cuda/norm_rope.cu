@@ -319,10 +319,58 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_n128_kernel(Nor
 // fp32 and back unchanged. The tail is the row's last `span` elements (rope_dim, or
 // keep_tail_dim >= rope_dim where the values before the rotation are kept: those go to
 // keep_tail first; the span's elements before the rotated dims are kept and left as they
-// are). A thread takes one pair of the span (a warp: 128 contiguous bytes of a 64-pair
-// tail), rotating it through rotate_pair with the table's cos / sin: the whole-row kernels'
-// bits. kPairs: 4-byte pair accesses (even rows and tails), else two 2-byte ones.
+// are). Every rotation goes through rotate_pair with the table's cos / sin: the whole-row
+// kernels' bits. Two kernels: rope_tail_vec_kernel where the span, the rows and the pointers
+// allow 16-byte pieces (the layer's shapes), else rope_tail_kernel, a thread a pair.
 constexpr int kTailThreads = 256;
+
+// A thread takes 16 bytes (4 pairs) of the span, in each of kTailRowsPerThread rows: at a
+// 64-element span, 8 threads a row, a warp 4 rows x 128 contiguous bytes an access. Its loads
+// (rows, then the rows' positions and table entries) are all issued before the first use. The
+// thread-a-pair kernel moved 4 bytes a thread behind a 64-bit division and two dependent
+// metadata loads: 0.49 of copy on an H100 at [16K*64, 512] (perf.md, nineteenth session).
+constexpr int kTailRowsPerThread = 2;
+__global__ void __launch_bounds__(kTailThreads) rope_tail_vec_kernel(NormRopeArgs a, int span) {
+  const int groups = span / 8;                  // 16-byte pieces a row
+  const int rows_per_pass = kTailThreads / groups;  // rows a block covers per pass
+  const int local = threadIdx.x / groups, g = threadIdx.x - local * groups;
+  if (local >= rows_per_pass) return;  // the block's last threads when groups does not divide it
+  const int e = a.n - span + 8 * g;    // the piece's first element in its row
+  const int rot0 = e - (a.n - a.rope_dim);  // the rotated dims' offset of its first pair
+  const long row0 = static_cast<long>(blockIdx.x) * rows_per_pass * kTailRowsPerThread + local;
+  uint4 v[kTailRowsPerThread];
+  int position[kTailRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kTailRowsPerThread; ++r) {
+    const long row = row0 + static_cast<long>(r) * rows_per_pass;
+    position[r] = row < a.rows ? row_position_of(a, static_cast<int>(row)) : -1;
+    if (position[r] >= 0) v[r] = *reinterpret_cast<const uint4*>(a.out + row * a.n + e);
+  }
+  const float sign = static_cast<float>(a.rope_sign);
+#pragma unroll
+  for (int r = 0; r < kTailRowsPerThread; ++r) {
+    if (position[r] < 0) continue;  // past the rows, or a compressed capacity row without an entry
+    const long row = row0 + static_cast<long>(r) * rows_per_pass;
+    if (a.keep_tail != nullptr) *reinterpret_cast<uint4*>(a.keep_tail + row * span + 8 * g) = v[r];
+    if (rot0 + 8 <= 0) continue;  // before the rotated dims: kept only
+    const __nv_bfloat162* cs_row = a.rope_table + static_cast<long>(position[r]) * (a.rope_dim / 2);
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v[r]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int rot = rot0 + 2 * i;
+      if (rot < 0) continue;
+      float2 x = __bfloat1622float2(h[i]);
+      const float2 cs = __bfloat1622float2(cs_row[rot / 2]);
+      rotate_pair(x.x, x.y, cs.x, cs.y * sign);
+      h[i] = __floats2bfloat162_rn(x.x, x.y);
+    }
+    *reinterpret_cast<uint4*>(a.out + row * a.n + e) = v[r];
+  }
+}
+
+// A thread a pair of the span (a warp: 128 contiguous bytes of a 64-pair tail), for spans,
+// rows or pointers that do not allow 16-byte pieces. kPairs: 4-byte pair accesses (even rows
+// and tails), else two 2-byte ones.
 template <bool kPairs>
 __global__ void __launch_bounds__(kTailThreads) rope_tail_kernel(NormRopeArgs a, int span) {
   const int pairs = span / 2;
@@ -449,6 +497,14 @@ void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
           "rope_dim <= keep_tail_dim <= n, even");
   if (tail_only) {
     const int span = a.keep_tail != nullptr ? a.keep_tail_dim : a.rope_dim;
+    const std::uintptr_t tail_bits = reinterpret_cast<std::uintptr_t>(a.out) | reinterpret_cast<std::uintptr_t>(a.keep_tail);
+    if (span % 8 == 0 && span <= 8 * kTailThreads && a.n % 8 == 0 && tail_bits % 16 == 0) {
+      const long rows_per_block = static_cast<long>(kTailThreads / (span / 8)) * kTailRowsPerThread;
+      rope_tail_vec_kernel<<<static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block), kTailThreads, 0,
+                             stream>>>(a, span);
+      CSATTN_CUDA_LAUNCH_CHECK();
+      return;
+    }
     const long threads = static_cast<long>(a.rows) * (span / 2);
     const unsigned blocks = static_cast<unsigned>((threads + kTailThreads - 1) / kTailThreads);
     if (a.n % 2 == 0 && (reinterpret_cast<std::uintptr_t>(a.out) | reinterpret_cast<std::uintptr_t>(a.keep_tail)) % 4 == 0)

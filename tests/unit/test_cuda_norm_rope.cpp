@@ -144,8 +144,11 @@ TEST(CudaNormRope, InPlaceRopeTouchesOnlyTheRotatedTail) {
   struct Shape {
     int n, rope_dim, keep_dim;  // keep_dim 0: nothing kept
   };
+  // The 16-byte kernel: the layer's spans (64 kept or not, at n 512 and 128), a widened
+  // span (12 rotated of 16 kept), 9 pieces a row (no whole number of rows a block). The
+  // thread-a-pair kernel: a 12-element span, and odd rows (2-byte accesses).
   for (const Shape sh : {Shape{512, 64, 64}, Shape{512, 64, 0}, Shape{128, 64, 0}, Shape{512, 12, 16},
-                         Shape{31, 12, 12}})
+                         Shape{512, 64, 72}, Shape{512, 12, 0}, Shape{31, 12, 12}})
     for (bool compressed : {false, true})
       for (int sign : {1, -1}) {
         const int n = sh.n, keep = sh.keep_dim;
