@@ -5,8 +5,6 @@
 
 #include <cstdint>
 
-#include "cuda/l2_policy.cuh"
-
 namespace csattn::cuda {
 
 // dst[0..3] += v (dst 16-byte aligned, global memory).
@@ -25,6 +23,12 @@ __device__ __forceinline__ void red_add_v4_hinted(float* dst, float a, float b, 
   asm volatile("red.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "f"(a),
                "f"(b), "f"(c), "f"(d), "l"(policy)
                : "memory");
+}
+// The L2 policy evict_last for the hinted accesses (the same in every lane).
+__device__ __forceinline__ std::uint64_t l2_policy_evict_last() {
+  std::uint64_t p;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
 }
 
 }  // namespace csattn::cuda

@@ -46,7 +46,6 @@
 #include "cuda/attention_keys.cuh"
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
-#include "cuda/l2_policy.cuh"
 #include "cuda/mma_util.cuh"
 #include "cuda/phase_stamp.cuh"
 #include "cuda/wgmma.cuh"
@@ -212,12 +211,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- producer: key lists, Q, key tiles ----------------
     setmaxnreg_dec<kProducerRegs>();
     const bool csa = d.ratio == 4;
-    // The key rows (window and compressed) at L2 evict_last, in their gathers and the next
-    // pair's prefetches: every query reads them, while the Q rows read once and the O rows
-    // written once stream through L2 (at Flash and 4096 tokens 0.5 GB of them against 8-64 MB
-    // of compressed rows) and would otherwise evict them. FlashMLA's sparse prefill gathers
-    // its KV rows at evict_last too. Warp-uniform (l2_policy.cuh).
-    const std::uint64_t keep = l2_policy_evict_last();
     int ring = 0;  // pairs issued so far (barrier phases)
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
@@ -273,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < 16; ++j) {
           const bf16* src = reinterpret_cast<const bf16*>(
               __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), j));
-          cp_async_16_policy(dst + tile_off(warp * 16 + j, 32 * h + lane), src + (32 * h + lane) * 8, keep);
+          cp_async_16(dst + tile_off(warp * 16 + j, 32 * h + lane), src + (32 * h + lane) * 8);
         }
         cp_async_mbar_arrive(ready_bar(buf, h));
       };
@@ -291,8 +284,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const char* n1 = reinterpret_cast<const char*>(key_row((2 * pair + 3) * kKeys + row));
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            prefetch_l2_evict_last(n0 + (lane >> 4) * 512 + i * 128);
-            prefetch_l2_evict_last(n1 + (lane >> 4) * 512 + i * 128);
+            prefetch_l2(n0 + (lane >> 4) * 512 + i * 128);
+            prefetch_l2(n1 + (lane >> 4) * 512 + i * 128);
           }
         }
         mbar_wait(free_bar(0, 0), phase);
