@@ -92,8 +92,6 @@ constexpr int kBarM1P1 = 2;     // c1 -> c0: m_1 and P_1 published
 constexpr int kBarP0 = 3;       // c0 -> c1: P_0 (rescaled to m_1) published
 constexpr int kBarSums = 4;     // both: the row sums of an item
 constexpr int kProducerBar = 5;
-constexpr int kBarStage0 = 6;   // consumer 0 alone: its O block staged / read (item tail)
-constexpr int kBarStage1 = 7;   // consumer 1 alone: likewise
 
 std::size_t wgmma_smem_bytes(const LayerDims& d) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
@@ -521,37 +519,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float l0 = sums[row0] + sums[kRows + row0];
     const float l1 = sums[row1] + sums[kRows + row1];
     const float inv[2] = {1.0f / l0, 1.0f / l1};
-    // O leaves through this consumer's P tile (free now: both consumers' last P V products
-    // are done, kBarSums) as whole 128-byte lines, a [64 x 64]-dim block at a time: 16-byte
-    // stores, a warp 4 rows x 128 contiguous bytes. Stored from the fragments (8 bytes a
-    // lane, a warp 8 rows x 32 bytes an instruction) it took ~7K cycles an item on an H100,
-    // as long as a pair (perf.md, nineteenth session).
-    unsigned char* stage = c == 0 ? p0_s : p1_s;
-    const int stage_bar = c == 0 ? kBarStage0 : kBarStage1;
-    const int ctid = tid - kProducerThreads - c * (kConsumerThreads / 2);
+    // 8-byte stores: lane pairs (qd, qd ^ 1) swap one bf16 pair so that the even lane holds
+    // dims 8i + 2qd .. +3 of column group i and the odd lane those of group i + 1.
+    const bool odd = (qd & 1) != 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // dims 64 j .. 64 j + 63 of this consumer's 256
-      std::uint32_t f[16];
+    for (int r = 0; r < 2; ++r) {
+      const int row = r == 0 ? row0 : row1;
+      bf16* orow = out + (static_cast<long>(t) * H + h0 + row) * kDim + 256 * c;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int g8 = 8 * j + i;  // column group of 8 in the m64n256 fragment
-        f[2 * i] = pack_bf16(o[4 * g8] * inv[0], o[4 * g8 + 1] * inv[0]);
-        f[2 * i + 1] = pack_bf16(o[4 * g8 + 2] * inv[1], o[4 * g8 + 3] * inv[1]);
-      }
-      if (j > 0) named_barrier_sync(stage_bar, kConsumerThreads / 2);  // the last block read
-      store_fragment(stage, f, row0, qd);
-      named_barrier_sync(stage_bar, kConsumerThreads / 2);
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int k = ctid + (kConsumerThreads / 2) * m, row = k >> 3, ch = k & 7;
-        const uint4 v = *reinterpret_cast<const uint4*>(stage + tile_off(row, ch));
+      for (int i = 0; i < 32; i += 2) {
+        const std::uint32_t a = pack_bf16(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        const std::uint32_t b =
+            pack_bf16(o[4 * (i + 1) + 2 * r] * inv[r], o[4 * (i + 1) + 2 * r + 1] * inv[r]);
+        const std::uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
+        const int dim = odd ? 8 * (i + 1) + 2 * (qd - 1) : 8 * i + 2 * qd;
         if (h0 + row < H)
-          *reinterpret_cast<uint4*>(out + (static_cast<long>(t) * H + h0 + row) * kDim + 256 * c + 64 * j + 8 * ch) = v;
+          *reinterpret_cast<uint2*>(orow + dim) = odd ? make_uint2(got, b) : make_uint2(a, got);
       }
     }
-    // A warp reads rows other warps write: every read done before the next item's P writes
-    // (kBarM0 / kBarM1P1 order them too; this does not rely on it).
-    named_barrier_sync(stage_bar, kConsumerThreads / 2);
     if (c == 0 && qd == 0) {
       if (h0 + row0 < H) lse[static_cast<long>(t) * H + h0 + row0] = (m_run[0] + log2f(l0)) * kLn2;
       if (h0 + row1 < H) lse[static_cast<long>(t) * H + h0 + row1] = (m_run[1] + log2f(l1)) * kLn2;
