@@ -42,7 +42,6 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "cuda/attention_keys.cuh"
 #include "cuda/check.hpp"
@@ -93,8 +92,6 @@ constexpr int kBarM1P1 = 2;     // c1 -> c0: m_1 and P_1 published
 constexpr int kBarP0 = 3;       // c0 -> c1: P_0 (rescaled to m_1) published
 constexpr int kBarSums = 4;     // both: the row sums of an item
 constexpr int kProducerBar = 5;
-constexpr int kBarStage0 = 6;   // consumer 0 alone: its O block staged / read (item tail)
-constexpr int kBarStage1 = 7;   // consumer 1 alone: likewise
 
 std::size_t wgmma_smem_bytes(const LayerDims& d) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
@@ -327,284 +324,225 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t p0_base = base + kPOff, p1_base = p0_base + kBlockBytes;
   unsigned char* p0_s = smem + kPOff;
   unsigned char* p1_s = p0_s + kBlockBytes;
-  // One item loop per consumer (C, as a template constant): consumer 0 leaves its next
-  // item's first S in flight across the item boundary, which ptxas accepts only where the
-  // loop is that consumer's alone (in a loop both share, it serialises every wgmma, C7518).
-  auto consume = [&](auto consumer) {
-    constexpr int C = decltype(consumer)::value;
-    int ring = 0;
-    int local = 0;
+  int ring = 0;
+  int local = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
+    stamp_item(local, 0);
+    const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
+    mbar_wait(q_full_bar, local & 1);
+    stamp_item(local, 1);
+    fence_proxy_async_smem();  // the producer's cp.async writes of Q -> wgmma
+    const int n = item_keys[local & 1];
+    const int pairs = (n + 2 * kKeys - 1) / (2 * kKeys);
+    if (pairs == 0 && lane == 0) mbar_arrive(q_empty_bar);  // no S reads this Q
+
+    float m_run[2] = {(h0 + row0 < H ? sink[h0 + row0] : 0.0f) * kLog2e,
+                      (h0 + row1 < H ? sink[h0 + row1] : 0.0f) * kLog2e};
+    // The sink's exp(sigma - m) = 1 with m = sigma, counted by one thread of the row.
+    float l_part[2] = {c == 0 && qd == 0 ? 1.0f : 0.0f, c == 0 && qd == 0 ? 1.0f : 0.0f};
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
     float s[32];
     std::uint32_t p[16];
-    // Consumer 0 enters every item with one S over dims 0-255 in flight: the item's first
-    // (issued before the loop or in the previous item's tail, after its row sums and before
-    // its O stores, so the tensor pipe works while O is stored), or, where the
-    // item has no keys or there is no next item, one over whatever the buffers hold, its
-    // result unused. ptxas needs the same wgmma in flight on every path into the loop's top:
-    // a conditional one there makes it serialise every wgmma of the kernel (C7518).
-    // `local_next`: that item's local index, `real`: whether it has keys (then its Q and
-    // first key half are waited for; both are usually in place: its Q was loaded once this
-    // item's last S had read Q, its key half gathered once this item's last P_0 V_0 freed it).
-    auto issue_s0_lo = [&](int local_next, bool has_item) {
-      bool real = false;
-      if (has_item) {
-        mbar_wait(q_full_bar, local_next & 1);
-        real = item_keys[local_next & 1] > 0;
-        if (real) mbar_wait(ready_bar(0, 0), ring & 1);
+
+    if (c == 0) {
+      // S_0 over both halves of buffer 0 (the producer refills the first half first); the
+      // first pair's here, every later one's at the end of the previous pair, overlapping
+      // that pair's last O += P_1 V_1.
+      // `pending`: the previous pair's O += P_1 V_1[:, 0:256] is in flight; it is waited for
+      // right after the first half's S is issued, so buffer 1's first half is freed before
+      // this S waits for buffer 0's second half (which the producer fills only after it).
+      // `pair`: the pair whose stamps 5 and 6 take the two ready waits (none before the loop).
+      auto issue_s0 = [&](std::uint32_t phase, bool pending, int pair) {
+        mbar_wait(ready_bar(0, 0), phase);
+        if (pair >= 0) stamp(local, pair, 5);
+        fence_proxy_async_smem();
+        wgmma_fence();
+        qk_half(s, q_base, k0_base, 0, true);
+        wgmma_commit();
+        if (pending) {
+          wgmma_wait<1>();
+          wgmma_pin(o);
+          if (lane == 0) mbar_arrive(free_bar(1, 0));
+        }
+        mbar_wait(ready_bar(0, 1), phase);
+        if (pair >= 0) stamp(local, pair, 6);
+        fence_proxy_async_smem();
+        wgmma_fence();
+        qk_half(s, q_base, k0_base, 1, false);
+        wgmma_commit();
+      };
+      if (pairs > 0) {
+        issue_s0(ring & 1, false, -1);
+        wgmma_wait<0>();
+        wgmma_pin(s);
       }
-      fence_proxy_async_smem();
-      wgmma_fence();
-      // Without a real first pair, S = Q Q^T over dims 0-255: only the Q buffer is read, which
-      // nothing writes until this S is waited for (the item's q_empty arrival follows that
-      // wait), where key buffer 0 may be taking a later item's gather.
-      qk_half(s, q_base, real ? k0_base : q_base, 0, true);
-      wgmma_commit();
-    };
-    if constexpr (C == 0) issue_s0_lo(0, true);
-    for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
-      stamp_item(local, 0);
-      const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
-      mbar_wait(q_full_bar, local & 1);
-      stamp_item(local, 1);
-      fence_proxy_async_smem();  // the producer's cp.async writes of Q -> wgmma
-      const int n = item_keys[local & 1];
-      const int pairs = (n + 2 * kKeys - 1) / (2 * kKeys);
-      // No S reads this Q (consumer 0: once its S in flight, which may read it, is done).
-      if (C == 1 && pairs == 0 && lane == 0) mbar_arrive(q_empty_bar);
-
-      float m_run[2] = {(h0 + row0 < H ? sink[h0 + row0] : 0.0f) * kLog2e,
-                        (h0 + row1 < H ? sink[h0 + row1] : 0.0f) * kLog2e};
-      // The sink's exp(sigma - m) = 1 with m = sigma, counted by one thread of the row.
-      float l_part[2] = {c == 0 && qd == 0 ? 1.0f : 0.0f, c == 0 && qd == 0 ? 1.0f : 0.0f};
-      float o[128];
+      for (int pair = 0; pair < pairs; ++pair, ++ring) {
+        stamp(local, pair, 0);
+        if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
+        float mx[2];
+        scale_and_mask(s, 2 * pair * kKeys, n, scale2, qd, mx);
+        float m0[2], f[2];
 #pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+        for (int r = 0; r < 2; ++r) {
+          m0[r] = fmaxf(m_run[r], mx[r]);
+          f[r] = exp2f(m_run[r] - m0[r]);
+        }
+        rescale(o, l_part, f);
+        exponentiate(s, m0, l_part, p);
+        if (qd == 0) {
+          row_max[row0] = m0[0];
+          row_max[row1] = m0[1];
+        }
+        named_barrier_arrive(kBarM0, kConsumerThreads);
+        stamp(local, pair, 1);
 
-      if constexpr (C == 0) {
-        // S_0 over both halves of buffer 0 (the producer refills the first half first); the
-        // first pair's here, every later one's at the end of the previous pair, overlapping
-        // that pair's last O += P_1 V_1.
-        // `pending`: the previous pair's O += P_1 V_1[:, 0:256] is in flight; it is waited for
-        // right after the first half's S is issued, so buffer 1's first half is freed before
-        // this S waits for buffer 0's second half (which the producer fills only after it).
-        // `pair`: the pair whose stamps 5 and 6 take the two ready waits (none before the loop).
-        auto issue_s0 = [&](std::uint32_t phase, bool pending, int pair) {
-          mbar_wait(ready_bar(0, 0), phase);
-          if (pair >= 0) stamp(local, pair, 5);
-          fence_proxy_async_smem();
-          wgmma_fence();
-          qk_half(s, q_base, k0_base, 0, true);
-          wgmma_commit();
-          if (pending) {
-            wgmma_wait<1>();
-            wgmma_pin(o);
-            if (lane == 0) mbar_arrive(free_bar(1, 0));
-          }
-          mbar_wait(ready_bar(0, 1), phase);
-          if (pair >= 0) stamp(local, pair, 6);
-          fence_proxy_async_smem();
-          wgmma_fence();
-          qk_half(s, q_base, k0_base, 1, false);
-          wgmma_commit();
-        };
-        if (pairs > 0) {  // dims 0-255 are in flight: add 256-511
-          mbar_wait(ready_bar(0, 1), ring & 1);
-          fence_proxy_async_smem();
-          wgmma_fence();
-          qk_half(s, q_base, k0_base, 1, false);
-          wgmma_commit();
+        // O += P_0 V_0[:, 0:256], then buffer 0's first half is free.
+        wgmma_fence();
+        pv_half_regs(o, p, k0_base, 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_pin(o);
+        if (lane == 0) mbar_arrive(free_bar(0, 0));
+        stamp(local, pair, 2);
+
+        // m_1 (>= m_0) and P_1 from consumer 1; P_0 rescaled to m_1 for it.
+        named_barrier_sync(kBarM1P1, kConsumerThreads);
+        stamp(local, pair, 3);
+        float m1[2];
+        m1[0] = row_max[row0];
+        m1[1] = row_max[row1];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          f[r] = exp2f(m0[r] - m1[r]);
+          m_run[r] = m1[r];
+        }
+#pragma unroll
+        for (int j = 0; j < 16; ++j) p[j] = pack_bf16(s[2 * j] * f[j & 1], s[2 * j + 1] * f[j & 1]);
+        store_fragment(p0_s, p, row0, qd);
+        fence_proxy_async_smem();  // P_0's st.shared -> consumer 1's wgmma
+        named_barrier_arrive(kBarP0, kConsumerThreads);
+        stamp(local, pair, 4);
+        rescale(o, l_part, f);
+
+        // O += P_1 V_1[:, 0:256], overlapped with the next pair's S_0.
+        wgmma_fence();
+        pv_half_smem(o, p1_base, k1_base, 0);
+        wgmma_commit();
+        if (pair + 1 < pairs) {
+          issue_s0((ring + 1) & 1, true, pair);
+        } else {
+          wgmma_wait<0>();
+          wgmma_pin(o);
+          if (lane == 0) mbar_arrive(free_bar(1, 0));  // O += P_1 V_1 is done
+          stamp(local, pair, 5);
+          stamp(local, pair, 6);
         }
         wgmma_wait<0>();
         wgmma_pin(s);
-        if (pairs == 0 && lane == 0) mbar_arrive(q_empty_bar);
-        for (int pair = 0; pair < pairs; ++pair, ++ring) {
-          stamp(local, pair, 0);
-          if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
-          float mx[2];
-          scale_and_mask(s, 2 * pair * kKeys, n, scale2, qd, mx);
-          float m0[2], f[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            m0[r] = fmaxf(m_run[r], mx[r]);
-            f[r] = exp2f(m_run[r] - m0[r]);
-          }
-          rescale(o, l_part, f);
-          exponentiate(s, m0, l_part, p);
-          if (qd == 0) {
-            row_max[row0] = m0[0];
-            row_max[row1] = m0[1];
-          }
-          named_barrier_arrive(kBarM0, kConsumerThreads);
-          stamp(local, pair, 1);
+        wgmma_pin(o);
+        stamp(local, pair, 7);
+      }
+    } else {
+      for (int pair = 0; pair < pairs; ++pair, ++ring) {
+        stamp(local, pair, 0);
+        const std::uint32_t phase = ring & 1;
+        // S_1 over buffer 1, second half first (the producer fills it before the first).
+        mbar_wait(ready_bar(1, 1), phase);
+        stamp(local, pair, 1);
+        fence_proxy_async_smem();
+        wgmma_fence();
+        qk_half(s, q_base, k1_base, 1, true);
+        wgmma_commit();
+        mbar_wait(ready_bar(1, 0), phase);
+        stamp(local, pair, 2);
+        fence_proxy_async_smem();
+        wgmma_fence();
+        qk_half(s, q_base, k1_base, 0, false);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_pin(s);
+        stamp(local, pair, 3);
+        if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
 
-          // O += P_0 V_0[:, 0:256], then buffer 0's first half is free.
-          wgmma_fence();
-          pv_half_regs(o, p, k0_base, 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          wgmma_pin(o);
-          if (lane == 0) mbar_arrive(free_bar(0, 0));
-          stamp(local, pair, 2);
-
-          // m_1 (>= m_0) and P_1 from consumer 1; P_0 rescaled to m_1 for it.
-          named_barrier_sync(kBarM1P1, kConsumerThreads);
-          stamp(local, pair, 3);
-          float m1[2];
-          m1[0] = row_max[row0];
-          m1[1] = row_max[row1];
+        float mx[2];
+        scale_and_mask(s, (2 * pair + 1) * kKeys, n, scale2, qd, mx);
+        named_barrier_sync(kBarM0, kConsumerThreads);
+        stamp(local, pair, 4);
+        float m1[2], f[2];
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            f[r] = exp2f(m0[r] - m1[r]);
-            m_run[r] = m1[r];
-          }
-#pragma unroll
-          for (int j = 0; j < 16; ++j) p[j] = pack_bf16(s[2 * j] * f[j & 1], s[2 * j + 1] * f[j & 1]);
-          store_fragment(p0_s, p, row0, qd);
-          fence_proxy_async_smem();  // P_0's st.shared -> consumer 1's wgmma
-          named_barrier_arrive(kBarP0, kConsumerThreads);
-          stamp(local, pair, 4);
-          rescale(o, l_part, f);
-
-          // O += P_1 V_1[:, 0:256], overlapped with the next pair's S_0.
-          wgmma_fence();
-          pv_half_smem(o, p1_base, k1_base, 0);
-          wgmma_commit();
-          if (pair + 1 < pairs) {
-            issue_s0((ring + 1) & 1, true, pair);
-          } else {
-            wgmma_wait<0>();
-            wgmma_pin(o);
-            if (lane == 0) mbar_arrive(free_bar(1, 0));  // O += P_1 V_1 is done
-            stamp(local, pair, 5);
-            stamp(local, pair, 6);
-          }
-          wgmma_wait<0>();
-          wgmma_pin(s);
-          wgmma_pin(o);
-          stamp(local, pair, 7);
+        for (int r = 0; r < 2; ++r) {
+          m1[r] = fmaxf(r == 0 ? row_max[row0] : row_max[row1], mx[r]);
+          f[r] = exp2f(m_run[r] - m1[r]);
+          m_run[r] = m1[r];
         }
-      } else {
-        for (int pair = 0; pair < pairs; ++pair, ++ring) {
-          stamp(local, pair, 0);
-          const std::uint32_t phase = ring & 1;
-          // S_1 over buffer 1, second half first (the producer fills it before the first).
-          mbar_wait(ready_bar(1, 1), phase);
-          stamp(local, pair, 1);
-          fence_proxy_async_smem();
-          wgmma_fence();
-          qk_half(s, q_base, k1_base, 1, true);
-          wgmma_commit();
-          mbar_wait(ready_bar(1, 0), phase);
-          stamp(local, pair, 2);
-          fence_proxy_async_smem();
-          wgmma_fence();
-          qk_half(s, q_base, k1_base, 0, false);
-          wgmma_commit();
-          wgmma_wait<0>();
-          wgmma_pin(s);
-          stamp(local, pair, 3);
-          if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
+        rescale(o, l_part, f);
+        exponentiate(s, m1, l_part, p);
+        publish_p(p1_s, p, row_max, m1, row0, qd);
+        named_barrier_arrive(kBarM1P1, kConsumerThreads);
+        stamp(local, pair, 5);
 
-          float mx[2];
-          scale_and_mask(s, (2 * pair + 1) * kKeys, n, scale2, qd, mx);
-          named_barrier_sync(kBarM0, kConsumerThreads);
-          stamp(local, pair, 4);
-          float m1[2], f[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            m1[r] = fmaxf(r == 0 ? row_max[row0] : row_max[row1], mx[r]);
-            f[r] = exp2f(m_run[r] - m1[r]);
-            m_run[r] = m1[r];
-          }
-          rescale(o, l_part, f);
-          exponentiate(s, m1, l_part, p);
-          publish_p(p1_s, p, row_max, m1, row0, qd);
-          named_barrier_arrive(kBarM1P1, kConsumerThreads);
-          stamp(local, pair, 5);
-
-          // O += P_1 V_1[:, 256:512] (P_1 from registers), then O += P_0 V_0[:, 256:512].
-          wgmma_fence();
-          pv_half_regs(o, p, k1_base, 1);
-          wgmma_commit();
-          named_barrier_sync(kBarP0, kConsumerThreads);
-          pv_half_smem(o, p0_base, k0_base, 1);
-          wgmma_commit();
-          wgmma_wait<1>();
-          if (lane == 0) mbar_arrive(free_bar(1, 1));
-          // (Not right after the P_0 hand-over: a stamp between the two products, with P_1's
-          // registers in flight, made ptxas spill. Its wait is consumer 0's stamp 4 minus 5.)
-          stamp(local, pair, 6);
-          wgmma_wait<0>();
-          wgmma_pin(o);
-          if (lane == 0) mbar_arrive(free_bar(0, 1));
-          stamp(local, pair, 7);
-        }
+        // O += P_1 V_1[:, 256:512] (P_1 from registers), then O += P_0 V_0[:, 256:512].
+        wgmma_fence();
+        pv_half_regs(o, p, k1_base, 1);
+        wgmma_commit();
+        named_barrier_sync(kBarP0, kConsumerThreads);
+        pv_half_smem(o, p0_base, k0_base, 1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (lane == 0) mbar_arrive(free_bar(1, 1));
+        // (Not right after the P_0 hand-over: a stamp between the two products, with P_1's
+        // registers in flight, made ptxas spill. Its wait is consumer 0's stamp 4 minus 5.)
+        stamp(local, pair, 6);
+        wgmma_wait<0>();
+        wgmma_pin(o);
+        if (lane == 0) mbar_arrive(free_bar(0, 1));
+        stamp(local, pair, 7);
       }
-      stamp_item(local, 2);
-
-      // Row sums: the four lanes of a row, then the two consumers (fixed order). Both consumers
-      // end on the same running max (m_1 of the last pair).
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 1);
-        l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 2);
-      }
-      float* sums = row_sum + (local & 1) * 2 * kRows;  // double-buffered by item
-      if (qd == 0) {
-        sums[c * kRows + row0] = l_part[0];
-        sums[c * kRows + row1] = l_part[1];
-      }
-      named_barrier_sync(kBarSums, kConsumerThreads);
-      const float l0 = sums[row0] + sums[kRows + row0];
-      const float l1 = sums[row1] + sums[kRows + row1];
-      const float inv[2] = {1.0f / l0, 1.0f / l1};
-      // Consumer 0: the next item's first S over dims 0-255 (see issue_s0_lo), after the row
-      // sums' hand-over, so its waits for the next Q and key half never hold consumer 1 at
-      // kBarSums, and before O's stores, which it overlaps.
-      if constexpr (C == 0) issue_s0_lo(local + 1, item + static_cast<int>(gridDim.x) < items);
-      // O leaves through this consumer's P tile (free now: both consumers' last P V products
-      // are done, kBarSums) as whole 128-byte lines, a [64 x 64]-dim block at a time: 16-byte
-      // stores, a warp 4 rows x 128 contiguous bytes. Stored from the fragments (8 bytes a
-      // lane, a warp 8 rows x 32 bytes an instruction) it took ~7K cycles an item on an H100,
-      // as long as a pair (perf.md, nineteenth session).
-      unsigned char* stage = C == 0 ? p0_s : p1_s;
-      const int stage_bar = C == 0 ? kBarStage0 : kBarStage1;
-      const int ctid = tid - kProducerThreads - c * (kConsumerThreads / 2);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {  // dims 64 j .. 64 j + 63 of this consumer's 256
-        std::uint32_t f[16];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int g8 = 8 * j + i;  // column group of 8 in the m64n256 fragment
-          f[2 * i] = pack_bf16(o[4 * g8] * inv[0], o[4 * g8 + 1] * inv[0]);
-          f[2 * i + 1] = pack_bf16(o[4 * g8 + 2] * inv[1], o[4 * g8 + 3] * inv[1]);
-        }
-        if (j > 0) named_barrier_sync(stage_bar, kConsumerThreads / 2);  // the last block read
-        store_fragment(stage, f, row0, qd);
-        named_barrier_sync(stage_bar, kConsumerThreads / 2);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int k = ctid + (kConsumerThreads / 2) * m, row = k >> 3, ch = k & 7;
-          const uint4 v = *reinterpret_cast<const uint4*>(stage + tile_off(row, ch));
-          if (h0 + row < H)
-            *reinterpret_cast<uint4*>(out + (static_cast<long>(t) * H + h0 + row) * kDim + 256 * c + 64 * j + 8 * ch) = v;
-        }
-      }
-      // A warp reads rows other warps write: every read done before the next item's P writes
-      // (kBarM0 / kBarM1P1 order them too; this does not rely on it).
-      named_barrier_sync(stage_bar, kConsumerThreads / 2);
-      if (c == 0 && qd == 0) {
-        if (h0 + row0 < H) lse[static_cast<long>(t) * H + h0 + row0] = (m_run[0] + log2f(l0)) * kLn2;
-        if (h0 + row1 < H) lse[static_cast<long>(t) * H + h0 + row1] = (m_run[1] + log2f(l1)) * kLn2;
-      }
-      stamp_item(local, 3);
     }
-    if constexpr (C == 0) wgmma_wait<0>();  // the last issue_s0_lo's unused S
-  };
-  if (c == 0)
-    consume(std::integral_constant<int, 0>{});
-  else
-    consume(std::integral_constant<int, 1>{});
+    stamp_item(local, 2);
+
+    // Row sums: the four lanes of a row, then the two consumers (fixed order). Both consumers
+    // end on the same running max (m_1 of the last pair).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 1);
+      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 2);
+    }
+    float* sums = row_sum + (local & 1) * 2 * kRows;  // double-buffered by item
+    if (qd == 0) {
+      sums[c * kRows + row0] = l_part[0];
+      sums[c * kRows + row1] = l_part[1];
+    }
+    named_barrier_sync(kBarSums, kConsumerThreads);
+    const float l0 = sums[row0] + sums[kRows + row0];
+    const float l1 = sums[row1] + sums[kRows + row1];
+    const float inv[2] = {1.0f / l0, 1.0f / l1};
+    // 8-byte stores: lane pairs (qd, qd ^ 1) swap one bf16 pair so that the even lane holds
+    // dims 8i + 2qd .. +3 of column group i and the odd lane those of group i + 1.
+    const bool odd = (qd & 1) != 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = r == 0 ? row0 : row1;
+      bf16* orow = out + (static_cast<long>(t) * H + h0 + row) * kDim + 256 * c;
+#pragma unroll
+      for (int i = 0; i < 32; i += 2) {
+        const std::uint32_t a = pack_bf16(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        const std::uint32_t b =
+            pack_bf16(o[4 * (i + 1) + 2 * r] * inv[r], o[4 * (i + 1) + 2 * r + 1] * inv[r]);
+        const std::uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
+        const int dim = odd ? 8 * (i + 1) + 2 * (qd - 1) : 8 * i + 2 * qd;
+        if (h0 + row < H)
+          *reinterpret_cast<uint2*>(orow + dim) = odd ? make_uint2(got, b) : make_uint2(a, got);
+      }
+    }
+    if (c == 0 && qd == 0) {
+      if (h0 + row0 < H) lse[static_cast<long>(t) * H + h0 + row0] = (m_run[0] + log2f(l0)) * kLn2;
+      if (h0 + row1 < H) lse[static_cast<long>(t) * H + h0 + row1] = (m_run[1] + log2f(l1)) * kLn2;
+    }
+    stamp_item(local, 3);
+  }
 }
 
 }  // namespace
