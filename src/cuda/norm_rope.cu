@@ -507,7 +507,7 @@ void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
     }
     const long threads = static_cast<long>(a.rows) * (span / 2);
     const unsigned blocks = static_cast<unsigned>((threads + kTailThreads - 1) / kTailThreads);
-    if (a.n % 2 == 0 && (reinterpret_cast<std::uintptr_t>(a.out) | reinterpret_cast<std::uintptr_t>(a.keep_tail)) % 4 == 0)
+    if (a.n % 2 == 0 && tail_bits % 4 == 0)
       rope_tail_kernel<true><<<blocks, kTailThreads, 0, stream>>>(a, span);
     else
       rope_tail_kernel<false><<<blocks, kTailThreads, 0, stream>>>(a, span);
