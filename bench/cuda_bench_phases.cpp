@@ -16,6 +16,7 @@
 #include "cuda/indexer_topk_plan.hpp"
 #include "cuda/indexer_topk_tiled.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/timing.hpp"
 #include "cuda/workspace.hpp"
 #include "cuda_bench.hpp"
 #include "one_sequence_metadata.hpp"
@@ -110,6 +111,20 @@ json attention_forward_phases_case(int heads, int topk, int keys, int queries) {
   });
   json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries},
          {"item", Stamps::item}, {"tensor_floor_cycles_per_pair", 2.0 * 2 * 2 * 64 * 64 * 512 / 4096.0}};
+  // Both instances timed alike (the attention section's median of 5 after 2 warm-ups): the
+  // stamps describe the stamped build, so a gap between these two times says how far they
+  // speak for the plain one (the twentieth session's early-P_0 candidate took 13% fewer
+  // cycles an item stamped and was no faster timed).
+  {
+    cuda::DeviceArena buf;
+    auto* dev = reinterpret_cast<unsigned*>(buf.reserve(sizeof(unsigned) * Stamps::count()));
+    auto launch = [&](unsigned* stamps) {
+      cuda::launch_sparse_attention_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev,
+                                          in.out, in.lse, nullptr, stamps);
+    };
+    j["timed_ms"]["plain"] = cuda::median_event_ms([&] { launch(nullptr); }, nullptr, 2, 5);
+    j["timed_ms"]["stamped"] = cuda::median_event_ms([&] { launch(dev); }, nullptr, 2, 5);
+  }
   static const char* const item_names[3] = {"to first pair", "pairs", "tail"};
   for (int wg = 0; wg < 3; ++wg) {
     const PhaseMeans pm = phase_means(h, Stamps::ctas, 3, wg, Stamps::pairs, Stamps::phases, kForwardLastStamp[wg], 4);
@@ -146,6 +161,8 @@ void print_forward_phases(const json& j) {
                   : 0.0,
               j["item"].get<int>(), AttentionForwardStamps::ctas - 1,
               j["tensor_floor_cycles_per_pair"].get<double>());
+  std::printf("  timed: plain instance %.3f ms, stamped instance %.3f ms\n", j["timed_ms"]["plain"].get<double>(),
+              j["timed_ms"]["stamped"].get<double>());
   static const char* const wgs[3] = {"producer", "consumer0", "consumer1"};
   for (int k = 0; k < 3; ++k) {
     const json& w = j[wgs[k]];
