@@ -93,14 +93,14 @@ PhaseMeans phase_means(const std::vector<unsigned>& h, int ctas, int groups, int
 // time from stamp p - 1 to stamp p (kernels.hpp); "b0.lo" is key buffer 0's dims 0-255, a "+"
 // phase includes the gather issued before the wait.
 constexpr const char* kForwardPhases[3][7] = {
-    {"free b0.lo", "+free b1.hi", "+free b0.hi", "+free b1.lo", "last gather", nullptr, nullptr},
-    {"softmax 0", "P0 V0", "wait m1/P1", "publish P0", "rescale + b0.lo", "P1V1 + b0.hi", "next S0"},
-    {"ready b1.hi", "ready b1.lo", "S1", "wait m0", "softmax 1", "P0 + P1V1", "P0 V0"}};
+    {"free b0.lo", "+free b0.hi", "+free b1.hi", "+free b1.lo", "last gather", nullptr, nullptr},
+    {"softmax 0 + P0", "P0 V0", "wait m1/P1", "rescale", "b0.lo", "P1V1 + b0.hi", "next S0"},
+    {"ready b1.hi", "ready b1.lo", "S1", "wait m0/P0", "P0V0 + softmax 1", "P0V0 + rescale", "P1 V1"}};
 constexpr int kForwardLastStamp[3] = {5, 7, 7};  // each warpgroup's final stamp of a pair
 
 // The forward's phases (cycles per key-tile pair, per warpgroup) over the stamped item of
-// each CTA. Also the hand-over consumer 1 waits for P_0 (consumer 0's stamp 4 minus consumer
-// 1's stamp 5, same pair, same multiprocessor), the consumers' Q wait and tail per item.
+// each CTA. Also the hand-over consumer 1 waits for m_0 and P_0 (consumer 0's stamp 1 minus
+// consumer 1's stamp 3, same pair, same multiprocessor), the consumers' Q wait and tail per item.
 json attention_forward_phases_case(int heads, int topk, int keys, int queries) {
   using Stamps = AttentionForwardStamps;
   const SparseAttentionInputs in(heads, topk, keys, queries, false);
@@ -136,16 +136,16 @@ json attention_forward_phases_case(int heads, int topk, int keys, int queries) {
     for (int p = 0; p < 3; ++p) w["item_cycles"][item_names[p]] = pm.extra[p];
     j[wg == 0 ? "producer" : wg == 1 ? "consumer0" : "consumer1"] = w;
   }
-  // Consumer 1's wait for P_0 alone: consumer 0's stamp 4 (P_0 published) past consumer 1's
-  // stamp 5 (P_1 published), same pair, same multiprocessor's clock.
+  // Consumer 1's wait for m_0 and P_0 alone: consumer 0's stamp 1 (both published) past
+  // consumer 1's stamp 3 (its S_1 done), same pair, same multiprocessor's clock.
   double p0_wait = 0.0;
   long p0_pairs = 0;
   for (int cta = 0; cta < Stamps::ctas; ++cta)
     for (int pair = 0; pair < Stamps::pairs; ++pair) {
       const unsigned* c0 = stamp_row(h, 3, Stamps::pairs, Stamps::phases, cta, 1, pair);
       const unsigned* c1 = stamp_row(h, 3, Stamps::pairs, Stamps::phases, cta, 2, pair);
-      if (c0[4] == 0u || c1[7] == 0u) break;
-      const int d = static_cast<int>(c0[4] - c1[5]);  // signed: consumer 0 may be early
+      if (c0[1] == 0u || c1[7] == 0u) break;
+      const int d = static_cast<int>(c0[1] - c1[3]);  // signed: consumer 0 may be early
       p0_wait += d > 0 ? d : 0;
       ++p0_pairs;
     }

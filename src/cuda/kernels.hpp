@@ -164,17 +164,16 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
 // of CTAs 0 .. ctas - 1 for the CTA's work item number `item` (counted from 0 per CTA: a
 // steady-state item, the previous one's tail overlapping its set-up), at
 // stamps[((cta * 3 + w) * (pairs + 1) + row) * phases + p]. Row i < pairs is key-tile pair i:
-//   producer:   0 pair top, 1-4 free waits done (buffer 0 dims 0-255, buffer 1 dims 256-511,
-//               buffer 0 dims 256-511, buffer 1 dims 0-255), 5 the last gather issued;
-//   consumer 0: 0 pair top (S_0 in registers), 1 softmax done (m_0 published), 2 P_0 V_0
-//               done, 3 m_1 / P_1 received, 4 P_0 published, 5 O rescaled and the next pair's
-//               buffer 0 dims 0-255 ready, 6 P_1 V_1 done and dims 256-511 ready, 7 pair end
-//               (the next S_0 done); on the last pair 5 = O rescaled and P_1 V_1 done, 6 and
-//               7 right after;
+//   producer:   0 pair top, 1-4 free waits done (buffer 0 dims 0-255, buffer 0 dims 256-511,
+//               buffer 1 dims 256-511, buffer 1 dims 0-255), 5 the last gather issued;
+//   consumer 0: 0 pair top (S_0 in registers), 1 softmax done (m_0 and P_0 published), 2
+//               P_0 V_0 done, 3 m_1 / P_1 received, 4 O moved to m_1, 5 the next pair's buffer
+//               0 dims 0-255 ready, 6 P_1 V_1 done and dims 256-511 ready, 7 pair end (the
+//               next S_0 done); on the last pair 5 = P_1 V_1 done, 6 and 7 right after;
 //   consumer 1: 0 pair top, 1-2 buffer-1 halves ready (dims 256-511, then 0-255), 3 S_1
-//               done, 4 m_0 received, 5 softmax done, P_1 published, 6 P_0 received and
-//               P_1 V_1 done (the P_0 wait alone: consumer 0's stamp 4 minus this one's 5,
-//               one multiprocessor's clock), 7 pair end (P_0 V_0 done).
+//               done, 4 m_0 / P_0 received (the wait alone: consumer 0's stamp 1 minus this
+//               one's 3, one multiprocessor's clock), 5 softmax done, P_1 published (P_0 V_0
+//               in flight), 6 P_0 V_0 done and O moved to m_1, 7 pair end (P_1 V_1 done).
 // Row `pairs`: 0 item top, 1 producer: key list built / consumers: Q ready, 2 producer: last
 // gather issued / consumers: loop exit, 3 item end. Stamps not reached stay as the caller left
 // them (zero them first).

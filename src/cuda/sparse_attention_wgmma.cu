@@ -6,25 +6,30 @@
 // items with stride gridDim.x). The item's key tiles are taken in pairs (2p, 2p + 1); tile 2p
 // goes to key buffer 0 and consumer 0, tile 2p + 1 to buffer 1 and consumer 1 (an odd last
 // tile is paired with a fully masked one). Three warpgroups:
-//   WG0, producer (56 registers): builds each item's key list (CSA: compacts the top-k row),
+//   WG0, producer (72 registers): builds each item's key list (CSA: compacts the top-k row),
 //     gathers the pair's tiles with 16-byte cp.async by halves of the dims (buffer 0 dims
-//     0-255, buffer 1 dims 256-511, buffer 0 dims 256-511, buffer 1 dims 0-255: the order the
+//     0-255, buffer 0 dims 256-511, buffer 1 dims 256-511, buffer 1 dims 0-255: the order the
 //     consumers free them), each half signalled on its own `ready` mbarrier and refilled after
 //     its own `free` mbarrier; loads the item's Q once both consumers' last S of the previous
 //     item has read Q (q_empty), so a CTA's set-up overlaps the previous item's tail.
-//   WG1, WG2, consumers c = 0, 1 (224 registers): consumer c computes S_c = Q K_c^T for its own
+//   WG1, WG2, consumers c = 0, 1 (208 registers): consumer c computes S_c = Q K_c^T for its own
 //     tile over all 512 dims (32 x wgmma m64n64k16: as many shared-memory bytes per tensor
 //     cycle as the pipe delivers, where a 32-key S would need 1.5x) and owns output dims
 //     [256c, 256c + 256) (O: 64 x 256 fp32 = 128 registers). Per pair:
-//       c0: softmax of S_0 against the running max, publishes its max m_0 (named barrier M0),
-//           O += P_0 V_0[:, 0:256] with P_0 from registers, frees buffer 0's first half;
-//       c1: softmax of S_1 against m_0 -> m_1, publishes m_1 and P_1 (bf16, shared memory),
-//           O += P_1 V_1[:, 256:512] from registers;
-//       c0: rescales P_0 and O to m_1, publishes P_0 (S0), O += P_1 V_1[:, 0:256];
-//       c1: O += P_0 V_0[:, 256:512]; frees the second halves of both buffers;
-//       c0: (next pair, once its next S is issued) frees buffer 1's first half.
-//     So one consumer's softmax runs while the other's MMAs keep the tensor pipe busy, and
-//     both end every pair on the same max m_1 (the next pair's running max).
+//       c0: softmax of S_0 against the running max -> m_0, publishes m_0 and P_0 (bf16, shared
+//           memory; named barrier M0P0), O += P_0 V_0[:, 0:256] with P_0 from registers,
+//           frees buffer 0's first half;
+//       c1: O to m_0, O += P_0 V_0[:, 256:512] in flight while it takes the softmax of S_1
+//           against m_0 -> m_1 and publishes m_1 and P_1 (M1P1); frees buffer 0's second half
+//           once that product is done, moves O to m_1, O += P_1 V_1[:, 256:512] from registers,
+//           frees buffer 1's second half;
+//       c0: moves O to m_1, O += P_1 V_1[:, 0:256]; (next pair, once its next S is issued)
+//           frees buffer 1's first half.
+//     So one consumer's softmax runs while the other's MMAs keep the tensor pipe busy, buffer 0
+//     is done with by mid-pair (its refill overlaps the pair's P_1 V_1), and both end every
+//     pair on the same max m_1 (the next pair's running max). P_0 is published once, at m_0:
+//     consumer 1 rescales its O instead (one more O rescale a consumer and pair, skipped when
+//     no row of the warp moved its max, the common case after a row's first tiles).
 // Shared memory (1024-byte aligned, every operand in 128-byte-swizzle atoms, see wgmma.cuh):
 //   Q [64 x 512] 64 KB | key buffers 0, 1 [64 x 512] 128 KB | P_0, P_1 [64 x 64] 16 KB |
 //   barriers, published maxima, row sums, key counts | CSA: the compacted top-k ids.
@@ -62,12 +67,14 @@ constexpr int kKeys = 64;   // keys per tile
 constexpr int kProducerThreads = 128;
 constexpr int kConsumerThreads = 256;
 constexpr int kThreads = kProducerThreads + kConsumerThreads;
-constexpr int kProducerRegs = 56;
-constexpr int kConsumerRegs = 224;
+constexpr int kProducerRegs = 72;
+constexpr int kConsumerRegs = 208;
 // setmaxnreg only moves registers inside the CTA's launch allocation: __launch_bounds__(kThreads,
 // 1) caps a thread at 65536 / kThreads rounded down to a multiple of 8 (168; ptxas uses all of
 // them, `kernel_checks` prints REG), so the consumers' increase must be covered by the
-// producer's decrease: 128 x 56 + 256 x 224 = 384 x 168 exactly.
+// producer's decrease: 128 x 72 + 256 x 208 = 62464 <= 384 x 168. (At 56 / 224, the limit
+// exactly, ptxas spilled the producer's per-item values once consumer 1 kept P_1 across its
+// P_0 product; the consumers need no more than 208.)
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
 static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegs,
               "setmaxnreg budget exceeds the launch allocation");
@@ -87,11 +94,10 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // Named barriers (0 is __syncthreads): the consumers' hand-overs, each arrived at by one
 // consumer (128 threads) and waited on by the other.
-constexpr int kBarM0 = 1;       // c0 -> c1: m_0 published
+constexpr int kBarM0P0 = 1;     // c0 -> c1: m_0 and P_0 published
 constexpr int kBarM1P1 = 2;     // c1 -> c0: m_1 and P_1 published
-constexpr int kBarP0 = 3;       // c0 -> c1: P_0 (rescaled to m_1) published
-constexpr int kBarSums = 4;     // both: the row sums of an item
-constexpr int kProducerBar = 5;
+constexpr int kBarSums = 3;     // both: the row sums of an item
+constexpr int kProducerBar = 4;
 
 std::size_t wgmma_smem_bytes(const LayerDims& d) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
@@ -130,7 +136,10 @@ __device__ __forceinline__ void exponentiate(float (&s)[32], const float (&m)[2]
   for (int j = 0; j < 16; ++j) p[j] = pack_bf16(s[2 * j], s[2 * j + 1]);
 }
 
-__device__ __forceinline__ void rescale(float (&o)[128], float (&l)[2], const float (&f)[2]) {
+// O times f per row; skipped when no row of the warp moved (f = 1 exactly: the running max
+// did not rise), which after a row's first tiles is the common case.
+__device__ __forceinline__ void rescale_if_moved(float (&o)[128], const float (&f)[2]) {
+  if (!__any_sync(0xffffffffu, f[0] != 1.0f || f[1] != 1.0f)) return;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     o[4 * i] *= f[0];
@@ -138,8 +147,13 @@ __device__ __forceinline__ void rescale(float (&o)[128], float (&l)[2], const fl
     o[4 * i + 2] *= f[1];
     o[4 * i + 3] *= f[1];
   }
+}
+
+// O and the row sums l times f per row (O as above).
+__device__ __forceinline__ void rescale_if_moved(float (&o)[128], float (&l)[2], const float (&f)[2]) {
   l[0] *= f[0];
   l[1] *= f[1];
+  rescale_if_moved(o, f);
 }
 
 // Publishes a consumer's P tile (bf16 fragments) and its rows' maxima `m` for the other
@@ -292,12 +306,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         stamp(local, pair, 1);
         gather_half(mine0, 0, 0);
         if (pair == 0) load_q();
-        mbar_wait(free_bar(1, 1), phase);
-        stamp(local, pair, 2);
-        gather_half(mine1, 1, 1);
         mbar_wait(free_bar(0, 1), phase);
-        stamp(local, pair, 3);
+        stamp(local, pair, 2);
         gather_half(mine0, 0, 1);
+        mbar_wait(free_bar(1, 1), phase);
+        stamp(local, pair, 3);
+        gather_half(mine1, 1, 1);
         mbar_wait(free_bar(1, 0), phase);
         stamp(local, pair, 4);
         gather_half(mine1, 1, 0);
@@ -352,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // that pair's last O += P_1 V_1.
       // `pending`: the previous pair's O += P_1 V_1[:, 0:256] is in flight; it is waited for
       // right after the first half's S is issued, so buffer 1's first half is freed before
-      // this S waits for buffer 0's second half (which the producer fills only after it).
+      // this S waits for buffer 0's second half.
       // `pair`: the pair whose stamps 5 and 6 take the two ready waits (none before the loop).
       auto issue_s0 = [&](std::uint32_t phase, bool pending, int pair) {
         mbar_wait(ready_bar(0, 0), phase);
@@ -389,13 +403,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           m0[r] = fmaxf(m_run[r], mx[r]);
           f[r] = exp2f(m_run[r] - m0[r]);
         }
-        rescale(o, l_part, f);
+        rescale_if_moved(o, l_part, f);
         exponentiate(s, m0, l_part, p);
-        if (qd == 0) {
-          row_max[row0] = m0[0];
-          row_max[row1] = m0[1];
-        }
-        named_barrier_arrive(kBarM0, kConsumerThreads);
+        // P_0 (at m_0, never rescaled) and m_0 for consumer 1, before this consumer's own
+        // product: consumer 1's O += P_0 V_0[:, 256:512] then runs beside its softmax and
+        // buffer 0 is free half a pair earlier than if P_0 waited for m_1. The tile is
+        // rewritten only after the next S_0, which waits for buffer 0's second half, which the
+        // producer refills only after consumer 1's product (the last reader of P_0) is done.
+        publish_p(p0_s, p, row_max, m0, row0, qd);
+        named_barrier_arrive(kBarM0P0, kConsumerThreads);
         stamp(local, pair, 1);
 
         // O += P_0 V_0[:, 0:256], then buffer 0's first half is free.
@@ -407,24 +423,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) mbar_arrive(free_bar(0, 0));
         stamp(local, pair, 2);
 
-        // m_1 (>= m_0) and P_1 from consumer 1; P_0 rescaled to m_1 for it.
+        // m_1 (>= m_0) and P_1 from consumer 1; O (and the row sums) move to m_1.
         named_barrier_sync(kBarM1P1, kConsumerThreads);
         stamp(local, pair, 3);
-        float m1[2];
-        m1[0] = row_max[row0];
-        m1[1] = row_max[row1];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          f[r] = exp2f(m0[r] - m1[r]);
-          m_run[r] = m1[r];
+          m_run[r] = row_max[r == 0 ? row0 : row1];
+          f[r] = exp2f(m0[r] - m_run[r]);
         }
-#pragma unroll
-        for (int j = 0; j < 16; ++j) p[j] = pack_bf16(s[2 * j] * f[j & 1], s[2 * j + 1] * f[j & 1]);
-        store_fragment(p0_s, p, row0, qd);
-        fence_proxy_async_smem();  // P_0's st.shared -> consumer 1's wgmma
-        named_barrier_arrive(kBarP0, kConsumerThreads);
+        rescale_if_moved(o, l_part, f);
         stamp(local, pair, 4);
-        rescale(o, l_part, f);
 
         // O += P_1 V_1[:, 0:256], overlapped with the next pair's S_0.
         wgmma_fence();
@@ -468,36 +476,46 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         float mx[2];
         scale_and_mask(s, (2 * pair + 1) * kKeys, n, scale2, qd, mx);
-        named_barrier_sync(kBarM0, kConsumerThreads);
+        named_barrier_sync(kBarM0P0, kConsumerThreads);
         stamp(local, pair, 4);
-        float m1[2], f[2];
+        // O to m_0, then O += P_0 V_0[:, 256:512] (P_0 from shared memory) in flight while
+        // this consumer's softmax runs against m_1 = max(m_0, its own row maxima).
+        float m0[2], m1[2], f[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          m1[r] = fmaxf(r == 0 ? row_max[row0] : row_max[row1], mx[r]);
-          f[r] = exp2f(m_run[r] - m1[r]);
+          m0[r] = row_max[r == 0 ? row0 : row1];
+          m1[r] = fmaxf(m0[r], mx[r]);
+          f[r] = exp2f(m_run[r] - m0[r]);
           m_run[r] = m1[r];
         }
-        rescale(o, l_part, f);
+        rescale_if_moved(o, l_part, f);
+        wgmma_fence();
+        pv_half_smem(o, p0_base, k0_base, 1);
+        wgmma_commit();
+        // The row sums move to m_1 now (before P_1's terms join them); O after its product.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          f[r] = exp2f(m0[r] - m1[r]);
+          l_part[r] *= f[r];
+        }
         exponentiate(s, m1, l_part, p);
         publish_p(p1_s, p, row_max, m1, row0, qd);
         named_barrier_arrive(kBarM1P1, kConsumerThreads);
         stamp(local, pair, 5);
 
-        // O += P_1 V_1[:, 256:512] (P_1 from registers), then O += P_0 V_0[:, 256:512].
+        wgmma_wait<0>();
+        wgmma_pin(o);
+        if (lane == 0) mbar_arrive(free_bar(0, 1));  // buffer 0 is done with
+        rescale_if_moved(o, f);
+        stamp(local, pair, 6);
+
+        // O += P_1 V_1[:, 256:512], P_1 from registers.
         wgmma_fence();
         pv_half_regs(o, p, k1_base, 1);
         wgmma_commit();
-        named_barrier_sync(kBarP0, kConsumerThreads);
-        pv_half_smem(o, p0_base, k0_base, 1);
-        wgmma_commit();
-        wgmma_wait<1>();
-        if (lane == 0) mbar_arrive(free_bar(1, 1));
-        // (Not right after the P_0 hand-over: a stamp between the two products, with P_1's
-        // registers in flight, made ptxas spill. Its wait is consumer 0's stamp 4 minus 5.)
-        stamp(local, pair, 6);
         wgmma_wait<0>();
         wgmma_pin(o);
-        if (lane == 0) mbar_arrive(free_bar(0, 1));
+        if (lane == 0) mbar_arrive(free_bar(1, 1));
         stamp(local, pair, 7);
       }
     }
