@@ -171,10 +171,15 @@ __device__ __forceinline__ void publish_p(unsigned char* tile, const std::uint32
 
 // Persistent: CTA i handles work items i, i + gridDim.x, ... (item = token * head_blocks +
 // head block). The producer runs ahead across items: it builds the next item's key list and
-// streams its tiles while the consumers finish the current item. kStamps (measurement only):
-// clock() at the phase boundaries into `stamps`, laid out as AttentionForwardStamps
+// streams its tiles while the consumers finish the current item. `stamps` (measurement only,
+// null otherwise): clock() at the phase boundaries, laid out as AttentionForwardStamps
 // (kernels.hpp) says.
-template <bool kStamps>
+//
+// One instance serves both: the stamps are a run-time branch, not a template parameter. The
+// branch makes each phase point a basic-block boundary, and ptxas schedules the pair loop
+// better with those boundaries than without: a compile-time-plain instance of this kernel ran
+// 4-9% slower than the stamped one on an H100 (perf.md, twenty-first session), while the
+// untaken branch costs one uniform predicate test per phase point.
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
@@ -200,10 +205,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Warpgroup `warp / 4` (0 producer, 1 and 2 the consumers) stamps phase p of row `row` of
   // its local item `local` (only item Stamps::item is kept).
   auto stamp_at = [&](int local, int row, int phase) {
-    if constexpr (kStamps) {
-      if (local == Stamps::item)
-        write_phase_stamp<Stamps::ctas, 3, Stamps::pairs + 1, Stamps::phases>(stamps, row, phase);
-    }
+    if (stamps != nullptr && local == Stamps::item)
+      write_phase_stamp<Stamps::ctas, 3, Stamps::pairs + 1, Stamps::phases>(stamps, row, phase);
   };
   auto stamp = [&](int local, int pair, int phase) {  // key-tile pair `pair`
     if (pair < Stamps::pairs) stamp_at(local, pair, phase);
@@ -566,9 +569,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool sparse_attention_wgmma_supported(const LayerDims& d) {
-  // Every instance has the same static shared memory (none): the default one speaks for all.
   return d.head_dim == kDim &&
-         wgmma_smem_bytes(d) <= dynamic_smem_limit(sparse_attention_wgmma_kernel<false>);
+         wgmma_smem_bytes(d) <= dynamic_smem_limit(sparse_attention_wgmma_kernel);
 }
 
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
@@ -579,8 +581,7 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention kernel needs head_dim 512, got " + std::to_string(d.head_dim));
   const std::size_t smem = wgmma_smem_bytes(d);
-  auto kernel = phase_stamps != nullptr ? sparse_attention_wgmma_kernel<true>
-                                        : sparse_attention_wgmma_kernel<false>;
+  auto kernel = sparse_attention_wgmma_kernel;
   allow_dynamic_smem(kernel, smem, "the wgmma attention kernel (its shared memory grows with index_topk)");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long items = static_cast<long>(d.rows) * head_blocks;
