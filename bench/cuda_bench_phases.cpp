@@ -188,14 +188,25 @@ json attention_backward_phases_case(int heads, int topk, int keys, int queries) 
   const SparseAttentionInputs in(heads, topk, keys, queries, true);
   in.forward();
   in.backward();
-  const std::vector<unsigned> h = stamps_of(Stamps::count(), [&](unsigned* dev) {
+  auto launch = [&](unsigned* stamps) {
     cuda::launch_attention_backward_wgmma(in.d, in.m, in.q, in.kv, in.comp, in.sink, in.topk_dev,
                                           in.out, in.lse, in.dout, in.dq, in.dkv, in.dcomp, in.dsink,
-                                          nullptr, cuda::GradChunk{}, cuda::KeyGradWrites::all, dev);
-  });
+                                          nullptr, cuda::GradChunk{}, cuda::KeyGradWrites::all, stamps);
+  };
+  const std::vector<unsigned> h = stamps_of(Stamps::count(), launch);
   static const char* const names[] = {"ready wait", "S / dP",  "hand-over",           "dQ",
                                       "dK chunk 0", "flush 0", "dK chunk 1 + flush 1"};
   json j{{"heads", heads}, {"topk", topk}, {"keys", keys}, {"queries", queries}};
+  // Timed with stamps off and on alike (the attention_backward section's median of 5 after a
+  // warm-up). Unlike the forward, the backward still has a compile-time stamped instance
+  // (kStamps): the forward's ran faster than its plain twin (perf.md, twenty-first session),
+  // and these two times say whether the backward's does too.
+  {
+    cuda::DeviceArena buf;
+    auto* dev = reinterpret_cast<unsigned*>(buf.reserve(sizeof(unsigned) * Stamps::count()));
+    j["timed_ms"]["stamps_off"] = cuda::median_event_ms([&] { launch(nullptr); }, nullptr, 1, 5);
+    j["timed_ms"]["stamps_on"] = cuda::median_event_ms([&] { launch(dev); }, nullptr, 1, 5);
+  }
   for (int wg = 0; wg < 2; ++wg) {
     const PhaseMeans pm = phase_means(h, Stamps::ctas, 2, wg, Stamps::tiles, Stamps::phases, 7, 4);
     json w;
@@ -368,6 +379,8 @@ json attention_backward_phases() {
   for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}}) {
     std::fprintf(stderr, "cuda_bench: attention backward phases H %d top-k %d\n", heads, topk);
     json j = attention_backward_phases_case(heads, topk, 32768, 4096);
+    std::printf("H%-3d top-k %-4d timed: stamps off %.3f ms, stamps on %.3f ms\n", heads, topk,
+                j["timed_ms"]["stamps_off"].get<double>(), j["timed_ms"]["stamps_on"].get<double>());
     for (const char* wg : {"wg0", "wg1"}) {
       const json& w = j[wg];
       const json& c = w["cycles_per_tile"];
