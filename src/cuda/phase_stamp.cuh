@@ -1,4 +1,5 @@
-// Measurement only: the phase stamps of the wgmma kernels' measurement instances (layouts:
+// Measurement only: the phase stamps of the wgmma kernels (the forward's run-time branch, the
+// backward's and indexer's measurement instances; layouts:
 // AttentionForwardStamps in kernels.hpp, AttentionBackwardStamps in backward_kernels.hpp,
 // IndexerStamps in indexer_topk_tiled.hpp; read by bench/cuda_bench_phases.cpp).
 #pragma once
