@@ -137,7 +137,8 @@ INSTANTIATE_TEST_SUITE_P(
 // values before the rotation are kept - over a span widened past the rotated dims as the
 // layer's attention_tail_dim widens it (rope_dim 12 of 512: 16 kept, 12 rotated). Token rows
 // (4 heads a token) and compressed rows; widths 512 (the attention output), 128 (the
-// indexer's queries) and 31 (odd: the kernel's 2-byte path); both rotation signs.
+// indexer's queries), 31 (odd: the kernel's 2-byte path) and 2,560 (a 2,112-element kept span,
+// past the 16-byte kernel's reach); both rotation signs.
 TEST(CudaNormRope, InPlaceRopeTouchesOnlyTheRotatedTail) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
@@ -146,9 +147,10 @@ TEST(CudaNormRope, InPlaceRopeTouchesOnlyTheRotatedTail) {
   };
   // The 16-byte kernel: the layer's spans (64 kept or not, at n 512 and 128), a widened
   // span (12 rotated of 16 kept), 9 pieces a row (no whole number of rows a block). The
-  // thread-a-pair kernel: a 12-element span, and odd rows (2-byte accesses).
+  // thread-a-pair kernel: a 12-element span, odd rows (2-byte accesses), and a span of 16-byte
+  // pieces too long for one block's threads (2,112 > 8 x kTailThreads: its fallback).
   for (const Shape sh : {Shape{512, 64, 64}, Shape{512, 64, 0}, Shape{128, 64, 0}, Shape{512, 12, 16},
-                         Shape{512, 64, 72}, Shape{512, 12, 0}, Shape{31, 12, 12}})
+                         Shape{512, 64, 72}, Shape{512, 12, 0}, Shape{31, 12, 12}, Shape{2560, 64, 2112}})
     for (bool compressed : {false, true})
       for (int sign : {1, -1}) {
         const int n = sh.n, keep = sh.keep_dim;
