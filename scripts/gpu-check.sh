@@ -10,7 +10,9 @@
 # of the device's 10-minute call limit;
 # GPU_CHECK_FILTER=<gtest filter> runs only those test cases (parameterised suites carry a
 # prefix: 'Layers/CudaBackward.*', or '*CudaBackward*'; a bare 'CudaBackward.*' matches only the
-# unparameterised cases); CSATTN_BENCH_SECTIONS picks
+# unparameterised cases) - serially, in one process; GPU_CHECK_REGEX=<ctest regex> runs the
+# matching ctest entries (one a gtest case, named like the filter's cases: 'CudaBackward|
+# CudaAttentionForward') eight at a time, as the whole suite runs; CSATTN_BENCH_SECTIONS picks
 # benchmark sections (attention, attention_backward, layer, deterministic, indexer,
 # elementwise, indexer_loss).
 set -uo pipefail
@@ -33,7 +35,8 @@ if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
     tests_rc=$?
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:" "$OUT/ctest.log" | head -60
   else
-    ctest --test-dir build-gpu -j 8 --output-on-failure --timeout "${GPU_CHECK_CTEST_TIMEOUT:-300}" > "$OUT/ctest.log" 2>&1
+    ctest --test-dir build-gpu -j 8 --output-on-failure --timeout "${GPU_CHECK_CTEST_TIMEOUT:-300}" \
+      ${GPU_CHECK_REGEX:+-R "$GPU_CHECK_REGEX"} > "$OUT/ctest.log" 2>&1
     tests_rc=$?
   fi
   grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest.log" | grep -v "^ *[0-9]*/[0-9]* Test .* Passed" | tail -30
