@@ -43,6 +43,15 @@ struct NormRopeArgs {
   bf16* keep_tail = nullptr;
   int keep_tail_dim = 0;
 };
+// The kernel launch_norm_rope runs for `a` (host-side, no device access; tests check the
+// choice): the in-place RoPE tail by 16-byte pieces or a thread a pair (4-byte or 2-byte
+// accesses), the warp-per-row kernels by width, else the one-block-per-row reference. Throws
+// InvalidArgument where keep_tail is asked for outside its contract.
+enum class NormRopePath {
+  none, tail_vec, tail_pair, tail_pair_unaligned, warp_n128, warp_n256, warp_n512, warp_n1024, reference
+};
+NormRopePath norm_rope_path(const NormRopeArgs& a);
+const char* norm_rope_path_name(NormRopePath p);
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream);
 // Always the one-block-per-row kernel (the reference for tests and benchmarks).
 void launch_norm_rope_reference(const NormRopeArgs& a, cudaStream_t stream);

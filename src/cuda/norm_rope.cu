@@ -479,15 +479,9 @@ void launch_rope_table(const LayerDims& d, const float* omega, __nv_bfloat162* t
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 
-void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
-  if (a.rows <= 0) return;
-  // The warp kernels: n = 128 (4 lanes a row), or n = 32 * E with E in {8, 16, 32} (E even, so RoPE pairs stay inside
-  // a lane), 16-byte aligned rows and weight, and the RoPE table when it rotates.
-  const bool rope_ok = a.rope_dim == 0 || (a.rope_table && a.rope_dim % 2 == 0 && a.rope_dim <= a.n);
-  const std::uintptr_t addr_bits = reinterpret_cast<std::uintptr_t>(a.in) |
-                                   reinterpret_cast<std::uintptr_t>(a.out) |
-                                   reinterpret_cast<std::uintptr_t>(a.weight);
-  // RoPE alone in place: the tail kernel. The values before the rotation are kept only by it.
+NormRopePath norm_rope_path(const NormRopeArgs& a) {
+  if (a.rows <= 0) return NormRopePath::none;
+  // RoPE alone in place: the tail kernels. The values before the rotation are kept only by them.
   const bool tail_only = a.in == a.out && !a.norm && !a.hadamard && a.rstd == nullptr && a.rope_dim > 0 &&
                          a.rope_table != nullptr;
   require(a.keep_tail == nullptr || (tail_only && a.keep_tail_dim >= a.rope_dim && a.keep_tail_dim <= a.n &&
@@ -498,38 +492,75 @@ void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
   if (tail_only) {
     const int span = a.keep_tail != nullptr ? a.keep_tail_dim : a.rope_dim;
     const std::uintptr_t tail_bits = reinterpret_cast<std::uintptr_t>(a.out) | reinterpret_cast<std::uintptr_t>(a.keep_tail);
-    if (span % 8 == 0 && span <= 8 * kTailThreads && a.n % 8 == 0 && tail_bits % 16 == 0) {
-      const long rows_per_block = static_cast<long>(kTailThreads / (span / 8)) * kTailRowsPerThread;
-      rope_tail_vec_kernel<<<static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block), kTailThreads, 0,
-                             stream>>>(a, span);
-      CSATTN_CUDA_LAUNCH_CHECK();
-      return;
-    }
-    const long threads = static_cast<long>(a.rows) * (span / 2);
-    const unsigned blocks = static_cast<unsigned>((threads + kTailThreads - 1) / kTailThreads);
-    if (a.n % 2 == 0 && tail_bits % 4 == 0)
-      rope_tail_kernel<true><<<blocks, kTailThreads, 0, stream>>>(a, span);
-    else
-      rope_tail_kernel<false><<<blocks, kTailThreads, 0, stream>>>(a, span);
-    CSATTN_CUDA_LAUNCH_CHECK();
-    return;
+    // 16-byte pieces need whole pieces a span and a row, aligned rows, and a row's pieces within
+    // one block's threads.
+    if (span % 8 == 0 && span <= 8 * kTailThreads && a.n % 8 == 0 && tail_bits % 16 == 0)
+      return NormRopePath::tail_vec;
+    return a.n % 2 == 0 && tail_bits % 4 == 0 ? NormRopePath::tail_pair : NormRopePath::tail_pair_unaligned;
   }
+  // The warp kernels: n = 128 (4 lanes a row), or n = 32 * E with E in {8, 16, 32} (E even, so
+  // RoPE pairs stay inside a lane), 16-byte aligned rows and weight, and the RoPE table when it
+  // rotates.
+  const bool rope_ok = a.rope_dim == 0 || (a.rope_table && a.rope_dim % 2 == 0 && a.rope_dim <= a.n);
+  const std::uintptr_t addr_bits = reinterpret_cast<std::uintptr_t>(a.in) |
+                                   reinterpret_cast<std::uintptr_t>(a.out) |
+                                   reinterpret_cast<std::uintptr_t>(a.weight);
   if (rope_ok && addr_bits % 16 == 0) {
-    auto launch = [&](auto kernel, int rows_per_warp) {
-      const int rows_per_block = kWarpsPerBlock * rows_per_warp;
-      kernel<<<static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block), 32 * kWarpsPerBlock, 0,
-               stream>>>(a);
-      CSATTN_CUDA_LAUNCH_CHECK();
-    };
     switch (a.n) {
-      case 128: launch(norm_rope_n128_kernel, 8); return;  // 4 lanes a row, 8 rows a warp
-      case 256: launch(norm_rope_warp_kernel<8, 2>, 2); return;
-      case 512: launch(norm_rope_warp_kernel<16, 1>, 1); return;
-      case 1024: launch(norm_rope_warp_kernel<32, 2>, 2); return;
+      case 128: return NormRopePath::warp_n128;
+      case 256: return NormRopePath::warp_n256;
+      case 512: return NormRopePath::warp_n512;
+      case 1024: return NormRopePath::warp_n1024;
       default: break;
     }
   }
-  launch_norm_rope_reference(a, stream);
+  return NormRopePath::reference;
+}
+
+const char* norm_rope_path_name(NormRopePath p) {
+  switch (p) {
+    case NormRopePath::none: return "none";
+    case NormRopePath::tail_vec: return "tail_vec";
+    case NormRopePath::tail_pair: return "tail_pair";
+    case NormRopePath::tail_pair_unaligned: return "tail_pair_unaligned";
+    case NormRopePath::warp_n128: return "warp_n128";
+    case NormRopePath::warp_n256: return "warp_n256";
+    case NormRopePath::warp_n512: return "warp_n512";
+    case NormRopePath::warp_n1024: return "warp_n1024";
+    case NormRopePath::reference: return "reference";
+  }
+  return "?";
+}
+
+void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
+  const NormRopePath path = norm_rope_path(a);
+  const int span = a.keep_tail != nullptr ? a.keep_tail_dim : a.rope_dim;
+  const long pair_threads = static_cast<long>(a.rows) * (span / 2);
+  const unsigned pair_blocks = static_cast<unsigned>((pair_threads + kTailThreads - 1) / kTailThreads);
+  auto warp_launch = [&](auto kernel, int rows_per_warp) {
+    const int rows_per_block = kWarpsPerBlock * rows_per_warp;
+    kernel<<<static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block), 32 * kWarpsPerBlock, 0,
+             stream>>>(a);
+  };
+  switch (path) {
+    case NormRopePath::none: return;
+    case NormRopePath::tail_vec: {
+      const long rows_per_block = static_cast<long>(kTailThreads / (span / 8)) * kTailRowsPerThread;
+      rope_tail_vec_kernel<<<static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block), kTailThreads, 0,
+                             stream>>>(a, span);
+      break;
+    }
+    case NormRopePath::tail_pair: rope_tail_kernel<true><<<pair_blocks, kTailThreads, 0, stream>>>(a, span); break;
+    case NormRopePath::tail_pair_unaligned:
+      rope_tail_kernel<false><<<pair_blocks, kTailThreads, 0, stream>>>(a, span);
+      break;
+    case NormRopePath::warp_n128: warp_launch(norm_rope_n128_kernel, 8); break;  // 4 lanes a row, 8 rows a warp
+    case NormRopePath::warp_n256: warp_launch(norm_rope_warp_kernel<8, 2>, 2); break;
+    case NormRopePath::warp_n512: warp_launch(norm_rope_warp_kernel<16, 1>, 1); break;
+    case NormRopePath::warp_n1024: warp_launch(norm_rope_warp_kernel<32, 2>, 2); break;
+    case NormRopePath::reference: launch_norm_rope_reference(a, stream); return;
+  }
+  CSATTN_CUDA_LAUNCH_CHECK();
 }
 
 void launch_norm_rope_reference(const NormRopeArgs& a, cudaStream_t stream) {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <ostream>
@@ -142,15 +143,19 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(CudaNormRope, InPlaceRopeTouchesOnlyTheRotatedTail) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  using P = cuda::NormRopePath;
   struct Shape {
     int n, rope_dim, keep_dim;  // keep_dim 0: nothing kept
+    P path;                     // the kernel that must run it
   };
   // The 16-byte kernel: the layer's spans (64 kept or not, at n 512 and 128), a widened
   // span (12 rotated of 16 kept), 9 pieces a row (no whole number of rows a block). The
   // thread-a-pair kernel: a 12-element span, odd rows (2-byte accesses), and a span of 16-byte
   // pieces too long for one block's threads (2,112 > 8 x kTailThreads: its fallback).
-  for (const Shape sh : {Shape{512, 64, 64}, Shape{512, 64, 0}, Shape{128, 64, 0}, Shape{512, 12, 16},
-                         Shape{512, 64, 72}, Shape{512, 12, 0}, Shape{31, 12, 12}, Shape{2560, 64, 2112}})
+  for (const Shape sh : {Shape{512, 64, 64, P::tail_vec}, Shape{512, 64, 0, P::tail_vec},
+                         Shape{128, 64, 0, P::tail_vec}, Shape{512, 12, 16, P::tail_vec},
+                         Shape{512, 64, 72, P::tail_vec}, Shape{512, 12, 0, P::tail_pair},
+                         Shape{31, 12, 12, P::tail_pair_unaligned}, Shape{2560, 64, 2112, P::tail_pair}})
     for (bool compressed : {false, true})
       for (int sign : {1, -1}) {
         const int n = sh.n, keep = sh.keep_dim;
@@ -184,6 +189,7 @@ TEST(CudaNormRope, InPlaceRopeTouchesOnlyTheRotatedTail) {
           a.keep_tail = dev_cast<cuda::bf16>(kept);
           a.keep_tail_dim = keep;
         }
+        ASSERT_STREQ(cuda::norm_rope_path_name(cuda::norm_rope_path(a)), cuda::norm_rope_path_name(sh.path));
         cuda::launch_norm_rope(a, nullptr);
         cuda::launch_norm_rope_reference(args(dev_cast<cuda::bf16>(in), dev_cast<cuda::bf16>(ref)), nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -225,6 +231,73 @@ TEST(CudaNormRope, InPlaceRopeTouchesOnlyTheRotatedTail) {
   bad.out = dev_cast<cuda::bf16>(rows);
   bad.keep_tail_dim = 60;  // fewer than the rotated dims
   EXPECT_THROW(cuda::launch_norm_rope(bad, nullptr), Error);
+}
+
+// Which kernel launch_norm_rope picks, from the shapes and pointers alone (host code, no GPU
+// needed: the pointers are never dereferenced). The GPU tests above check each kernel's bits;
+// this pins the rules that route a shape to it, edges included.
+TEST(CudaNormRope, PathFollowsShapeAndAlignment) {
+  using P = cuda::NormRopePath;
+  auto ptr = [](std::uintptr_t at) { return reinterpret_cast<cuda::bf16*>(at); };
+  static const __nv_bfloat162 table_entry{};
+  auto tail = [&](int n, int rope, int keep, std::uintptr_t at, std::uintptr_t kept_at) {
+    cuda::NormRopeArgs a;
+    a.in = a.out = ptr(at);
+    a.rows = 10;
+    a.n = n;
+    a.rope_dim = rope;
+    a.rope_table = &table_entry;
+    if (keep > 0) {
+      a.keep_tail = ptr(kept_at);
+      a.keep_tail_dim = keep;
+    }
+    return cuda::norm_rope_path(a);
+  };
+  EXPECT_EQ(tail(512, 64, 0, 0x1000, 0), P::tail_vec);
+  EXPECT_EQ(tail(512, 64, 64, 0x1000, 0x2000), P::tail_vec);
+  EXPECT_EQ(tail(2048, 64, 2048, 0x1000, 0x2000), P::tail_vec);       // 256 pieces: one block's threads
+  EXPECT_EQ(tail(2560, 64, 2056, 0x1000, 0x2000), P::tail_pair);      // 257 pieces: past them
+  EXPECT_EQ(tail(512, 64, 64, 0x1008, 0x2000), P::tail_pair);         // rows 8-byte aligned
+  EXPECT_EQ(tail(512, 64, 64, 0x1000, 0x2004), P::tail_pair);         // kept rows 4-byte aligned
+  EXPECT_EQ(tail(512, 12, 0, 0x1000, 0), P::tail_pair);               // 12 is not whole pieces
+  EXPECT_EQ(tail(31, 12, 12, 0x1000, 0x2000), P::tail_pair_unaligned);  // odd rows: 2-byte pairs
+  EXPECT_EQ(tail(512, 64, 0, 0x1002, 0), P::tail_pair_unaligned);
+  EXPECT_THROW(tail(512, 64, 60, 0x1000, 0x2000), Error);              // keeps fewer than it rotates
+  EXPECT_THROW(tail(512, 64, 514, 0x1000, 0x2000), Error);             // keeps more than the row
+  EXPECT_THROW(tail(512, 64, 65, 0x1000, 0x2000), Error);              // odd
+
+  auto rows = [&](int n, bool norm, int rope, std::uintptr_t at) {
+    cuda::NormRopeArgs a;
+    a.in = ptr(at);
+    a.out = ptr(0x40000);
+    a.rows = 10;
+    a.n = n;
+    a.norm = norm;
+    a.rope_dim = rope;
+    a.rope_table = &table_entry;
+    return cuda::norm_rope_path(a);
+  };
+  EXPECT_EQ(rows(128, true, 64, 0x1000), P::warp_n128);
+  EXPECT_EQ(rows(256, true, 0, 0x1000), P::warp_n256);
+  EXPECT_EQ(rows(512, true, 64, 0x1000), P::warp_n512);
+  EXPECT_EQ(rows(1024, true, 64, 0x1000), P::warp_n1024);
+  EXPECT_EQ(rows(768, true, 64, 0x1000), P::reference);   // no warp kernel of that width
+  EXPECT_EQ(rows(512, true, 64, 0x1008), P::reference);   // rows not 16-byte aligned
+  EXPECT_EQ(rows(512, true, 63, 0x1000), P::reference);   // odd RoPE span
+  {
+    cuda::NormRopeArgs a;  // RoPE in place but computing cos / sin per row: not the tail kernels
+    a.in = a.out = ptr(0x1000);
+    a.rows = 10;
+    a.n = 512;
+    a.rope_dim = 64;
+    EXPECT_EQ(cuda::norm_rope_path(a), P::reference);
+    a.rows = 0;
+    EXPECT_EQ(cuda::norm_rope_path(a), P::none);
+    a.keep_tail = ptr(0x2000);  // keeping without the tail kernel is refused
+    a.keep_tail_dim = 64;
+    a.rows = 10;
+    EXPECT_THROW(cuda::norm_rope_path(a), Error);
+  }
 }
 
 // Four query heads per token of a small ragged batch at the Flash shape: the metadata, the
