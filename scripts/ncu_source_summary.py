@@ -65,7 +65,6 @@ def main():
     all_col = next((c for c in sample_cols if "All" in c), sample_cols[0] if sample_cols else None)
     idle_col = next((c for c in sample_cols if "Not" in c and "ssued" in c), None)
     src_col = next((c for c in fields if c.strip().lower() in ("source", "sass")), fields[1])
-    addr_col = next((c for c in fields if "Address" in c), fields[0])
     print(f"{len(rows)} instructions; sample columns: {', '.join(sample_cols) or 'none'}")
     if all_col is None:
         print("columns:", ", ".join(fields))

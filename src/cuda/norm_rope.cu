@@ -479,6 +479,11 @@ void launch_rope_table(const LayerDims& d, const float* omega, __nv_bfloat162* t
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+// The in-place tail kernels' span: the kept tail where one is kept, else the rotated dims.
+int tail_span(const NormRopeArgs& a) { return a.keep_tail != nullptr ? a.keep_tail_dim : a.rope_dim; }
+}  // namespace
+
 NormRopePath norm_rope_path(const NormRopeArgs& a) {
   if (a.rows <= 0) return NormRopePath::none;
   // RoPE alone in place: the tail kernels. The values before the rotation are kept only by them.
@@ -490,7 +495,7 @@ NormRopePath norm_rope_path(const NormRopeArgs& a) {
           "launch_norm_rope keeps the tail only for RoPE alone, in place, with the RoPE table and "
           "rope_dim <= keep_tail_dim <= n, even");
   if (tail_only) {
-    const int span = a.keep_tail != nullptr ? a.keep_tail_dim : a.rope_dim;
+    const int span = tail_span(a);
     const std::uintptr_t tail_bits = reinterpret_cast<std::uintptr_t>(a.out) | reinterpret_cast<std::uintptr_t>(a.keep_tail);
     // 16-byte pieces need whole pieces a span and a row, aligned rows, and a row's pieces within
     // one block's threads.
@@ -534,9 +539,11 @@ const char* norm_rope_path_name(NormRopePath p) {
 
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
   const NormRopePath path = norm_rope_path(a);
-  const int span = a.keep_tail != nullptr ? a.keep_tail_dim : a.rope_dim;
-  const long pair_threads = static_cast<long>(a.rows) * (span / 2);
-  const unsigned pair_blocks = static_cast<unsigned>((pair_threads + kTailThreads - 1) / kTailThreads);
+  const int span = tail_span(a);
+  // The thread-a-pair kernels: a thread per rotated pair of the span.
+  auto pair_blocks = [&] {
+    return static_cast<unsigned>((static_cast<long>(a.rows) * (span / 2) + kTailThreads - 1) / kTailThreads);
+  };
   auto warp_launch = [&](auto kernel, int rows_per_warp) {
     const int rows_per_block = kWarpsPerBlock * rows_per_warp;
     kernel<<<static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block), 32 * kWarpsPerBlock, 0,
@@ -550,9 +557,9 @@ void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
                              stream>>>(a, span);
       break;
     }
-    case NormRopePath::tail_pair: rope_tail_kernel<true><<<pair_blocks, kTailThreads, 0, stream>>>(a, span); break;
+    case NormRopePath::tail_pair: rope_tail_kernel<true><<<pair_blocks(), kTailThreads, 0, stream>>>(a, span); break;
     case NormRopePath::tail_pair_unaligned:
-      rope_tail_kernel<false><<<pair_blocks, kTailThreads, 0, stream>>>(a, span);
+      rope_tail_kernel<false><<<pair_blocks(), kTailThreads, 0, stream>>>(a, span);
       break;
     case NormRopePath::warp_n128: warp_launch(norm_rope_n128_kernel, 8); break;  // 4 lanes a row, 8 rows a warp
     case NormRopePath::warp_n256: warp_launch(norm_rope_warp_kernel<8, 2>, 2); break;

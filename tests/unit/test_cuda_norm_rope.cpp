@@ -260,6 +260,7 @@ TEST(CudaNormRope, PathFollowsShapeAndAlignment) {
   EXPECT_EQ(tail(512, 64, 64, 0x1008, 0x2000), P::tail_pair);         // rows 8-byte aligned
   EXPECT_EQ(tail(512, 64, 64, 0x1000, 0x2004), P::tail_pair);         // kept rows 4-byte aligned
   EXPECT_EQ(tail(512, 12, 0, 0x1000, 0), P::tail_pair);               // 12 is not whole pieces
+  EXPECT_EQ(tail(516, 64, 0, 0x1000, 0), P::tail_pair);               // rows not whole pieces
   EXPECT_EQ(tail(31, 12, 12, 0x1000, 0x2000), P::tail_pair_unaligned);  // odd rows: 2-byte pairs
   EXPECT_EQ(tail(512, 64, 0, 0x1002, 0), P::tail_pair_unaligned);
   EXPECT_THROW(tail(512, 64, 60, 0x1000, 0x2000), Error);              // keeps fewer than it rotates
