@@ -68,18 +68,16 @@ __global__ void __launch_bounds__(256)
   };
   const int lane = threadIdx.x & 31;
   const int used = comp_start ? min(rows, comp_start[segments]) : rows;
-  // The weight as fp32, element i of this lane (load i / kVec, place i % kVec). Up to 16 a
-  // lane it stays in registers; wider rows keep it in shared memory, since x, dy and w in
-  // registers (3 kV floats) took 158 / 221 registers at kV = 32 / 48: one 256-thread block an
-  // SM, too few loads in flight for the H200's memory (the cq backward at 0.67-0.69 of copy
-  // there). Now 123 at kV = 32: two blocks an SM. (kV = 48 stays at one: x and dy alone are
-  // 96 floats.)
+  // The weight as fp32, element i of this lane at w_at(i). Up to 16 a lane it stays in
+  // registers; wider rows keep it in shared memory, since x, dy and w in registers (3 kV
+  // floats) took 158 / 221 registers at kV = 32 / 48: one 256-thread block an SM, too few
+  // loads in flight for the H200's memory (the cq backward at 0.67-0.69 of copy there).
   constexpr bool kSharedWeight = kV > 16;
   __shared__ float4 w_shared[kSharedWeight ? 8 * kV : 1];  // 32 kV floats
   float w_reg[kSharedWeight ? 1 : kV];
   auto set_w = [&](int i, float v) {
     if constexpr (kSharedWeight)
-      reinterpret_cast<float*>(w_shared)[((i / 4) * 32 + lane) * 4 + i % 4] = v;
+      reinterpret_cast<float*>(w_shared)[lane * kVec + (i / kVec) * 32 * kVec + i % kVec] = v;
     else
       w_reg[i] = v;
   };
@@ -97,12 +95,11 @@ __global__ void __launch_bounds__(256)
     }
   }
   if constexpr (kSharedWeight) __syncthreads();
-  // The lane's elements i .. i + 3 (i a multiple of 4): from registers, or one float4 of
-  // shared memory, where the warp's 32 float4s for the same i lie side by side (512
-  // contiguous bytes a read: no bank conflicts).
+  // Element i = k kVec + j of the lane (load k, place j): from registers, or as float4s of
+  // shared memory (a lane's kVec floats of load k are contiguous there).
   auto w4 = [&](int i) -> float4 {
     if constexpr (kSharedWeight)
-      return w_shared[(i / 4) * 32 + lane];
+      return w_shared[((i / kVec) * 32 * kVec + lane * kVec + i % kVec) / 4];
     else
       return make_float4(w_reg[i], w_reg[i + 1], w_reg[i + 2], w_reg[i + 3]);
   };
