@@ -424,10 +424,7 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
     std::printf("device %s: bf16 GEMM %.0f TFLOPS, copy %.2f TB/s\n\n", prop.name, gemm,
                 report["ceilings"]["copy_tbps"].get<double>());
     if (want("attention")) {
-      const bool owned = cuda::default_key_gather() == cuda::KeyGather::owned;
-      std::printf("sparse attention (4096 queries, window 128 + top-k random ids, D 512, sink; key gather %s)\n",
-                  owned ? "owned" : "shuffled");
-      report["attention_key_gather"] = owned ? "owned" : "shuffled";
+      std::printf("sparse attention (4096 queries, window 128 + top-k random ids, D 512, sink)\n");
       std::printf("%6s %6s %7s %10s %9s %8s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM");
       for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
         for (int keys : {8192, 32768, 65536}) {

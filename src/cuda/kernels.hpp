@@ -162,21 +162,11 @@ void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta,
 // in pairs, one per consumer warpgroup); same contract. Supported while its shared memory
 // (about 210 KB + 4 bytes per top-k id) fits.
 bool sparse_attention_wgmma_supported(const LayerDims& d);
-// How its producer warpgroup gathers a key tile's rows into shared memory (the same bytes
-// either way, so the same results bit for bit): `shuffled`, a warp a row at a time (each lane
-// resolves one row, every copy instruction shuffles that row's pointer to the warp: 512
-// contiguous bytes an instruction), or `owned`, each thread its own rows (pointers resolved
-// once a pair and kept in registers; 4 rows x 128 bytes an instruction, no shuffles). The
-// default is `shuffled`; CSATTN_ATTENTION_GATHER=owned (or =shuffled) picks one for the
-// process (kernel_switch rules: read once, an unknown value throws).
-enum class KeyGather { shuffled, owned };
-KeyGather default_key_gather();
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta,
                                    const bf16* q, const bf16* kv, const bf16* comp,
                                    const float* sink, const std::int32_t* topk, bf16* out,
                                    float* lse, cudaStream_t stream,
-                                   unsigned* phase_stamps = nullptr,
-                                   KeyGather gather = default_key_gather());
+                                   unsigned* phase_stamps = nullptr);
 // Measurement only (benchmarks): the wgmma forward's phase_stamps, the multiprocessor's
 // 32-bit clock() with its lowest bit set (0 means "not reached"; subtract modulo 2^32),
 // written by the first thread of each warpgroup w (0 producer, 1 consumer 0, 2 consumer 1)

@@ -7,8 +7,7 @@
 // goes to key buffer 0 and consumer 0, tile 2p + 1 to buffer 1 and consumer 1 (an odd last
 // tile is paired with a fully masked one). Three warpgroups:
 //   WG0, producer (72 registers): builds each item's key list (CSA: compacts the top-k row),
-//     gathers the pair's tiles with 16-byte cp.async (KeyGather: a warp a row with the row's
-//     pointer shuffled to it, or each thread its own rows) by halves of the dims (buffer 0 dims
+//     gathers the pair's tiles with 16-byte cp.async by halves of the dims (buffer 0 dims
 //     0-255, buffer 0 dims 256-511, buffer 1 dims 256-511, buffer 1 dims 0-255: the order the
 //     consumers free them), each half signalled on its own `ready` mbarrier and refilled after
 //     its own `free` mbarrier; loads the item's Q once both consumers' last S of the previous
@@ -51,7 +50,6 @@
 
 #include "cuda/attention_keys.cuh"
 #include "cuda/check.hpp"
-#include "cuda/kernel_switch.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/mma_util.cuh"
 #include "cuda/phase_stamp.cuh"
@@ -186,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
                                   const std::int32_t* topk, bf16* out, float* lse,
-                                  int head_blocks, int items, unsigned* stamps, bool owned) {
+                                  int head_blocks, int items, unsigned* stamps) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + align_1024_pad(smem_raw);  // wgmma's swizzle atoms
   const std::uint32_t base = smem_addr(smem);
@@ -230,8 +228,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- producer: key lists, Q, key tiles ----------------
     setmaxnreg_dec<kProducerRegs>();
     const bool csa = d.ratio == 4;
-    const int og = tid >> 3, oc = tid & 7;  // owned gather: row group, 16-byte chunk
-    const std::uint32_t own_dst = base + kKOff + og * 128 + ((oc ^ (og & 7)) << 4);
     int ring = 0;  // pairs issued so far (barrier phases)
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
@@ -291,73 +287,37 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         cp_async_mbar_arrive(ready_bar(buf, h));
       };
-      // Owned rows (KeyGather::owned): thread (og, oc) copies the 16-byte chunk oc of every
-      // 64-dim block of rows og, og + 16, og + 32, og + 48, from pointers it resolved once a
-      // pair; a warp instruction is 4 rows x 128 contiguous bytes. Those rows share row % 8,
-      // so the swizzled destination is one per-thread base plus constants.
-      auto gather_owned = [&](const bf16* const (&rows)[4], int buf, int h) {
-        const std::uint32_t dst = own_dst + buf * kTileBytes;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int blk = 4 * h; blk < 4 * h + 4; ++blk)
-            cp_async_16(dst + blk * kBlockBytes + i * 16 * 128, rows[i] + blk * 64);
-        cp_async_mbar_arrive(ready_bar(buf, h));
-      };
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
         stamp(local, pair, 0);
         const std::uint32_t phase = (ring & 1) ^ 1;
         const int row = warp * 16 + (lane & 15);
-        const bf16* mine[2] = {nullptr, nullptr};  // shuffled: this lane's row of each tile
-        const bf16* own[2][4];                     // owned: this thread's rows of each tile
-        if (owned) {
-#pragma unroll
-          for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) own[tile][i] = key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 8;
-        } else {
-          mine[0] = key_row(2 * pair * kKeys + row);
-          mine[1] = key_row((2 * pair + 1) * kKeys + row);
-        }
+        const bf16* mine0 = key_row(2 * pair * kKeys + row);
+        const bf16* mine1 = key_row((2 * pair + 1) * kKeys + row);
         // The next pair's rows into L2 now, one pair ahead of their gathers: at 32K+ keys the
         // random rows are mostly not in L2, and the gather of a freed half is on the critical
-        // path. Shuffled: lane l takes the half l / 16 of its row (4 lines of 128 bytes) in
-        // both tiles; owned: thread (og, oc) the line oc of its 4 rows in both tiles.
+        // path. Lane l takes the half l / 16 of its row (4 lines of 128 bytes) in both tiles.
         if (pair + 1 < pairs) {
-          if (owned) {
+          const char* n0 = reinterpret_cast<const char*>(key_row((2 * pair + 2) * kKeys + row));
+          const char* n1 = reinterpret_cast<const char*>(key_row((2 * pair + 3) * kKeys + row));
 #pragma unroll
-            for (int tile = 2; tile < 4; ++tile)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) prefetch_l2(key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 64);
-          } else {
-            const char* n0 = reinterpret_cast<const char*>(key_row((2 * pair + 2) * kKeys + row));
-            const char* n1 = reinterpret_cast<const char*>(key_row((2 * pair + 3) * kKeys + row));
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              prefetch_l2(n0 + (lane >> 4) * 512 + i * 128);
-              prefetch_l2(n1 + (lane >> 4) * 512 + i * 128);
-            }
+          for (int i = 0; i < 4; ++i) {
+            prefetch_l2(n0 + (lane >> 4) * 512 + i * 128);
+            prefetch_l2(n1 + (lane >> 4) * 512 + i * 128);
           }
         }
-        auto gather = [&](int buf, int h) {
-          if (owned)
-            gather_owned(own[buf], buf, h);
-          else
-            gather_half(mine[buf], buf, h);
-        };
         mbar_wait(free_bar(0, 0), phase);
         stamp(local, pair, 1);
-        gather(0, 0);
+        gather_half(mine0, 0, 0);
         if (pair == 0) load_q();
         mbar_wait(free_bar(0, 1), phase);
         stamp(local, pair, 2);
-        gather(0, 1);
+        gather_half(mine0, 0, 1);
         mbar_wait(free_bar(1, 1), phase);
         stamp(local, pair, 3);
-        gather(1, 1);
+        gather_half(mine1, 1, 1);
         mbar_wait(free_bar(1, 0), phase);
         stamp(local, pair, 4);
-        gather(1, 0);
+        gather_half(mine1, 1, 0);
         stamp(local, pair, 5);
       }
       stamp_item(local, 2);
@@ -613,17 +573,10 @@ bool sparse_attention_wgmma_supported(const LayerDims& d) {
          wgmma_smem_bytes(d) <= dynamic_smem_limit(sparse_attention_wgmma_kernel);
 }
 
-KeyGather default_key_gather() {
-  static const KeyGather g =
-      kernel_switch("CSATTN_ATTENTION_GATHER", {"shuffled", "owned"}) == "owned" ? KeyGather::owned
-                                                                                   : KeyGather::shuffled;
-  return g;
-}
-
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
                                    const bf16* kv, const bf16* comp, const float* sink,
                                    const std::int32_t* topk, bf16* out, float* lse,
-                                   cudaStream_t stream, unsigned* phase_stamps, KeyGather gather) {
+                                   cudaStream_t stream, unsigned* phase_stamps) {
   if (d.rows <= 0) return;
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention kernel needs head_dim 512, got " + std::to_string(d.head_dim));
@@ -637,7 +590,7 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   const int sms = multiprocessor_count();
   const int grid = static_cast<int>(std::min<long>(items, sms));
   kernel<<<grid, kThreads, smem, stream>>>(d, meta, q, kv, comp, sink, topk, out, lse, head_blocks,
-                                           static_cast<int>(items), phase_stamps, gather == KeyGather::owned);
+                                           static_cast<int>(items), phase_stamps);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
 

@@ -202,9 +202,7 @@ void reference(const Problem& p, std::vector<double>& out, std::vector<double>& 
   }
 }
 
-// wgmma: the process's KeyGather (CSATTN_ATTENTION_GATHER); wgmma_shuffled / wgmma_owned: each
-// gather explicitly.
-enum class Kernel { wgmma, wgmma_shuffled, wgmma_owned, wgmma_stamped, mma, baseline, dispatch };
+enum class Kernel { wgmma, wgmma_stamped, mma, baseline, dispatch };
 
 struct Result {
   std::vector<float> out, lse;
@@ -261,13 +259,6 @@ class DeviceProblem {
       case Kernel::wgmma:
         cuda::launch_sparse_attention_wgmma(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
                                             lse_.get(), nullptr);
-        break;
-      case Kernel::wgmma_shuffled:
-      case Kernel::wgmma_owned:
-        cuda::launch_sparse_attention_wgmma(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
-                                            lse_.get(), nullptr, nullptr,
-                                            k == Kernel::wgmma_owned ? cuda::KeyGather::owned
-                                                                     : cuda::KeyGather::shuffled);
         break;
       case Kernel::wgmma_stamped:
         stamps_.fill_bytes(0);
@@ -383,13 +374,6 @@ TEST_P(CudaAttentionForward, WgmmaRunsAreBitwiseEqual) {
   for (float v : a.out) ASSERT_TRUE(std::isfinite(v)) << "unwritten or NaN output";
   EXPECT_EQ(0, std::memcmp(a.out_bits.data(), b.out_bits.data(), a.out_bits.size() * 2));
   EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4));
-  // Both ways of gathering the key rows put the same bytes in shared memory: the same bits.
-  for (Kernel g : {Kernel::wgmma_shuffled, Kernel::wgmma_owned}) {
-    const Result r = dev.run(g);
-    const char* name = g == Kernel::wgmma_owned ? "owned" : "shuffled";
-    EXPECT_EQ(0, std::memcmp(a.out_bits.data(), r.out_bits.data(), a.out_bits.size() * 2)) << name << " gather";
-    EXPECT_EQ(0, std::memcmp(a.lse.data(), r.lse.data(), a.lse.size() * 4)) << name << " gather";
-  }
   // Unless CSATTN_ATTENTION overrides it, launch_sparse_attention dispatches to this kernel.
   if (std::getenv("CSATTN_ATTENTION") == nullptr) {
     const Result dsp = dev.run(Kernel::dispatch);
