@@ -33,6 +33,7 @@ if [ "${PROFILE_SANITIZE:-1}" != 0 ]; then
 fi
 
 if [ "${PROFILE_NCU:-1}" != 0 ]; then
+  rm -rf /tmp/ncu_data  # a warm machine keeps /tmp: no earlier call's data in this tar
   kernels=${PROFILE_KERNELS:-"attention:sparse_attention_wgmma_kernel attention_backward:attention_backward_wgmma_kernel indexer_loss:indexer_loss_mma_kernel indexer:indexer_topk_wgmma_kernel"}
   for spec in $kernels; do
     IFS=: read -r section kernel skip <<< "$spec"

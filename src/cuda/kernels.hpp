@@ -51,7 +51,6 @@ enum class NormRopePath {
   none, tail_vec, tail_pair, tail_pair_unaligned, warp_n128, warp_n256, warp_n512, warp_n1024, reference
 };
 NormRopePath norm_rope_path(const NormRopeArgs& a);
-const char* norm_rope_path_name(NormRopePath p);
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream);
 // Always the one-block-per-row kernel (the reference for tests and benchmarks).
 void launch_norm_rope_reference(const NormRopeArgs& a, cudaStream_t stream);

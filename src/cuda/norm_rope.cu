@@ -522,21 +522,6 @@ NormRopePath norm_rope_path(const NormRopeArgs& a) {
   return NormRopePath::reference;
 }
 
-const char* norm_rope_path_name(NormRopePath p) {
-  switch (p) {
-    case NormRopePath::none: return "none";
-    case NormRopePath::tail_vec: return "tail_vec";
-    case NormRopePath::tail_pair: return "tail_pair";
-    case NormRopePath::tail_pair_unaligned: return "tail_pair_unaligned";
-    case NormRopePath::warp_n128: return "warp_n128";
-    case NormRopePath::warp_n256: return "warp_n256";
-    case NormRopePath::warp_n512: return "warp_n512";
-    case NormRopePath::warp_n1024: return "warp_n1024";
-    case NormRopePath::reference: return "reference";
-  }
-  return "?";
-}
-
 void launch_norm_rope(const NormRopeArgs& a, cudaStream_t stream) {
   const NormRopePath path = norm_rope_path(a);
   const int span = tail_span(a);

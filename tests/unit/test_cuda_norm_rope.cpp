@@ -189,7 +189,8 @@ TEST(CudaNormRope, InPlaceRopeTouchesOnlyTheRotatedTail) {
           a.keep_tail = dev_cast<cuda::bf16>(kept);
           a.keep_tail_dim = keep;
         }
-        ASSERT_STREQ(cuda::norm_rope_path_name(cuda::norm_rope_path(a)), cuda::norm_rope_path_name(sh.path));
+        ASSERT_EQ(cuda::norm_rope_path(a), sh.path)  // by NormRopePath's order (kernels.hpp)
+            << "path " << static_cast<int>(cuda::norm_rope_path(a)) << ", wanted " << static_cast<int>(sh.path);
         cuda::launch_norm_rope(a, nullptr);
         cuda::launch_norm_rope_reference(args(dev_cast<cuda::bf16>(in), dev_cast<cuda::bf16>(ref)), nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
