@@ -208,14 +208,18 @@ __device__ __forceinline__ void flush_dk_lines(const float (&dk)[64], const KeyL
         *reinterpret_cast<float2*>(at(g, col >> 2) + (col & 3)) = make_float2(dk[4 * i + 2 * h], dk[4 * i + 2 * h + 1]);
       }
       __syncwarp();
+      // Both rows' pieces loaded before either reduction: loaded inside the loop below, each
+      // load sat in its reduction's branch and each reduction waited out its own load (the
+      // H200 profile, perf.md twenty-third session: the flush's REDG waiting on its LDS).
+      float4 v[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) v[k] = *reinterpret_cast<const float4*>(at(rr + 4 * k, piece));
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        const float4 v = *reinterpret_cast<const float4*>(at(rr + 4 * k, piece));
-        if (dst[h][k] != nullptr) {
-          if (kMode == KeyGrads::scratch)  // this CTA's own row: a plain store
-            *reinterpret_cast<float4*>(dst[h][k] + 32 * m) = v;
-          else
-            red_add_v4(dst[h][k] + 32 * m, v.x, v.y, v.z, v.w);
+        if (kMode == KeyGrads::scratch) {  // this CTA's own row: a plain store
+          if (dst[h][k] != nullptr) *reinterpret_cast<float4*>(dst[h][k] + 32 * m) = v[k];
+        } else {
+          red_add_v4_if(dst[h][k] != nullptr, dst[h][k] + 32 * m, v[k].x, v[k].y, v[k].z, v[k].w);
         }
       }
       __syncwarp();  // the staging area is rewritten next

@@ -60,7 +60,11 @@ __global__ void compressor_pool_reference_kernel(int capacity, CompEntries entri
 // candidates whose A and G a thread loads at once (all in flight together).
 template <int kM> struct PoolShape;
 template <> struct PoolShape<4> { static constexpr int kTok = 8, kSplit = 1, kChunk = 8; };
-template <> struct PoolShape<128> { static constexpr int kTok = 32, kSplit = 4, kChunk = 8; };
+// m = 128: chunks of 4. With chunks of 8 a 512-thread block took 104 registers and held an
+// SM alone, with no loads in flight while its warps computed a chunk or merged their splits
+// (0.69-0.72 of copy on the H200); at 4, 62 registers: two blocks an SM, one's arithmetic
+// overlapping the other's loads, the same bytes in flight.
+template <> struct PoolShape<128> { static constexpr int kTok = 32, kSplit = 4, kChunk = 4; };
 constexpr int kPoolCh = 4;  // channels per thread: 8-byte bf16 loads, one float4 of ape
 // Logits are kept in base 2 (times log2 e): exp2f is one MUFU instruction where expf is
 // several, and at 4 channels x 8 candidates per thread the issue rate matters next to the

@@ -68,18 +68,44 @@ __global__ void __launch_bounds__(256)
   };
   const int lane = threadIdx.x & 31;
   const int used = comp_start ? min(rows, comp_start[segments]) : rows;
-  float w[kV];
+  // The weight as fp32, element i of this lane (load i / kVec, place i % kVec). Up to 16 a
+  // lane it stays in registers; wider rows keep it in shared memory, since x, dy and w in
+  // registers (3 kV floats) took 158 / 221 registers at kV = 32 / 48: one 256-thread block an
+  // SM, too few loads in flight for the H200's memory (the cq backward at 0.67-0.69 of copy
+  // there). Now 123 at kV = 32: two blocks an SM. (kV = 48 stays at one: x and dy alone are
+  // 96 floats.)
+  constexpr bool kSharedWeight = kV > 16;
+  __shared__ float4 w_shared[kSharedWeight ? 8 * kV : 1];  // 32 kV floats
+  float w_reg[kSharedWeight ? 1 : kV];
+  auto set_w = [&](int i, float v) {
+    if constexpr (kSharedWeight)
+      reinterpret_cast<float*>(w_shared)[((i / 4) * 32 + lane) * 4 + i % 4] = v;
+    else
+      w_reg[i] = v;
+  };
+  if (!kSharedWeight || threadIdx.x < 32) {
 #pragma unroll
-  for (int k = 0; k < kLoads; ++k) {
-    Pack p;
-    if (weight) p.v = reinterpret_cast<const Vec*>(weight)[k * 32 + lane];
+    for (int k = 0; k < kLoads; ++k) {
+      Pack p;
+      if (weight) p.v = reinterpret_cast<const Vec*>(weight)[k * 32 + lane];
 #pragma unroll
-    for (int e = 0; e < kVec / 2; ++e) {
-      const float2 f = weight ? __bfloat1622float2(p.h[e]) : make_float2(1.0f, 1.0f);
-      w[k * kVec + 2 * e] = f.x;
-      w[k * kVec + 2 * e + 1] = f.y;
+      for (int e = 0; e < kVec / 2; ++e) {
+        const float2 f = weight ? __bfloat1622float2(p.h[e]) : make_float2(1.0f, 1.0f);
+        set_w(k * kVec + 2 * e, f.x);
+        set_w(k * kVec + 2 * e + 1, f.y);
+      }
     }
   }
+  if constexpr (kSharedWeight) __syncthreads();
+  // The lane's elements i .. i + 3 (i a multiple of 4): from registers, or one float4 of
+  // shared memory, where the warp's 32 float4s for the same i lie side by side (512
+  // contiguous bytes a read: no bank conflicts).
+  auto w4 = [&](int i) -> float4 {
+    if constexpr (kSharedWeight)
+      return w_shared[(i / 4) * 32 + lane];
+    else
+      return make_float4(w_reg[i], w_reg[i + 1], w_reg[i + 2], w_reg[i + 3]);
+  };
   const int warps = blockDim.x / 32;
   for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < used; row += gridDim.x * warps) {
     const Vec* xr = reinterpret_cast<const Vec*>(x + static_cast<long>(row) * n);
@@ -101,9 +127,14 @@ __global__ void __launch_bounds__(256)
       }
     }
 #pragma unroll
-    for (int i = 0; i < kV; ++i) {
-      ss += xv[i] * xv[i];
-      dot += gv[i] * w[i] * xv[i];
+    for (int i = 0; i < kV; i += 4) {
+      const float4 wv = w4(i);
+      const float wi[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        ss += xv[i + j] * xv[i + j];
+        dot += gv[i + j] * wi[j] * xv[i + j];
+      }
     }
     ss = warp_sum(ss);
     dot = warp_sum(dot);
@@ -118,10 +149,19 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       Pack o;
+      float wk[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; j += 4) {
+        const float4 wv = w4(k * kVec + j);
+        wk[j] = wv.x;
+        wk[j + 1] = wv.y;
+        wk[j + 2] = wv.z;
+        wk[j + 3] = wv.w;
+      }
 #pragma unroll
       for (int e = 0; e < kVec / 2; ++e) {
         const int i = k * kVec + 2 * e;
-        float d0 = r * gv[i] * w[i] - c * xv[i], d1 = r * gv[i + 1] * w[i + 1] - c * xv[i + 1];
+        float d0 = r * gv[i] * wk[2 * e] - c * xv[i], d1 = r * gv[i + 1] * wk[2 * e + 1] - c * xv[i + 1];
         const int elem = (k * 32 + lane) * kVec + 2 * e;
         if (table != nullptr && elem >= base) {
           const float2 cs = __bfloat1622float2(table[(elem - base) / 2]);

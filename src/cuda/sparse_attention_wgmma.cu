@@ -7,7 +7,8 @@
 // goes to key buffer 0 and consumer 0, tile 2p + 1 to buffer 1 and consumer 1 (an odd last
 // tile is paired with a fully masked one). Three warpgroups:
 //   WG0, producer (72 registers): builds each item's key list (CSA: compacts the top-k row),
-//     gathers the pair's tiles with 16-byte cp.async by halves of the dims (buffer 0 dims
+//     gathers the pair's tiles with 16-byte cp.async (each thread its own 4 rows of a tile, one
+//     16-byte chunk of each 128-byte line) by halves of the dims (buffer 0 dims
 //     0-255, buffer 0 dims 256-511, buffer 1 dims 256-511, buffer 1 dims 0-255: the order the
 //     consumers free them), each half signalled on its own `ready` mbarrier and refilled after
 //     its own `free` mbarrier; loads the item's Q once both consumers' last S of the previous
@@ -228,6 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- producer: key lists, Q, key tiles ----------------
     setmaxnreg_dec<kProducerRegs>();
     const bool csa = d.ratio == 4;
+    const int og = tid >> 3, oc = tid & 7;  // key gather: row group, 16-byte chunk
+    const std::uint32_t own_dst = base + kKOff + og * 128 + ((oc ^ (og & 7)) << 4);
     int ring = 0;  // pairs issued so far (barrier phases)
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
@@ -275,49 +278,51 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int j = slot - n_win;
         return comp_base + static_cast<long>(csa ? sel_s[j] : j) * kDim;
       };
-      // Half `h` of the tile whose rows lane j < 16 of warp w resolved (row 16w + j) into
-      // buffer `buf`: 32 lanes x 16 bytes = the half's 512 contiguous bytes of a row.
-      auto gather_half = [&](const bf16* mine, int buf, int h) {
-        const std::uint32_t dst = base + kKOff + buf * kTileBytes;
-#pragma unroll 4
-        for (int j = 0; j < 16; ++j) {
-          const bf16* src = reinterpret_cast<const bf16*>(
-              __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), j));
-          cp_async_16(dst + tile_off(warp * 16 + j, 32 * h + lane), src + (32 * h + lane) * 8);
-        }
+      // Thread (og, oc) copies the 16-byte chunk oc of every 64-dim block of its rows og,
+      // og + 16, og + 32, og + 48, from pointers it resolved once a pair: a warp instruction is
+      // 4 rows x 128 contiguous bytes and needs no shuffle (a warp a row, each copy shuffling
+      // the row's pointer to the warp, kept the producer issuing ~75% of its time on the H200
+      // and lost 1-3% on the H100). Those rows share row % 8, so the swizzled destination is
+      // one per-thread base plus constants.
+      auto gather_half = [&](const bf16* const (&rows)[4], int buf, int h) {
+        const std::uint32_t dst = own_dst + buf * kTileBytes;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int blk = 4 * h; blk < 4 * h + 4; ++blk)
+            cp_async_16(dst + blk * kBlockBytes + i * 16 * 128, rows[i] + blk * 64);
         cp_async_mbar_arrive(ready_bar(buf, h));
       };
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
         stamp(local, pair, 0);
         const std::uint32_t phase = (ring & 1) ^ 1;
-        const int row = warp * 16 + (lane & 15);
-        const bf16* mine0 = key_row(2 * pair * kKeys + row);
-        const bf16* mine1 = key_row((2 * pair + 1) * kKeys + row);
+        const bf16* own[2][4];  // this thread's rows of each tile, at its chunk
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) own[tile][i] = key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 8;
         // The next pair's rows into L2 now, one pair ahead of their gathers: at 32K+ keys the
         // random rows are mostly not in L2, and the gather of a freed half is on the critical
-        // path. Lane l takes the half l / 16 of its row (4 lines of 128 bytes) in both tiles.
+        // path. Thread (og, oc) takes the line oc of its 4 rows in both tiles.
         if (pair + 1 < pairs) {
-          const char* n0 = reinterpret_cast<const char*>(key_row((2 * pair + 2) * kKeys + row));
-          const char* n1 = reinterpret_cast<const char*>(key_row((2 * pair + 3) * kKeys + row));
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            prefetch_l2(n0 + (lane >> 4) * 512 + i * 128);
-            prefetch_l2(n1 + (lane >> 4) * 512 + i * 128);
-          }
+          for (int tile = 2; tile < 4; ++tile)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) prefetch_l2(key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 64);
         }
         mbar_wait(free_bar(0, 0), phase);
         stamp(local, pair, 1);
-        gather_half(mine0, 0, 0);
+        gather_half(own[0], 0, 0);
         if (pair == 0) load_q();
         mbar_wait(free_bar(0, 1), phase);
         stamp(local, pair, 2);
-        gather_half(mine0, 0, 1);
+        gather_half(own[0], 0, 1);
         mbar_wait(free_bar(1, 1), phase);
         stamp(local, pair, 3);
-        gather_half(mine1, 1, 1);
+        gather_half(own[1], 1, 1);
         mbar_wait(free_bar(1, 0), phase);
         stamp(local, pair, 4);
-        gather_half(mine1, 1, 0);
+        gather_half(own[1], 1, 0);
         stamp(local, pair, 5);
       }
       stamp_item(local, 2);
