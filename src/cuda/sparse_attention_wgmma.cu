@@ -105,16 +105,19 @@ std::size_t wgmma_smem_bytes(const LayerDims& d) {
   return 1024 + kSelOff + (d.ratio == 4 ? sizeof(int) * static_cast<std::size_t>(d.topk) : 0);
 }
 
-// Scales S to the log2 domain and masks slots at or past n (keys `key0 + column`).
-__device__ __forceinline__ void scale_and_mask(float (&s)[32], int key0, int n, float scale2,
-                                               int qd, float (&mx)[2]) {
+// Masks slots at or past n (keys `key0 + column`) with -inf and returns each row's maximum in
+// the log2 domain. S itself stays unscaled: exponentiate folds the scale into one FFMA. The
+// scale is positive, so the scaled maximum, rounded once, is the maximum of the scaled and
+// rounded values - the same running maxima as scaling every element first.
+__device__ __forceinline__ void mask_and_max(float (&s)[32], int key0, int n, float scale2,
+                                             int qd, float (&mx)[2]) {
   mx[0] = mx[1] = -INFINITY;
 #pragma unroll
   for (int i = 0; i < 8; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int key = key0 + 8 * i + 2 * qd + (j & 1);
-      const float v = key < n ? s[4 * i + j] * scale2 : -INFINITY;
+      const float v = key < n ? s[4 * i + j] : -INFINITY;
       s[4 * i + j] = v;
       mx[j >> 1] = fmaxf(mx[j >> 1], v);
     }
@@ -122,15 +125,17 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], int key0, int n, 
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    mx[r] *= scale2;
   }
 }
 
-// P = exp2(S - m) in place (fp32), its row partial sums added to l, and its bf16 A fragments.
-__device__ __forceinline__ void exponentiate(float (&s)[32], const float (&m)[2], float (&l)[2],
-                                             std::uint32_t (&p)[16]) {
+// P = exp2(S * scale2 - m) in place (fp32; masked slots -inf -> 0, m is finite: the running
+// maximum starts at the sink), its row partial sums added to l, and its bf16 A fragments.
+__device__ __forceinline__ void exponentiate(float (&s)[32], float scale2, const float (&m)[2],
+                                             float (&l)[2], std::uint32_t (&p)[16]) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
-    s[i] = exp2f(s[i] - m[(i >> 1) & 1]);
+    s[i] = exp2_ftz(fmaf(s[i], scale2, -m[(i >> 1) & 1]));
     l[(i >> 1) & 1] += s[i];
   }
 #pragma unroll
@@ -404,15 +409,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         stamp(local, pair, 0);
         if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
         float mx[2];
-        scale_and_mask(s, 2 * pair * kKeys, n, scale2, qd, mx);
+        mask_and_max(s, 2 * pair * kKeys, n, scale2, qd, mx);
         float m0[2], f[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           m0[r] = fmaxf(m_run[r], mx[r]);
-          f[r] = exp2f(m_run[r] - m0[r]);
+          f[r] = exp2_ftz(m_run[r] - m0[r]);
         }
         rescale_if_moved(o, l_part, f);
-        exponentiate(s, m0, l_part, p);
+        exponentiate(s, scale2, m0, l_part, p);
         // P_0 (at m_0, never rescaled) and m_0 for consumer 1, before this consumer's own
         // product: consumer 1's O += P_0 V_0[:, 256:512] then runs beside its softmax and
         // buffer 0 is free half a pair earlier than if P_0 waited for m_1. The tile is
@@ -437,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           m_run[r] = row_max[r == 0 ? row0 : row1];
-          f[r] = exp2f(m0[r] - m_run[r]);
+          f[r] = exp2_ftz(m0[r] - m_run[r]);
         }
         rescale_if_moved(o, l_part, f);
         stamp(local, pair, 4);
@@ -483,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
 
         float mx[2];
-        scale_and_mask(s, (2 * pair + 1) * kKeys, n, scale2, qd, mx);
+        mask_and_max(s, (2 * pair + 1) * kKeys, n, scale2, qd, mx);
         named_barrier_sync(kBarM0P0, kConsumerThreads);
         stamp(local, pair, 4);
         // O to m_0, then O += P_0 V_0[:, 256:512] (P_0 from shared memory) in flight while
@@ -493,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int r = 0; r < 2; ++r) {
           m0[r] = row_max[r == 0 ? row0 : row1];
           m1[r] = fmaxf(m0[r], mx[r]);
-          f[r] = exp2f(m_run[r] - m0[r]);
+          f[r] = exp2_ftz(m_run[r] - m0[r]);
           m_run[r] = m1[r];
         }
         rescale_if_moved(o, l_part, f);
@@ -503,10 +508,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The row sums move to m_1 now (before P_1's terms join them); O after its product.
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          f[r] = exp2f(m0[r] - m1[r]);
+          f[r] = exp2_ftz(m0[r] - m1[r]);
           l_part[r] *= f[r];
         }
-        exponentiate(s, m1, l_part, p);
+        exponentiate(s, scale2, m1, l_part, p);
         publish_p(p1_s, p, row_max, m1, row0, qd);
         named_barrier_arrive(kBarM1P1, kConsumerThreads);
         stamp(local, pair, 5);
@@ -585,6 +590,8 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   if (d.rows <= 0) return;
   require(d.head_dim == kDim, ErrorKind::Unsupported,
           "the wgmma attention kernel needs head_dim 512, got " + std::to_string(d.head_dim));
+  require(d.scale > 0.0f, ErrorKind::InvalidArgument,
+          "the wgmma attention kernel takes a positive softmax scale (its row maxima are taken before scaling)");
   const std::size_t smem = wgmma_smem_bytes(d);
   auto kernel = sparse_attention_wgmma_kernel;
   allow_dynamic_smem(kernel, smem, "the wgmma attention kernel (its shared memory grows with index_topk)");
