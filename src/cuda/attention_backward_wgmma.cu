@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         const int key = key_tile(tile) * kKeys + 8 * (j >> 2) + 2 * qd + (j & 1);
-        s[j] = key < n ? exp2f(s[j] * scale2 - ((j & 2) ? l2b : l2a)) : 0.0f;
+        s[j] = key < n ? exp2_ftz(fmaf(s[j], scale2, -((j & 2) ? l2b : l2a))) : 0.0f;
       }
 #pragma unroll
       for (int j = 0; j < 16; ++j) p[j] = pack_bf16(s[2 * j], s[2 * j + 1]);
