@@ -287,8 +287,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // og + 16, og + 32, og + 48, from pointers it resolved once a pair: a warp instruction is
       // 4 rows x 128 contiguous bytes and needs no shuffle (a warp a row, each copy shuffling
       // the row's pointer to the warp, kept the producer issuing ~75% of its time on the H200
-      // and lost 1-3% on the H100). Those rows share row % 8, so the swizzled destination is
-      // one per-thread base plus constants.
+      // and ran 0-6% slower on the H100, perf.md twenty-fifth session). Those rows share
+      // row % 8, so the swizzled destination is one per-thread base plus constants.
       auto gather_half = [&](const bf16* const (&rows)[4], int buf, int h) {
         const std::uint32_t dst = own_dst + buf * kTileBytes;
 #pragma unroll
