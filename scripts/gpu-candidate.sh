@@ -7,9 +7,10 @@
 #   2. if they passed, times the benchmark sections CSATTN_BENCH_SECTIONS (default
 #      attention,attention_backward) on this tree and on the candidate, alternately, for
 #      BENCH_ROUNDS rounds (scripts/gpu-bench-trees.sh; tables in $OUT/summary.txt).
-# Environment variables reach both trees; a tree ignores a kernel switch it does not know,
-# so e.g. CSATTN_ATTENTION_GATHER=owned picks a candidate's new path without touching this
-# tree's run. Here, first:
+# Environment variables reach both trees; a tree ignores a kernel switch it does not know.
+# Prefer a candidate tree with only the new path over a run-time switch between paths: a
+# second path in the same kernel can change ptxas's schedule for both (the twenty-fifth
+# session's shuffled gather ran 10-15% slower beside the owned one). Here, first:
 #   bash scripts/prepare-device-deps.sh && bash scripts/prepare-bench-tree.sh <commit>
 # then call the device tool with carry: [".device"], command:
 #   "CANDIDATE=.device/trees/<commit> bash scripts/gpu-candidate.sh"
