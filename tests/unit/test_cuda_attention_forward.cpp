@@ -447,6 +447,27 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{"HCA_H128_growing", 128, 128, 128, 0, {30000}, 80, 70, false, 4.0f}),
     attn_case_name);
 
+// The wgmma kernel takes its row maxima before scaling (exact only for a positive scale): a
+// zero or negative scale is refused before anything touches the device, so this runs
+// without a GPU too.
+TEST(CudaAttentionForwardArgs, NonPositiveScaleIsRefused) {
+  for (float scale : {0.0f, -0.04f}) {
+    LayerDims d;
+    d.rows = 1;
+    d.heads = 64;
+    d.head_dim = 512;
+    d.scale = scale;
+    try {
+      cuda::launch_sparse_attention_wgmma(d, DeviceMetadata{}, nullptr, nullptr, nullptr, nullptr,
+                                          nullptr, nullptr, nullptr, nullptr);
+      ADD_FAILURE() << "scale " << scale << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("softmax scale"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace csattn
 
