@@ -133,10 +133,10 @@ __device__ __forceinline__ void keyed_wgmma_walk(const LayerDims& d, const Devic
       for (int i = 0; i < 8; ++i) {
         const int h = 8 * i + 2 * qd;
         const float l0 = lse2_s[h], l1 = lse2_s[h + 1];
-        p[2 * i] = pack_bf16(vis0 ? exp2f(s[4 * i] * scale2 - l0) : 0.0f,
-                             vis0 ? exp2f(s[4 * i + 1] * scale2 - l1) : 0.0f);
-        p[2 * i + 1] = pack_bf16(vis1 ? exp2f(s[4 * i + 2] * scale2 - l0) : 0.0f,
-                                 vis1 ? exp2f(s[4 * i + 3] * scale2 - l1) : 0.0f);
+        p[2 * i] = pack_bf16(vis0 ? exp2_ftz(fmaf(s[4 * i], scale2, -l0)) : 0.0f,
+                             vis0 ? exp2_ftz(fmaf(s[4 * i + 1], scale2, -l1)) : 0.0f);
+        p[2 * i + 1] = pack_bf16(vis1 ? exp2_ftz(fmaf(s[4 * i + 2], scale2, -l0)) : 0.0f,
+                                 vis1 ? exp2_ftz(fmaf(s[4 * i + 3], scale2, -l1)) : 0.0f);
       }
       store_fragment(smem + Smem::p, p, row0, qd);
       fence_proxy_async_smem();  // st.shared -> WG1's wgmma

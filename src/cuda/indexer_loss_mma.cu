@@ -478,9 +478,9 @@ __global__ void __launch_bounds__(kThreads, kGradOnly ? 2 : 1)
             float mx = fmaxf(fmaxf(z[0][2 * r], z[0][2 * r + 1]), fmaxf(z[1][2 * r], z[1][2 * r + 1]));
             const float mn = fmaxf(m_run[r], mx);
             if (mn != -INFINITY) {
-              l_run[r] = l_run[r] * exp2f(m_run[r] - mn) + exp2f(z[0][2 * r] - mn) +
-                         exp2f(z[0][2 * r + 1] - mn) + exp2f(z[1][2 * r] - mn) +
-                         exp2f(z[1][2 * r + 1] - mn);
+              l_run[r] = l_run[r] * exp2_ftz(m_run[r] - mn) + exp2_ftz(z[0][2 * r] - mn) +
+                         exp2_ftz(z[0][2 * r + 1] - mn) + exp2_ftz(z[1][2 * r] - mn) +
+                         exp2_ftz(z[1][2 * r + 1] - mn);
               m_run[r] = mn;
             }
           }
@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(kThreads, kGradOnly ? 2 : 1)
 #pragma unroll
           for (int j = 0; j < 2; ++j)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) z[j][i] = exp2f(z[j][i] - (i < 2 ? l0 : l1));
+            for (int i = 0; i < 4; ++i) z[j][i] = exp2_ftz(z[j][i] - (i < 2 ? l0 : l1));
           head_sum_to(z, lane, part_t + (4 * gi + wr) * kKeys + 16 * hh);
         }
       }

@@ -213,8 +213,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int key = tile * kKeys + 8 * i + 2 * qd + j;
-          const float p0 = real0 && key < n ? exp2f(s[4 * i + j] * scale2 - l0) : 0.0f;
-          const float p1 = real1 && key < n ? exp2f(s[4 * i + 2 + j] * scale2 - l1) : 0.0f;
+          const float p0 = real0 && key < n ? exp2_ftz(fmaf(s[4 * i + j], scale2, -l0)) : 0.0f;
+          const float p1 = real1 && key < n ? exp2_ftz(fmaf(s[4 * i + 2 + j], scale2, -l1)) : 0.0f;
           float v = p0 + p1;
           v += __shfl_xor_sync(0xffffffffu, v, 4);
           v += __shfl_xor_sync(0xffffffffu, v, 8);
