@@ -11,9 +11,8 @@
 //     16-byte chunk of each 128-byte line) by halves of the dims (buffer 0 dims
 //     0-255, buffer 0 dims 256-511, buffer 1 dims 256-511, buffer 1 dims 0-255: the order the
 //     consumers free them), each half signalled on its own `ready` mbarrier and refilled after
-//     its own `free` mbarrier; loads the item's Q after its first pair's gathers, once both
-//     consumers' TMA stores of the previous item's O have read the Q tile they were staged in
-//     (q_empty).
+//     its own `free` mbarrier; loads the item's Q once both consumers' last S of the previous
+//     item has read Q (q_empty), so a CTA's set-up overlaps the previous item's tail.
 //   WG1, WG2, consumers c = 0, 1 (208 registers): consumer c computes S_c = Q K_c^T for its own
 //     tile over all 512 dims (32 x wgmma m64n64k16: as many shared-memory bytes per tensor
 //     cycle as the pipe delivers, where a 32-key S would need 1.5x) and owns output dims
@@ -34,8 +33,7 @@
 //     no row of the warp moved its max, the common case after a row's first tiles).
 // Shared memory (1024-byte aligned, every operand in 128-byte-swizzle atoms, see wgmma.cuh):
 //   Q [64 x 512] 64 KB | key buffers 0, 1 [64 x 512] 128 KB | P_0, P_1 [64 x 64] 16 KB |
-//   barriers, published maxima, row sums, key counts | CSA: the compacted top-k ids. An item's
-//   normalised O (bf16) is staged in the Q tile for its TMA stores.
+//   barriers, published maxima, row sums, key counts | CSA: the compacted top-k ids.
 // A [R x 512] tile (R = 64 rows) is 8 column blocks of [R x 64 dims] (R x 128 bytes), row r at
 // r * 128, 16-byte chunk c at c ^ (r % 8), so dims 0-255 are the tile's first 32 KB. K-major
 // operands (Q, keys for S, P) step 8 rows by SBO = 1024; the MN-major V operand steps 8 keys by
@@ -56,7 +54,6 @@
 #include "cuda/kernels.hpp"
 #include "cuda/mma_util.cuh"
 #include "cuda/phase_stamp.cuh"
-#include "cuda/tma.hpp"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
 #include "cuda/wgmma_tile.cuh"
@@ -102,7 +99,6 @@ constexpr int kBarM0P0 = 1;     // c0 -> c1: m_0 and P_0 published
 constexpr int kBarM1P1 = 2;     // c1 -> c0: m_1 and P_1 published
 constexpr int kBarSums = 3;     // both: the row sums of an item
 constexpr int kProducerBar = 4;
-constexpr int kBarStage = 5;    // 5 + c: consumer c's O staged in the Q tile (its 128 threads)
 
 std::size_t wgmma_smem_bytes(const LayerDims& d) {
   // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
@@ -193,8 +189,8 @@ __device__ __forceinline__ void publish_p(unsigned char* tile, const std::uint32
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
-                                  const std::int32_t* topk, const __grid_constant__ CUtensorMap out_map,
-                                  float* lse, int head_blocks, int items, unsigned* stamps) {
+                                  const std::int32_t* topk, bf16* out, float* lse,
+                                  int head_blocks, int items, unsigned* stamps) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + align_1024_pad(smem_raw);  // wgmma's swizzle atoms
   const std::uint32_t base = smem_addr(smem);
@@ -229,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_init(free_bar(b, h), 4);                  // one arrival per warp of the freeing consumer
       }
     mbar_init(q_full_bar, kProducerThreads + 1);  // cp.async arrivals + the key count's
-    mbar_init(q_empty_bar, 2);  // each consumer's O store has read the staged Q tile
+    mbar_init(q_empty_bar, kConsumerThreads / 32);
     mbar_init_fence();
   }
   __syncthreads();
@@ -268,10 +264,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bf16* win_base = kv + static_cast<long>(win.row0) * kDim;
       const bf16* comp_base = comp + static_cast<long>(comp0) * kDim;
 
-      // Q of this item once the previous item's O, staged in the Q tile, has left (issued after
-      // this item's first pair's gathers, which overlap the previous item's end: their buffers
-      // are freed during its last pair); rows past H are zero-filled by the copy itself
-      // (source size 0).
+      // Q of this item once the consumers' S no longer reads the previous one (issued after
+      // this item's first half tile, so that gather overlaps the wait); rows past H are
+      // zero-filled by the copy itself (source size 0).
       auto load_q = [&]() {
         mbar_wait(q_empty_bar, (local & 1) ^ 1);
         load_q_tile<kProducerThreads>(base + kQOff, q, t, H, h0, tid);
@@ -323,6 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(free_bar(0, 0), phase);
         stamp(local, pair, 1);
         gather_half(own[0], 0, 0);
+        if (pair == 0) load_q();
         mbar_wait(free_bar(0, 1), phase);
         stamp(local, pair, 2);
         gather_half(own[0], 0, 1);
@@ -332,7 +328,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(free_bar(1, 0), phase);
         stamp(local, pair, 4);
         gather_half(own[1], 1, 0);
-        if (pair == 0) load_q();
         stamp(local, pair, 5);
       }
       stamp_item(local, 2);
@@ -366,6 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async_smem();  // the producer's cp.async writes of Q -> wgmma
     const int n = item_keys[local & 1];
     const int pairs = (n + 2 * kKeys - 1) / (2 * kKeys);
+    if (pairs == 0 && lane == 0) mbar_arrive(q_empty_bar);  // no S reads this Q
 
     float m_run[2] = {(h0 + row0 < H ? sink[h0 + row0] : 0.0f) * kLog2e,
                       (h0 + row1 < H ? sink[h0 + row1] : 0.0f) * kLog2e};
@@ -411,6 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
         stamp(local, pair, 0);
+        if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
         float mx[2];
         mask_and_max(s, 2 * pair * kKeys, n, scale2, qd, mx);
         float m0[2], f[2];
@@ -488,6 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         wgmma_pin(s);
         stamp(local, pair, 3);
+        if (pair == pairs - 1 && lane == 0) mbar_arrive(q_empty_bar);  // last S of the item
 
         float mx[2];
         mask_and_max(s, (2 * pair + 1) * kKeys, n, scale2, qd, mx);
@@ -552,32 +550,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float l0 = sums[row0] + sums[kRows + row0];
     const float l1 = sums[row1] + sums[kRows + row1];
     const float inv[2] = {1.0f / l0, 1.0f / l1};
-    // O leaves through the Q tile, dead since both consumers' last S: each consumer writes its
-    // 256 dims (bf16, the swizzled [64 x 64] blocks 4c .. 4c + 3, the layout of a TMA box) and
-    // one thread stores them with four TMA boxes, which clip head rows past H. The stores then
-    // bypass the load/store unit the producer's gathers of the next item use, and the next
-    // item's Q is loaded once the boxes are read (q_empty).
-    unsigned char* stage = smem + kQOff + 4 * c * kBlockBytes;
+    // 8-byte stores: lane pairs (qd, qd ^ 1) swap one bf16 pair so that the even lane holds
+    // dims 8i + 2qd .. +3 of column group i and the odd lane those of group i + 1.
+    const bool odd = (qd & 1) != 0;
 #pragma unroll
-    for (int blk = 0; blk < 4; ++blk) {
-      std::uint32_t ob[16];
+    for (int r = 0; r < 2; ++r) {
+      const int row = r == 0 ? row0 : row1;
+      bf16* orow = out + (static_cast<long>(t) * H + h0 + row) * kDim + 256 * c;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int k = 8 * blk + i;
-        ob[2 * i] = pack_bf16(o[4 * k] * inv[0], o[4 * k + 1] * inv[0]);
-        ob[2 * i + 1] = pack_bf16(o[4 * k + 2] * inv[1], o[4 * k + 3] * inv[1]);
+      for (int i = 0; i < 32; i += 2) {
+        const std::uint32_t a = pack_bf16(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        const std::uint32_t b =
+            pack_bf16(o[4 * (i + 1) + 2 * r] * inv[r], o[4 * (i + 1) + 2 * r + 1] * inv[r]);
+        const std::uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
+        const int dim = odd ? 8 * (i + 1) + 2 * (qd - 1) : 8 * i + 2 * qd;
+        if (h0 + row < H)
+          *reinterpret_cast<uint2*>(orow + dim) = odd ? make_uint2(got, b) : make_uint2(a, got);
       }
-      store_fragment(stage + blk * kBlockBytes, ob, row0, qd);
-    }
-    fence_proxy_async_smem();  // st.shared -> the TMA store (async proxy)
-    named_barrier_sync(kBarStage + c, kConsumerThreads / 2);
-    if ((warp & 3) == 0 && lane == 0) {
-#pragma unroll
-      for (int blk = 0; blk < 4; ++blk)
-        tma_store_3d(&out_map, q_base + (4 * c + blk) * kBlockBytes, 256 * c + 64 * blk, h0, t);
-      bulk_commit();
-      bulk_wait_read();
-      mbar_arrive(q_empty_bar);
     }
     if (c == 0 && qd == 0) {
       if (h0 + row0 < H) lse[static_cast<long>(t) * H + h0 + row0] = (m_run[0] + log2f(l0)) * kLn2;
@@ -585,7 +574,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     stamp_item(local, 3);
   }
-  if ((warp & 3) == 0 && lane == 0) bulk_wait_all();  // this thread's O stores are complete
 }
 
 }  // namespace
@@ -613,8 +601,7 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   // Persistent: one CTA per multiprocessor (the kernel's shared memory allows one).
   const int sms = multiprocessor_count();
   const int grid = static_cast<int>(std::min<long>(items, sms));
-  const CUtensorMap out_map = bf16_heads_tensor_map(out, d.rows, d.heads, kDim, kRows, 64);
-  kernel<<<grid, kThreads, smem, stream>>>(d, meta, q, kv, comp, sink, topk, out_map, lse, head_blocks,
+  kernel<<<grid, kThreads, smem, stream>>>(d, meta, q, kv, comp, sink, topk, out, lse, head_blocks,
                                            static_cast<int>(items), phase_stamps);
   CSATTN_CUDA_LAUNCH_CHECK();
 }

@@ -1,4 +1,4 @@
-// bf16_rows_tensor_map and bf16_heads_tensor_map (tma.hpp).
+// bf16_rows_tensor_map (tma.hpp).
 #include "cuda/tma.hpp"
 
 #include <cudaTypedefs.h>
@@ -42,29 +42,6 @@ CUtensorMap bf16_rows_tensor_map(const bf16* base, long rows, int cols, int box_
   require(r == CUDA_SUCCESS, ErrorKind::Unsupported,
           "cuTensorMapEncodeTiled refused a " + std::to_string(rows) + " x " + std::to_string(cols) +
               " bf16 map (error " + std::to_string(static_cast<int>(r)) +
-              "; the base must be 16-byte aligned and each row a multiple of 16 bytes)");
-  return map;
-}
-
-CUtensorMap bf16_heads_tensor_map(const bf16* base, long tokens, int heads, int cols, int box_heads,
-                                  int box_cols) {
-  require(tokens > 0 && heads > 0 && cols > 0 && box_cols * 2 == 128 && box_heads > 0 && box_heads <= 256,
-          ErrorKind::InvalidArgument,
-          "bf16_heads_tensor_map: bad shape " + std::to_string(tokens) + " x " + std::to_string(heads) + " x " +
-              std::to_string(cols) + ", box " + std::to_string(box_heads) + " x " + std::to_string(box_cols));
-  CUtensorMap map{};
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(heads),
-                              static_cast<cuuint64_t>(tokens)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * 2,
-                                 static_cast<cuuint64_t>(cols) * 2 * static_cast<cuuint64_t>(heads)};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_heads), 1};
-  const cuuint32_t step[3] = {1, 1, 1};
-  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(base), dims,
-                               strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  require(r == CUDA_SUCCESS, ErrorKind::Unsupported,
-          "cuTensorMapEncodeTiled refused a " + std::to_string(tokens) + " x " + std::to_string(heads) + " x " +
-              std::to_string(cols) + " bf16 map (error " + std::to_string(static_cast<int>(r)) +
               "; the base must be 16-byte aligned and each row a multiple of 16 bytes)");
   return map;
 }

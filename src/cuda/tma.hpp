@@ -17,10 +17,4 @@ namespace csattn::cuda {
 // lacks the encoder or refuses the map (base not 16-byte aligned, cols * 2 not a multiple of 16).
 CUtensorMap bf16_rows_tensor_map(const bf16* base, long rows, int cols, int box_rows, int box_cols);
 
-// A [tokens x heads x cols] bf16 array (row-major, contiguous) as a 3-D map with
-// [1 x box_heads x box_cols] boxes and the same 128-byte swizzle. For TMA stores of a work
-// item's head rows: rows past `heads` are clipped by the hardware, never written into the next
-// token's rows. Throws as above (box_heads in 1..256, box_cols * 2 == 128).
-CUtensorMap bf16_heads_tensor_map(const bf16* base, long tokens, int heads, int cols, int box_heads, int box_cols);
-
 }  // namespace csattn::cuda

@@ -47,22 +47,6 @@ __device__ __forceinline__ void tma_load_2d(std::uint32_t dst, const void* map, 
       ::"r"(dst), "l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
-// TMA store: the shared-memory box at src to (x = column, y, z) of the 3-D tensor map `map`
-// (a __grid_constant__ kernel parameter, tma.hpp); elements past the map's extent are not
-// written. Tracked by this thread's bulk async-groups (bulk_commit / bulk_wait_read).
-__device__ __forceinline__ void tma_store_3d(const void* map, std::uint32_t src, int x, int y, int z) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
-               ::"l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(src)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// This thread's committed bulk groups have read their shared-memory sources (which may then
-// be rewritten); their global writes may still be in flight.
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-// This thread's committed bulk groups are complete.
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // One arrive-on the barrier once all of this thread's earlier cp.async copies have landed
 // (.noinc: the arrival counts against the barrier's expected count, which must include it).
 __device__ __forceinline__ void cp_async_mbar_arrive(std::uint32_t bar) {
