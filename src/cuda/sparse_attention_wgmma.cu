@@ -33,8 +33,7 @@
 //     no row of the warp moved its max, the common case after a row's first tiles).
 // Shared memory (1024-byte aligned, every operand in 128-byte-swizzle atoms, see wgmma.cuh):
 //   Q [64 x 512] 64 KB | key buffers 0, 1 [64 x 512] 128 KB | P_0, P_1 [64 x 64] 16 KB |
-//   barriers, published maxima, row sums, key counts | CSA: the compacted top-k ids of this
-//   item and the next (planned during this item's first pair).
+//   barriers, published maxima, row sums, key counts | CSA: the compacted top-k ids.
 // A [R x 512] tile (R = 64 rows) is 8 column blocks of [R x 64 dims] (R x 128 bytes), row r at
 // r * 128, 16-byte chunk c at c ^ (r % 8), so dims 0-255 are the tile's first 32 KB. K-major
 // operands (Q, keys for S, P) step 8 rows by SBO = 1024; the MN-major V operand steps 8 keys by
@@ -90,7 +89,7 @@ constexpr int kMaxOff = kBarOff + 10 * 8;               // published row maxima 
 constexpr int kSumOff = kMaxOff + 2 * kRows * 4;        // row sums [2 items][2 consumers][64]
 constexpr int kCountOff = kSumOff + 4 * kRows * 4;      // producer warp counts [4]
 constexpr int kItemOff = kCountOff + (kProducerThreads / 32) * 4;  // key counts [2]
-constexpr int kSelOff = kItemOff + 2 * 4;               // CSA ids [2][topk]
+constexpr int kSelOff = kItemOff + 2 * 4;               // CSA ids [topk]
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -102,9 +101,8 @@ constexpr int kBarSums = 3;     // both: the row sums of an item
 constexpr int kProducerBar = 4;
 
 std::size_t wgmma_smem_bytes(const LayerDims& d) {
-  // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel. CSA: two compacted
-  // top-k rows (this item's and the next one's, planned ahead).
-  return 1024 + kSelOff + (d.ratio == 4 ? 2 * sizeof(int) * static_cast<std::size_t>(d.topk) : 0);
+  // + 1 KB: the dynamic base is aligned up to 1024 bytes in the kernel.
+  return 1024 + kSelOff + (d.ratio == 4 ? sizeof(int) * static_cast<std::size_t>(d.topk) : 0);
 }
 
 // Masks slots at or past n (keys `key0 + column`) with -inf and returns each row's maximum in
@@ -238,56 +236,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool csa = d.ratio == 4;
     const int og = tid >> 3, oc = tid & 7;  // key gather: row group, 16-byte chunk
     const std::uint32_t own_dst = base + kKOff + og * 128 + ((oc ^ (og & 7)) << 4);
-    // An item's key list (same order as build_key_list: window rows, then compressed rows;
-    // CSA: its top-k row compacted into sel_s buffer `local & 1`), planned one item ahead:
-    // the metadata loads and the compaction (16 producer barriers at top-k 1024) are a chain
-    // of latencies that, run at the item's start, delayed its first gathers past the previous
-    // item's end. Planned during the previous item's first pair they overlap its pairs.
-    struct Plan {
-      int n_win, n, win_row0, comp0;
-    };
-    auto plan_item = [&](int item, int local) -> Plan {
-      const int t = item / head_blocks;
+    int ring = 0;  // pairs issued so far (barrier phases)
+    int local = 0;
+    for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
+      stamp_item(local, 0);
+      const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
+      // The next item's Q rows (64 KB, contiguous) and top-k row into L2 while this one runs:
+      // its set-up then waits on L2, not device memory.
+      if (item + static_cast<int>(gridDim.x) < items)
+        prefetch_item_l2<kProducerThreads>(q, csa ? topk : nullptr, d.topk, (item + gridDim.x) / head_blocks, H,
+                                           ((item + gridDim.x) % head_blocks) * kRows, tid);
+      // The key list (same order as build_key_list): window rows, then compressed rows.
       const int b = meta.row_segment[t], pos = meta.row_position[t];
       const QueryWindow win = query_window(d, meta, b, pos);
+      const int n_win = win.n;
       const int comp0 = meta.comp_start[b];
       int n_comp;
       if (csa)
         n_comp = compact_valid_ids<kProducerThreads>(
-            topk + static_cast<long>(t) * d.topk, d.topk, sel_s + (local & 1) * d.topk, warp_count,
+            topk + static_cast<long>(t) * d.topk, d.topk, sel_s, warp_count,
             [] { named_barrier_sync(kProducerBar, kProducerThreads); });
       else
         n_comp = d.ratio > 1 ? min((pos + 1) / d.ratio, meta.comp_start[b + 1] - comp0) : 0;
-      return {win.n, win.n + n_comp, win.row0, comp0};
-    };
-    int ring = 0;  // pairs issued so far (barrier phases)
-    int local = 0;
-    Plan next{};
-    if (static_cast<int>(blockIdx.x) < items) next = plan_item(blockIdx.x, 0);
-    for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
-      stamp_item(local, 0);
-      const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
-      const int following = item + gridDim.x;
-      // The next item's Q rows (64 KB, contiguous; loaded in its first pair) and the top-k
-      // row of the item after it (compacted during the next item's first pair) into L2 while
-      // this one runs: those then wait on L2, not device memory.
-      if (following < items)
-        prefetch_item_l2<kProducerThreads>(q, nullptr, d.topk, following / head_blocks, H,
-                                           (following % head_blocks) * kRows, tid);
-      if (csa && following + static_cast<int>(gridDim.x) < items)
-        prefetch_topk_l2<kProducerThreads>(topk, d.topk, (following + gridDim.x) / head_blocks, tid);
-      const Plan cur = next;
-      bool planned = false;
-      auto plan_next = [&]() {
-        if (!planned && following < items) next = plan_item(following, local + 1);
-        planned = true;
-      };
-      const int* sel = sel_s + (local & 1) * d.topk;
-      const int n_win = cur.n_win, n = cur.n;
+      const int n = n_win + n_comp;
       const int pairs = (n + 2 * kKeys - 1) / (2 * kKeys);
       stamp_item(local, 1);
-      const bf16* win_base = kv + static_cast<long>(cur.win_row0) * kDim;
-      const bf16* comp_base = comp + static_cast<long>(cur.comp0) * kDim;
+      const bf16* win_base = kv + static_cast<long>(win.row0) * kDim;
+      const bf16* comp_base = comp + static_cast<long>(comp0) * kDim;
 
       // Q of this item once the consumers' S no longer reads the previous one (issued after
       // this item's first half tile, so that gather overlaps the wait); rows past H are
@@ -306,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (slot >= n) slot = 0;  // past the list: a real row (finite), masked by the consumers
         if (slot < n_win) return win_base + static_cast<long>(slot) * kDim;
         const int j = slot - n_win;
-        return comp_base + static_cast<long>(csa ? sel[j] : j) * kDim;
+        return comp_base + static_cast<long>(csa ? sel_s[j] : j) * kDim;
       };
       // Thread (og, oc) copies the 16-byte chunk oc of every 64-dim block of its rows og,
       // og + 16, og + 32, og + 48, from pointers it resolved once a pair: a warp instruction is
@@ -353,13 +328,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(free_bar(1, 0), phase);
         stamp(local, pair, 4);
         gather_half(own[1], 1, 0);
-        if (pair == 0) plan_next();  // the producer would wait for free(0, 0) next
         stamp(local, pair, 5);
       }
-      plan_next();  // an item without keys
       stamp_item(local, 2);
-      // The compaction's warp counts are rewritten by the item after next's plan only after
-      // every lane of the warpgroup is done with this item's.
+      // sel_s is rewritten by the next item's compaction only after every lane of the
+      // warpgroup resolved its rows of this item.
       named_barrier_sync(kProducerBar, kProducerThreads);
       stamp_item(local, 3);
     }
