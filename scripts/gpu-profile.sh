@@ -50,6 +50,9 @@ if [ "${PROFILE_NCU:-1}" != 0 ]; then
       --launch-skip "$skip" --launch-count 1 "${what[@]}" --export "/tmp/ncu_$name" --force-overwrite \
       build-gpu/csattn_cuda_bench "/tmp/ncu_bench_$section.json" > "/tmp/ncu_$name.txt" 2>&1
     echo "ncu rc $?"
+    # With --export, ncu prints no sections to stdout: the details page comes from the report.
+    [ -f "/tmp/ncu_$name.ncu-rep" ] &&
+      ncu --import "/tmp/ncu_$name.ncu-rep" --page details >> "/tmp/ncu_$name.txt" 2>&1
     cat "/tmp/ncu_$name.txt" >> "$OUT/ncu.txt"  # few files come back: one report
     grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Executed Ipc A|L1/TEX Hit|L2 Hit|DRAM Throughput|Warp Cycles Per Issued|Issue Slots Busy" \
       "/tmp/ncu_$name.txt" | sed 's/^ */  /' | head -16
