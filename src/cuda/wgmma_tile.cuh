@@ -36,25 +36,6 @@ __device__ __forceinline__ void load_q_tile(std::uint32_t dst, const __nv_bfloat
   }
 }
 
-// The top-k row of token nt (K ids) into L2, over kThreads threads.
-template <int kThreads>
-__device__ __forceinline__ void prefetch_topk_l2(const std::int32_t* topk, int K, int nt, int tid) {
-  const char* tn = reinterpret_cast<const char*>(topk + static_cast<long>(nt) * K);
-  for (int i = tid; i < (K * 4 + 127) / 128; i += kThreads) prefetch_l2(tn + i * 128);
-}
-
-// load_q_tile with an L2 cache policy on its reads (Q is read once: l2_evict_first_policy).
-template <int kThreads>
-__device__ __forceinline__ void load_q_tile(std::uint32_t dst, const __nv_bfloat16* q, int t, int H, int h0,
-                                            int tid, std::uint64_t policy) {
-  for (int i = tid; i < 64 * 64; i += kThreads) {
-    const int r = i >> 6, c = i & 63;
-    const bool real = h0 + r < H;
-    cp_async_16_zfill_hint(dst + tile_off(r, c),
-                           q + (static_cast<long>(t) * H + (real ? h0 + r : 0)) * 512 + c * 8, real, policy);
-  }
-}
-
 // A persistent kernel's next work item into L2 while this one runs (its set-up then waits on
 // L2, not device memory): the Q rows of token nt, head rows nh .. (up to 64 of H), and, with
 // a top-k (K ids a row, null: none), its top-k row.
@@ -64,7 +45,10 @@ __device__ __forceinline__ void prefetch_item_l2(const __nv_bfloat16* q, const s
   const char* qn = reinterpret_cast<const char*>(q + (static_cast<long>(nt) * H + nh) * 512);
   const int q_lines = min(64, H - nh) * (512 * 2 / 128);
   for (int i = tid; i < q_lines; i += kThreads) prefetch_l2(qn + i * 128);
-  if (topk != nullptr) prefetch_topk_l2<kThreads>(topk, K, nt, tid);
+  if (topk != nullptr) {
+    const char* tn = reinterpret_cast<const char*>(topk + static_cast<long>(nt) * K);
+    for (int i = tid; i < (K * 4 + 127) / 128; i += kThreads) prefetch_l2(tn + i * 128);
+  }
 }
 
 // Byte offset of the bf16 pair at row `row`, columns 8 i + 2 qd, +1 of a [64 x 64] tile: where
