@@ -236,16 +236,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool csa = d.ratio == 4;
     const int og = tid >> 3, oc = tid & 7;  // key gather: row group, 16-byte chunk
     const std::uint32_t own_dst = base + kKOff + og * 128 + ((oc ^ (og & 7)) << 4);
+    // Q is loaded (read once) under evict_first, and O stored so: the Q and O streams (0.5-1 GB
+    // a launch) would otherwise take L2 from the key rows every item gathers again (perf.md,
+    // twenty-sixth session: +1-4%, most at Flash 64K keys).
+    const std::uint64_t stream_policy = l2_evict_first_policy();
     int ring = 0;  // pairs issued so far (barrier phases)
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
       stamp_item(local, 0);
       const int t = item / head_blocks, h0 = (item % head_blocks) * kRows;
-      // The next item's Q rows (64 KB, contiguous) and top-k row into L2 while this one runs:
-      // its set-up then waits on L2, not device memory.
-      if (item + static_cast<int>(gridDim.x) < items)
-        prefetch_item_l2<kProducerThreads>(q, csa ? topk : nullptr, d.topk, (item + gridDim.x) / head_blocks, H,
-                                           ((item + gridDim.x) % head_blocks) * kRows, tid);
+      // The next item's Q rows (64 KB, contiguous) and top-k row into L2 while this one runs,
+      // at normal priority (its set-up then waits on L2, not device memory; prefetched under
+      // evict_first by one bulk prefetch, Q lost 0.5-1% at Pro, perf.md twenty-sixth session).
+      const int following = item + gridDim.x;
+      if (following < items) {
+        const int nt = following / head_blocks, nh = (following % head_blocks) * kRows;
+        prefetch_item_l2<kProducerThreads>(q, csa ? topk : nullptr, d.topk, nt, H, nh, tid);
+      }
       // The key list (same order as build_key_list): window rows, then compressed rows.
       const int b = meta.row_segment[t], pos = meta.row_position[t];
       const QueryWindow win = query_window(d, meta, b, pos);
@@ -269,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // zero-filled by the copy itself (source size 0).
       auto load_q = [&]() {
         mbar_wait(q_empty_bar, (local & 1) ^ 1);
-        load_q_tile<kProducerThreads>(base + kQOff, q, t, H, h0, tid);
+        load_q_tile<kProducerThreads>(base + kQOff, q, t, H, h0, tid, stream_policy);
         cp_async_mbar_arrive(q_full_bar);
         if (tid == 0) {
           item_keys[local & 1] = n;
@@ -346,6 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, qd = lane & 3;
   const int row0 = 16 * (warp & 3) + g, row1 = row0 + 8;
   const float scale2 = d.scale * kLog2e;
+  const std::uint64_t stream_policy = l2_evict_first_policy();  // O is written once
   const std::uint32_t q_base = base + kQOff;
   const std::uint32_t k0_base = base + kKOff, k1_base = k0_base + kTileBytes;
   const std::uint32_t p0_base = base + kPOff, p1_base = p0_base + kBlockBytes;
@@ -564,8 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             pack_bf16(o[4 * (i + 1) + 2 * r] * inv[r], o[4 * (i + 1) + 2 * r + 1] * inv[r]);
         const std::uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
         const int dim = odd ? 8 * (i + 1) + 2 * (qd - 1) : 8 * i + 2 * qd;
-        if (h0 + row < H)
-          *reinterpret_cast<uint2*>(orow + dim) = odd ? make_uint2(got, b) : make_uint2(a, got);
+        if (h0 + row < H) st_global_v2_hint(orow + dim, odd ? got : a, odd ? b : got, stream_policy);
       }
     }
     if (c == 0 && qd == 0) {

@@ -59,6 +59,25 @@ __device__ __forceinline__ void cp_async_16_zfill(std::uint32_t dst, const void*
                "r"(real ? 16 : 0)
                : "memory");
 }
+// An L2 cache policy for data touched once (a kernel's streams beside a working set it reuses):
+// its lines are the first L2 evicts.
+__device__ __forceinline__ std::uint64_t l2_evict_first_policy() {
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// cp_async_16_zfill with an L2 cache policy.
+__device__ __forceinline__ void cp_async_16_zfill_hint(std::uint32_t dst, const void* src, bool real,
+                                                       std::uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(real ? 16 : 0), "l"(policy)
+               : "memory");
+}
+// An 8-byte global store with an L2 cache policy.
+__device__ __forceinline__ void st_global_v2_hint(void* p, std::uint32_t a, std::uint32_t b, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v2.b32 [%0], {%1, %2}, %3;\n" ::"l"(p), "r"(a), "r"(b), "l"(policy)
+               : "memory");
+}
 // Hint: bring the 128-byte line holding `p` into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));

@@ -36,6 +36,18 @@ __device__ __forceinline__ void load_q_tile(std::uint32_t dst, const __nv_bfloat
   }
 }
 
+// load_q_tile with an L2 cache policy on its reads (Q is read once: l2_evict_first_policy).
+template <int kThreads>
+__device__ __forceinline__ void load_q_tile(std::uint32_t dst, const __nv_bfloat16* q, int t, int H, int h0,
+                                            int tid, std::uint64_t policy) {
+  for (int i = tid; i < 64 * 64; i += kThreads) {
+    const int r = i >> 6, c = i & 63;
+    const bool real = h0 + r < H;
+    cp_async_16_zfill_hint(dst + tile_off(r, c),
+                           q + (static_cast<long>(t) * H + (real ? h0 + r : 0)) * 512 + c * 8, real, policy);
+  }
+}
+
 // A persistent kernel's next work item into L2 while this one runs (its set-up then waits on
 // L2, not device memory): the Q rows of token nt, head rows nh .. (up to 64 of H), and, with
 // a top-k (K ids a row, null: none), its top-k row.
