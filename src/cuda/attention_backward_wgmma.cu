@@ -285,18 +285,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       phase_s = *reinterpret_cast<volatile unsigned*>(&g_backward_tiles_done) / static_cast<unsigned>(rotate);
   }
   // Q and dO rows h0 .. h0 + 63 (zero-filled past H), issued first: they depend on nothing
-  // the key list gives, so their device-memory latency overlaps its top-k row's. Both are
-  // read once a launch: under evict_first they leave L2 to the key rows and the dK rows the
-  // CTAs gather and reduce into again (the forward's Q / O gained 1-4% so, perf.md
-  // twenty-sixth session). (dQ's stores keep plain STG: an inline-asm store with a policy,
-  // or __stcs, makes ptxas materialise every address and spill the stamped instances.)
-  const std::uint64_t stream_policy = l2_evict_first_policy();
+  // the key list gives, so their device-memory latency overlaps its top-k row's.
   for (int i = tid; i < kRows * 64; i += kThreads) {
     const int r = i >> 6, ch = i & 63;
     const bool real = h0 + r < H;
     const long off = (static_cast<long>(t) * H + (real ? h0 + r : 0)) * kDim + ch * 8;
-    cp_async_16_zfill_hint(q_base + tile_off(r, ch), q + off, real, stream_policy);
-    cp_async_16_zfill_hint(do_base + tile_off(r, ch), dout + off, real, stream_policy);
+    cp_async_16_zfill(q_base + tile_off(r, ch), q + off, real);
+    cp_async_16_zfill(do_base + tile_off(r, ch), dout + off, real);
   }
   // (make_key_list ends with __syncthreads: the barriers are initialised for everyone.)
   const KeyList keys = make_key_list<kThreads>(d, meta, topk, t, reinterpret_cast<int*>(smem + kSelOff),
