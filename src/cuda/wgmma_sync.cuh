@@ -2,7 +2,8 @@
 // phase parity, cp.async completion tracked by an mbarrier, named barriers between subsets of
 // warps, the generic -> async proxy fence (wgmma reads shared memory through the async proxy),
 // TMA tile loads completing on an mbarrier, and setmaxnreg. PTX ISA sections: "mbarrier",
-// "cp.async.mbarrier.arrive", "cp.async.bulk.tensor", "bar.sync", "fence.proxy.async", "setmaxnreg".
+// "cp.async.mbarrier.arrive", "cp.async.bulk.tensor", "bar.sync", "fence.proxy.async", "setmaxnreg",
+// and L2 cache policies for streamed data ("createpolicy", the loads' and stores' .L2::cache_hint).
 #pragma once
 #include <cstdint>
 

@@ -23,29 +23,31 @@ __device__ __forceinline__ std::uint32_t tile_off(int row, int chunk) {
 }
 
 // The Q tile of a work item (token t, head rows h0 .. h0 + 63 of H, 512 dims each) into a
-// [64 x 512] tile at shared address `dst` by 16-byte cp.async over kThreads threads (`tid`);
-// rows past H are zero-filled by the copy itself (source size 0). The caller commits / tracks.
-template <int kThreads>
-__device__ __forceinline__ void load_q_tile(std::uint32_t dst, const __nv_bfloat16* q, int t,
-                                            int H, int h0, int tid) {
+// [64 x 512] tile at shared address `dst` by 16-byte copies over kThreads threads (`tid`):
+// copy(dst, src, real) issues one (a cp.async that zero-fills where `real` is false: rows past
+// H). The caller commits / tracks.
+template <int kThreads, class Copy>
+__device__ __forceinline__ void load_q_tile_by(std::uint32_t dst, const __nv_bfloat16* q, int t, int H, int h0,
+                                               int tid, Copy copy) {
   for (int i = tid; i < 64 * 64; i += kThreads) {
     const int r = i >> 6, c = i & 63;
     const bool real = h0 + r < H;
-    cp_async_16_zfill(dst + tile_off(r, c), q + (static_cast<long>(t) * H + (real ? h0 + r : 0)) * 512 + c * 8,
-                      real);
+    copy(dst + tile_off(r, c), q + (static_cast<long>(t) * H + (real ? h0 + r : 0)) * 512 + c * 8, real);
   }
 }
-
-// load_q_tile with an L2 cache policy on its reads (Q is read once: l2_evict_first_policy).
+template <int kThreads>
+__device__ __forceinline__ void load_q_tile(std::uint32_t dst, const __nv_bfloat16* q, int t, int H, int h0,
+                                            int tid) {
+  load_q_tile_by<kThreads>(dst, q, t, H, h0, tid,
+                           [](std::uint32_t to, const void* from, bool real) { cp_async_16_zfill(to, from, real); });
+}
+// With an L2 cache policy on the reads (Q read once a launch: l2_evict_first_policy).
 template <int kThreads>
 __device__ __forceinline__ void load_q_tile(std::uint32_t dst, const __nv_bfloat16* q, int t, int H, int h0,
                                             int tid, std::uint64_t policy) {
-  for (int i = tid; i < 64 * 64; i += kThreads) {
-    const int r = i >> 6, c = i & 63;
-    const bool real = h0 + r < H;
-    cp_async_16_zfill_hint(dst + tile_off(r, c),
-                           q + (static_cast<long>(t) * H + (real ? h0 + r : 0)) * 512 + c * 8, real, policy);
-  }
+  load_q_tile_by<kThreads>(dst, q, t, H, h0, tid, [policy](std::uint32_t to, const void* from, bool real) {
+    cp_async_16_zfill_hint(to, from, real, policy);
+  });
 }
 
 // A persistent kernel's next work item into L2 while this one runs (its set-up then waits on
