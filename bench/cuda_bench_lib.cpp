@@ -424,14 +424,15 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
     std::printf("device %s: bf16 GEMM %.0f TFLOPS, copy %.2f TB/s\n\n", prop.name, gemm,
                 report["ceilings"]["copy_tbps"].get<double>());
     if (want("attention")) {
-      std::printf("sparse attention (4096 queries, window 128 + top-k random ids, D 512, sink)\n");
-      std::printf("%6s %6s %7s %10s %9s %8s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM");
+      std::printf("sparse attention (4096 queries, window 128 + top-k random ids, D 512, sink;\n"
+                  "key TB/s: the window + top-k rows of every query, 1 KB each, per second)\n");
+      std::printf("%6s %6s %7s %10s %9s %8s %8s\n", "heads", "topk", "keys", "ms", "TFLOPS", "of GEMM", "key TB/s");
       for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
         for (int keys : {8192, 32768, 65536}) {
           std::fprintf(stderr, "cuda_bench: sparse attention H %d top-k %d keys %d\n", heads, topk, keys);
           json j = sparse_attention_case(heads, topk, keys, 4096, gemm);
-          std::printf("%6d %6d %7d %10.3f %9.1f %8.3f\n", heads, topk, keys, j["ms"].get<double>(),
-                      j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>());
+          std::printf("%6d %6d %7d %10.3f %9.1f %8.3f %8.2f\n", heads, topk, keys, j["ms"].get<double>(),
+                      j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>(), j["key_tbps"].get<double>());
           report["sparse_attention"].push_back(j);
         }
       // Where the time goes inside the wgmma kernel (clock() stamps of one launch).
