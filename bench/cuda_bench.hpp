@@ -12,8 +12,9 @@ namespace csattn::bench {
 // CSATTN_BENCH_SECTIONS take.
 inline const std::vector<std::string>& cuda_bench_sections() {
   static const std::vector<std::string> names = {"attention",     "attention_backward", "reductions",
-                                                 "layer",         "deterministic",      "indexer",
-                                                 "elementwise",   "indexer_loss",       "cp"};
+                                                 "gathers",       "layer",              "deterministic",
+                                                 "indexer",       "elementwise",        "indexer_loss",
+                                                 "cp"};
   return names;
 }
 

@@ -36,6 +36,7 @@
 #include "cuda/check.hpp"
 #include "cuda/cuda_layer.hpp"
 #include "cuda/device_arena.hpp"
+#include "cuda/gather_ceiling.hpp"
 #include "cuda/backward_kernels.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/reduction_ceiling.hpp"
@@ -199,6 +200,62 @@ json reduction_case(ReductionPath path, int tiles, int rows, int keep_rows = 0) 
   const double bytes = static_cast<double>(ids.size()) * 512 * 4;
   return json{{"path", reduction_path_name(path)}, {"tiles", tiles}, {"rows", rows}, {"kept_rows", keep_rows},
               {"ms", ms}, {"tbps", bytes / (ms * 1e-3) / 1e12}, {"checked", true}};
+}
+
+// The gather ceiling (gather_ceiling.hpp) at the attention benchmark's shapes: 4096 queries,
+// each reading its 128 window rows (of 4096 raw rows) and `topk` random rows of `keys`
+// compressed rows, once per 64-head block (head_blocks consecutive items a query, as the
+// forward's items); with `streams`, each item also reads 64 KB of Q and writes 64 KB of O.
+// One run is checked first (the kernel's word sum against the host's), then timed; key TB/s
+// over the key rows gathered, and the forward's roofline at 128 FLOPs a gathered byte.
+json gather_case(int head_blocks, int topk, int keys, bool streams, double copy_tbps) {
+  constexpr int kQueries = 4096, kWindow = 128, kRawRows = 4096;
+  const int per_item = kWindow + topk, items = kQueries * head_blocks;
+  const long table_rows = kRawRows + static_cast<long>(keys);
+  std::mt19937 rng(static_cast<unsigned>(keys * 7 + topk));
+  std::vector<std::uint32_t> table(static_cast<std::size_t>(table_rows) * 256);
+  for (std::uint32_t& w : table) w = rng();
+  std::vector<std::uint32_t> row_sum(static_cast<std::size_t>(table_rows), 0u);
+  for (long r = 0; r < table_rows; ++r)
+    for (int k = 0; k < 256; ++k) row_sum[static_cast<std::size_t>(r)] += table[static_cast<std::size_t>(r) * 256 + k];
+  std::uniform_int_distribution<int> pick(0, keys - 1);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * per_item);
+  std::uint32_t want = 0;
+  for (int qi = 0; qi < kQueries; ++qi) {
+    std::int32_t* first = ids.data() + static_cast<std::size_t>(qi) * head_blocks * per_item;
+    for (int j = 0; j < kWindow; ++j) first[j] = (qi - kWindow + 1 + j + kRawRows) % kRawRows;
+    for (int j = 0; j < topk; ++j) first[kWindow + j] = kRawRows + pick(rng);
+    for (int hb = 1; hb < head_blocks; ++hb)
+      std::copy(first, first + per_item, first + static_cast<std::size_t>(hb) * per_item);
+  }
+  for (std::int32_t id : ids) want += row_sum[static_cast<std::size_t>(id)];
+  const std::size_t stream_bytes = streams ? static_cast<std::size_t>(items) * 64 * 1024 : 0;
+  if (streams) want += static_cast<std::uint32_t>(stream_bytes / 4) * 0x01010101u;  // Q: bytes 0x01
+  // One arena an array (an arena is one block); freed on every exit, the failed check's too.
+  DeviceArena table_mem, ids_mem, sum_mem, q_mem, out_mem;
+  auto* table_dev = reinterpret_cast<bf16*>(table_mem.reserve(table.size() * 4));
+  auto* ids_dev = reinterpret_cast<std::int32_t*>(ids_mem.reserve(ids.size() * 4));
+  auto* sum_dev = reinterpret_cast<unsigned*>(sum_mem.reserve(4));
+  bf16* q_dev = streams ? reinterpret_cast<bf16*>(q_mem.reserve(stream_bytes)) : nullptr;
+  bf16* out_dev = streams ? reinterpret_cast<bf16*>(out_mem.reserve(stream_bytes)) : nullptr;
+  CSATTN_CUDA_CHECK(cudaMemcpy(table_dev, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  CSATTN_CUDA_CHECK(cudaMemcpy(ids_dev, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  if (streams) CSATTN_CUDA_CHECK(cudaMemset(q_dev, 0x01, stream_bytes));
+  CSATTN_CUDA_CHECK(cudaMemset(sum_dev, 0, 4));
+  auto run = [&] { launch_gather_ceiling(table_dev, ids_dev, items, per_item, q_dev, out_dev, streams, sum_dev, nullptr); };
+  run();
+  unsigned got = 0;
+  CSATTN_CUDA_CHECK(cudaMemcpy(&got, sum_dev, 4, cudaMemcpyDeviceToHost));
+  if (got != want)
+    throw Error(ErrorKind::Internal, "gather ceiling: word sum " + std::to_string(got) + ", expected " +
+                                         std::to_string(want));
+  const double ms = median_ms(run, 2, 5);
+  const double key_bytes = static_cast<double>(ids.size()) * 1024;
+  const double tbps = key_bytes / (ms * 1e-3) / 1e12;
+  return json{{"head_blocks", head_blocks}, {"topk", topk},        {"keys", keys},
+              {"queries", kQueries},      {"window", kWindow},    {"streams", streams},
+              {"ms", ms},                 {"key_tbps", tbps},     {"fraction_of_copy", tbps / copy_tbps},
+              {"roofline_tflops", tbps * 128.0}, {"checked", true}};
 }
 
 // The indexer KL loss alone (value + gradients) at the Flash or Pro shape: one sequence of
@@ -529,6 +586,31 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
           }
         }
       }
+    }
+    if (want("gathers")) {
+      // The forward's memory roofline: its key gathers (and Q / O streams) alone.
+      const double copy = report["ceilings"]["copy_tbps"].get<double>();
+      std::printf("\nkey-row gathers alone, the attention forward's pattern (cp.async, 16 B; key TB/s over the\n"
+                  "rows gathered; roofline: 128 FLOPs a gathered byte, the forward's TFLOPS bound at that rate)\n");
+      std::printf("%6s %6s %7s %8s %9s %9s %8s %9s\n", "heads", "topk", "keys", "Q / O", "ms", "key TB/s",
+                  "of copy", "roofline");
+      for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
+        for (int keys : {8192, 32768, 65536})
+          for (bool streams : {false, true}) {
+            std::fprintf(stderr, "cuda_bench: gathers H %d top-k %d keys %d%s\n", heads, topk, keys,
+                         streams ? " with Q / O" : "");
+            try {
+              json j = gather_case(heads / 64, topk, keys, streams, copy);
+              std::printf("%6d %6d %7d %8s %9.3f %9.2f %8.3f %9.1f\n", heads, topk, keys, streams ? "yes" : "no",
+                          j["ms"].get<double>(), j["key_tbps"].get<double>(), j["fraction_of_copy"].get<double>(),
+                          j["roofline_tflops"].get<double>());
+              report["gathers"].push_back(j);
+            } catch (const Error& e) {
+              std::printf("%6d %6d %7d %8s   FAILED: %s\n", heads, topk, keys, streams ? "yes" : "no", e.what());
+              report["gathers"].push_back(json{{"heads", heads}, {"keys", keys}, {"error", e.what()}});
+              if (cudaGetLastError() != cudaSuccess) throw;  // a sticky device error ends the run
+            }
+          }
     }
     if (want("layer")) {
       std::printf("\nlayer forward + backward (flash shape, one sequence)\n");

@@ -1,0 +1,26 @@
+// Measurement only (the `gathers` benchmark section): how fast random 1 KB key rows can be
+// brought from global into shared memory by 16-byte cp.async, in the wgmma forward's pattern -
+// the forward's memory roofline. At 32K+ keys the forward runs at the memory system's
+// throughput (Nsight Compute, perf.md twenty-sixth session); this kernel moves the same bytes
+// and nothing else, so the forward's TFLOPS can be set against 128 FLOPs per gathered byte
+// (2 x 64 heads x 1,024 a 1 KB row) times this rate.
+//
+// Work item i gathers rows ids[K i .. K i + K) (K a multiple of 64) of `rows` ([any x 512]
+// bf16) in 64-row tiles, three tiles in flight a thread; persistent, one CTA a multiprocessor
+// (the forward's occupancy). With `streams`, an item also reads its 64 KB of `q` (row-major,
+// [items x 64 x 512] bf16) and writes 64 KB of `out` - the forward's Q and O. Every 32-bit
+// word gathered or read is added (mod 2^32) into *checksum, which the caller compares with the
+// host's sum of the same words: the copies cannot be dropped and their data is checked.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/params.hpp"
+
+namespace csattn::cuda {
+
+void launch_gather_ceiling(const bf16* rows, const std::int32_t* ids, int items, int keys_per_item,
+                           const bf16* q, bf16* out, bool streams, unsigned* checksum, cudaStream_t stream);
+
+}  // namespace csattn::cuda

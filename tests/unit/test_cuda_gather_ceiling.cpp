@@ -1,0 +1,83 @@
+// launch_gather_ceiling (src/cuda/gather_ceiling.hpp), the `gathers` benchmark's kernel: bad
+// arguments are refused before the device is touched; on a GPU its word sum equals the host's
+// over the rows it was given (with repeated rows, an odd tail of items past the grid, and the
+// Q / O streams), and the streams write O. A dropped copy or a wrong row changes the sum.
+#ifdef CSATTN_HAVE_CUDA
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "csattn/error.hpp"
+#include "cuda/gather_ceiling.hpp"
+#include "cuda_test_util.hpp"
+#include "test_util.hpp"
+
+namespace csattn {
+namespace {
+
+using cuda::bf16;
+using testing_util::DeviceArray;
+
+TEST(GatherCeiling, BadArgumentsAreRefusedBeforeTheDevice) {
+  for (int per_item : {0, -64, 100}) {
+    try {
+      cuda::launch_gather_ceiling(nullptr, nullptr, 4, per_item, nullptr, nullptr, false, nullptr, nullptr);
+      ADD_FAILURE() << "keys_per_item " << per_item << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("multiple of 64"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    cuda::launch_gather_ceiling(nullptr, nullptr, 4, 64, nullptr, nullptr, true, nullptr, nullptr);
+    ADD_FAILURE() << "streams without q / out were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+  }
+}
+
+TEST(GatherCeiling, WordSumMatchesTheHost) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kRows = 300, kPerItem = 192;
+  std::mt19937 rng(20261207u);
+  std::vector<std::uint32_t> table(static_cast<std::size_t>(kRows) * 256);
+  for (std::uint32_t& w : table) w = rng();
+  std::uniform_int_distribution<int> pick(0, kRows - 1);
+  for (int items : {1, 7, 301}) {  // 301: more items than multiprocessors, an uneven tail
+    for (bool streams : {false, true}) {
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * kPerItem);
+      for (std::int32_t& id : ids) id = pick(rng);
+      ids[1] = ids[0];  // a row twice in one tile
+      std::uint32_t want = 0;
+      for (std::int32_t id : ids)
+        for (int k = 0; k < 256; ++k) want += table[static_cast<std::size_t>(id) * 256 + k];
+      const std::size_t stream_words = static_cast<std::size_t>(items) * 64 * 512 / 2;
+      std::vector<std::uint32_t> q_host(streams ? stream_words : 1);
+      for (std::uint32_t& w : q_host) w = rng();
+      if (streams)
+        for (std::uint32_t w : q_host) want += w;
+      DeviceArray<std::uint32_t> table_dev(table), q_dev(q_host), out_dev(streams ? stream_words : 1),
+          sum_dev(std::vector<std::uint32_t>{0u});
+      DeviceArray<std::int32_t> ids_dev(ids);
+      out_dev.fill_bytes(0xFF);
+      cuda::launch_gather_ceiling(reinterpret_cast<const bf16*>(table_dev.get()), ids_dev.get(), items, kPerItem,
+                                  reinterpret_cast<const bf16*>(q_dev.get()), reinterpret_cast<bf16*>(out_dev.get()),
+                                  streams, sum_dev.get(), nullptr);
+      testing_util::cuda_ok(cudaDeviceSynchronize(), "gather ceiling");
+      EXPECT_EQ(sum_dev.download()[0], want) << items << " items, streams " << streams;
+      if (streams) {
+        const std::vector<std::uint32_t> out = out_dev.download();
+        std::size_t written = 0;
+        for (std::uint32_t w : out) written += w == 0u;
+        EXPECT_EQ(written, out.size()) << "O not written everywhere, " << items << " items";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace csattn
+#endif  // CSATTN_HAVE_CUDA
