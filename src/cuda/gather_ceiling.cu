@@ -54,6 +54,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   for (long tile = 0; tile < tiles; ++tile) {
     const long next = tile + kStages - 1;
+    // The stage refilled here was summed in the previous pass: keep those shared-memory loads
+    // before the copies (cp_async_16 carries no memory clobber).
+    asm volatile("" ::: "memory");
     if (next < tiles) issue(next, static_cast<int>(next % kStages));
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // this thread's copies of `tile` have landed

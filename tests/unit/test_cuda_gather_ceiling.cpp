@@ -41,14 +41,19 @@ TEST(GatherCeiling, BadArgumentsAreRefusedBeforeTheDevice) {
 
 TEST(GatherCeiling, WordSumMatchesTheHost) {
   SKIP_WITHOUT_GPU();
-  constexpr int kRows = 300, kPerItem = 192;
+  // 64 MB of rows, more than L2 holds: a wait too weak for the copies' latency shows.
+  constexpr int kRows = 65536;
   std::mt19937 rng(20261207u);
   std::vector<std::uint32_t> table(static_cast<std::size_t>(kRows) * 256);
   for (std::uint32_t& w : table) w = rng();
   std::uniform_int_distribution<int> pick(0, kRows - 1);
+  DeviceArray<std::uint32_t> table_dev(table);
+  // Items of 1 tile (fewer tiles than the ring's stages: the prologue's empty groups) and of 5
+  // (neither the stage count nor a multiple of it: a mix-up of the two moduli shows).
+  for (int per_item : {64, 320})
   for (int items : {1, 7, 301}) {  // 301: more items than multiprocessors, an uneven tail
     for (bool streams : {false, true}) {
-      std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * kPerItem);
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * per_item);
       for (std::int32_t& id : ids) id = pick(rng);
       ids[1] = ids[0];  // a row twice in one tile
       std::uint32_t want = 0;
@@ -59,15 +64,15 @@ TEST(GatherCeiling, WordSumMatchesTheHost) {
       for (std::uint32_t& w : q_host) w = rng();
       if (streams)
         for (std::uint32_t w : q_host) want += w;
-      DeviceArray<std::uint32_t> table_dev(table), q_dev(q_host), out_dev(streams ? stream_words : 1),
+      DeviceArray<std::uint32_t> q_dev(q_host), out_dev(streams ? stream_words : 1),
           sum_dev(std::vector<std::uint32_t>{0u});
       DeviceArray<std::int32_t> ids_dev(ids);
       out_dev.fill_bytes(0xFF);
-      cuda::launch_gather_ceiling(reinterpret_cast<const bf16*>(table_dev.get()), ids_dev.get(), items, kPerItem,
+      cuda::launch_gather_ceiling(reinterpret_cast<const bf16*>(table_dev.get()), ids_dev.get(), items, per_item,
                                   reinterpret_cast<const bf16*>(q_dev.get()), reinterpret_cast<bf16*>(out_dev.get()),
                                   streams, sum_dev.get(), nullptr);
       testing_util::cuda_ok(cudaDeviceSynchronize(), "gather ceiling");
-      EXPECT_EQ(sum_dev.download()[0], want) << items << " items, streams " << streams;
+      EXPECT_EQ(sum_dev.download()[0], want) << items << " items of " << per_item << " rows, streams " << streams;
       if (streams) {
         const std::vector<std::uint32_t> out = out_dev.download();
         std::size_t written = 0;
