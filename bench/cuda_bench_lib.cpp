@@ -516,6 +516,21 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
             report["sparse_attention_backward"].push_back(j);
           }
         }
+      // A model of one key-range pass (design.md, "What comes next" step 3): a 32K-key Pro
+      // backward split into 4 ranges of 8K compressed keys gives each query ~256 of its 1024
+      // top-k ids a pass, with every dK line of the range resident in L2. Timed here as its
+      // own shape (top-k 256 into 8K keys; the window in every pass, where the real passes
+      // would take it once): if it runs near the 8K row's rate, the passes would lift 32K /
+      // 64K towards it, less their extra Q / dO reads and dQ sums.
+      {
+        std::fprintf(stderr, "cuda_bench: sparse attention backward pass model\n");
+        json j = sparse_attention_backward_case(128, 256, 8192, 4096, gemm, KeyGradWrites::all);
+        j["model"] = "one of 4 key-range passes of a 32K-key Pro backward";
+        std::printf("%6d %6d %7d %10.3f %9.1f %8.3f  %s (a key-range pass model)\n", 128, 256, 8192,
+                    j["ms"].get<double>(), j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>(),
+                    j["kernel"].get<std::string>().c_str());
+        report["attention_backward_pass_model"] = j;
+      }
       // Where the time goes inside the wgmma kernel (clock() stamps of one launch).
       if (!report["sparse_attention_backward"].empty() &&
           report["sparse_attention_backward"].front()["kernel"] == "wgmma")
