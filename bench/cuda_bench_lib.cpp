@@ -205,12 +205,12 @@ json reduction_case(ReductionPath path, int tiles, int rows, int keep_rows = 0) 
 // The gather ceiling (gather_ceiling.hpp) at the attention benchmark's shapes: 4096 queries,
 // each reading its 128 window rows (of 4096 raw rows) and `topk` random rows of `keys`
 // compressed rows, once per 64-head block (head_blocks consecutive items a query, as the
-// forward's items); with `streams`, each item also reads 64 KB of Q and writes 64 KB of O.
-// One run is checked first (the kernel's word sum against the host's; the bench's Q is bytes
+// forward's items); timed without and then with the streams (each item also reading 64 KB of
+// Q and writing 64 KB of O), on the same table and ids: two results. Each is checked first (the kernel's word sum against the host's; the bench's Q is bytes
 // 0x01, so only the test, with random Q words, checks which Q an item reads), then timed;
 // gathered TB/s over the rows moved (once per head block: twice the attention table's
 // per-query key TB/s at Pro), and the forward's roofline at 128 FLOPs a gathered byte.
-json gather_case(int head_blocks, int topk, int keys, bool streams, double copy_tbps) {
+std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_tbps) {
   constexpr int kQueries = 4096, kWindow = 128, kRawRows = 4096;
   const int per_item = kWindow + topk, items = kQueries * head_blocks;
   const long table_rows = kRawRows + static_cast<long>(keys);
@@ -222,7 +222,6 @@ json gather_case(int head_blocks, int topk, int keys, bool streams, double copy_
     for (int k = 0; k < 256; ++k) row_sum[static_cast<std::size_t>(r)] += table[static_cast<std::size_t>(r) * 256 + k];
   std::uniform_int_distribution<int> pick(0, keys - 1);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * per_item);
-  std::uint32_t want = 0;
   for (int qi = 0; qi < kQueries; ++qi) {
     std::int32_t* first = ids.data() + static_cast<std::size_t>(qi) * head_blocks * per_item;
     for (int j = 0; j < kWindow; ++j) first[j] = (qi - kWindow + 1 + j + kRawRows) % kRawRows;
@@ -230,34 +229,42 @@ json gather_case(int head_blocks, int topk, int keys, bool streams, double copy_
     for (int hb = 1; hb < head_blocks; ++hb)
       std::copy(first, first + per_item, first + static_cast<std::size_t>(hb) * per_item);
   }
-  for (std::int32_t id : ids) want += row_sum[static_cast<std::size_t>(id)];
-  const std::size_t stream_bytes = streams ? static_cast<std::size_t>(items) * 64 * 1024 : 0;
-  if (streams) want += static_cast<std::uint32_t>(stream_bytes / 4) * 0x01010101u;  // Q: bytes 0x01
+  std::uint32_t key_sum = 0;
+  for (std::int32_t id : ids) key_sum += row_sum[static_cast<std::size_t>(id)];
+  const std::size_t stream_bytes = static_cast<std::size_t>(items) * 64 * 1024;
   // One arena an array (an arena is one block); freed on every exit, the failed check's too.
   DeviceArena table_mem, ids_mem, sum_mem, q_mem, out_mem;
   auto* table_dev = reinterpret_cast<bf16*>(table_mem.reserve(table.size() * 4));
   auto* ids_dev = reinterpret_cast<std::int32_t*>(ids_mem.reserve(ids.size() * 4));
   auto* sum_dev = reinterpret_cast<unsigned*>(sum_mem.reserve(4));
-  bf16* q_dev = streams ? reinterpret_cast<bf16*>(q_mem.reserve(stream_bytes)) : nullptr;
-  bf16* out_dev = streams ? reinterpret_cast<bf16*>(out_mem.reserve(stream_bytes)) : nullptr;
+  auto* q_dev = reinterpret_cast<bf16*>(q_mem.reserve(stream_bytes));
+  auto* out_dev = reinterpret_cast<bf16*>(out_mem.reserve(stream_bytes));
   CSATTN_CUDA_CHECK(cudaMemcpy(table_dev, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   CSATTN_CUDA_CHECK(cudaMemcpy(ids_dev, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-  if (streams) CSATTN_CUDA_CHECK(cudaMemset(q_dev, 0x01, stream_bytes));
-  CSATTN_CUDA_CHECK(cudaMemset(sum_dev, 0, 4));
-  auto run = [&] { launch_gather_ceiling(table_dev, ids_dev, items, per_item, q_dev, out_dev, streams, sum_dev, nullptr); };
-  run();
-  unsigned got = 0;
-  CSATTN_CUDA_CHECK(cudaMemcpy(&got, sum_dev, 4, cudaMemcpyDeviceToHost));
-  if (got != want)
-    throw Error(ErrorKind::Internal, "gather ceiling: word sum " + std::to_string(got) + ", expected " +
-                                         std::to_string(want));
-  const double ms = median_ms(run, 2, 5);
-  const double gathered_bytes = static_cast<double>(ids.size()) * 1024;
-  const double tbps = gathered_bytes / (ms * 1e-3) / 1e12;
-  return json{{"head_blocks", head_blocks}, {"topk", topk},        {"keys", keys},
-              {"queries", kQueries},      {"window", kWindow},    {"streams", streams},
-              {"ms", ms},                 {"gathered_tbps", tbps}, {"fraction_of_copy", tbps / copy_tbps},
-              {"roofline_tflops", tbps * 128.0}, {"checked", true}};
+  CSATTN_CUDA_CHECK(cudaMemset(q_dev, 0x01, stream_bytes));
+  std::vector<json> results;
+  for (bool streams : {false, true}) {
+    // Q: bytes 0x01, every one of its words 0x01010101.
+    const std::uint32_t want = key_sum + (streams ? static_cast<std::uint32_t>(stream_bytes / 4) * 0x01010101u : 0u);
+    CSATTN_CUDA_CHECK(cudaMemset(sum_dev, 0, 4));
+    auto run = [&] {
+      launch_gather_ceiling(table_dev, ids_dev, items, per_item, q_dev, out_dev, streams, sum_dev, nullptr);
+    };
+    run();
+    unsigned got = 0;
+    CSATTN_CUDA_CHECK(cudaMemcpy(&got, sum_dev, 4, cudaMemcpyDeviceToHost));
+    if (got != want)
+      throw Error(ErrorKind::Internal, std::string("gather ceiling") + (streams ? " with Q / O" : "") +
+                                           ": word sum " + std::to_string(got) + ", expected " + std::to_string(want));
+    const double ms = median_ms(run, 2, 5);
+    const double gathered_bytes = static_cast<double>(ids.size()) * 1024;
+    const double tbps = gathered_bytes / (ms * 1e-3) / 1e12;
+    results.push_back(json{{"head_blocks", head_blocks}, {"topk", topk},        {"keys", keys},
+                           {"queries", kQueries},      {"window", kWindow},    {"streams", streams},
+                           {"ms", ms},                 {"gathered_tbps", tbps}, {"fraction_of_copy", tbps / copy_tbps},
+                           {"roofline_tflops", tbps * 128.0}, {"checked", true}});
+  }
+  return results;
 }
 
 // The indexer KL loss alone (value + gradients) at the Flash or Pro shape: one sequence of
@@ -613,22 +620,22 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       std::printf("%6s %6s %7s %8s %9s %9s %8s %9s\n", "heads", "topk", "keys", "Q / O", "ms", "gathered",
                   "of copy", "roofline");
       for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
-        for (int keys : {8192, 32768, 65536})
-          for (bool streams : {false, true}) {
-            std::fprintf(stderr, "cuda_bench: gathers H %d top-k %d keys %d%s\n", heads, topk, keys,
-                         streams ? " with Q / O" : "");
-            try {
-              json j = gather_case(heads / 64, topk, keys, streams, copy);
-              std::printf("%6d %6d %7d %8s %9.3f %9.2f %8.3f %9.1f\n", heads, topk, keys, streams ? "yes" : "no",
-                          j["ms"].get<double>(), j["gathered_tbps"].get<double>(), j["fraction_of_copy"].get<double>(),
+        for (int keys : {8192, 32768, 65536}) {
+          std::fprintf(stderr, "cuda_bench: gathers H %d top-k %d keys %d\n", heads, topk, keys);
+          try {
+            for (const json& j : gather_cases(heads / 64, topk, keys, copy)) {
+              std::printf("%6d %6d %7d %8s %9.3f %9.2f %8.3f %9.1f\n", heads, topk, keys,
+                          j["streams"].get<bool>() ? "yes" : "no", j["ms"].get<double>(),
+                          j["gathered_tbps"].get<double>(), j["fraction_of_copy"].get<double>(),
                           j["roofline_tflops"].get<double>());
               report["gathers"].push_back(j);
-            } catch (const Error& e) {
-              std::printf("%6d %6d %7d %8s   FAILED: %s\n", heads, topk, keys, streams ? "yes" : "no", e.what());
-              report["gathers"].push_back(json{{"heads", heads}, {"keys", keys}, {"error", e.what()}});
-              if (cudaGetLastError() != cudaSuccess) throw;  // a sticky device error ends the run
             }
+          } catch (const Error& e) {
+            std::printf("%6d %6d %7d   FAILED: %s\n", heads, topk, keys, e.what());
+            report["gathers"].push_back(json{{"heads", heads}, {"keys", keys}, {"error", e.what()}});
+            if (cudaGetLastError() != cudaSuccess) throw;  // a sticky device error ends the run
           }
+        }
     }
     if (want("layer")) {
       std::printf("\nlayer forward + backward (flash shape, one sequence)\n");
