@@ -14,14 +14,17 @@ __device__ __forceinline__ void red_add_v4(float* dst, float a, float b, float c
                : "memory");
 }
 
-// red_add_v4 where `on`, written as one predicated instruction. ptxas may still branch around
-// it, but the kernel it ends in is leaner: in the attention backward's line flush it saved
-// ~100 register moves against `if (on) red_add_v4(...)` (same loads, same reductions).
-__device__ __forceinline__ void red_add_v4_if(bool on, float* dst, float a, float b, float c, float d) {
+// red_add_v4 at byte address `addr` where `on`, written as one predicated instruction. ptxas
+// may still branch around it, but the kernel it ends in is leaner: in the attention backward's
+// line flush it saved ~100 register moves against `if (on) red_add_v4(...)` (same loads, same
+// reductions). The address is an integer so that a caller may form it for a slot that is off
+// (base 0 plus an offset): pointer arithmetic on a null pointer is undefined in C++, and a
+// compiler allowed to assume the pointer non-null could drop the predicate.
+__device__ __forceinline__ void red_add_v4_if(bool on, std::uint64_t addr, float a, float b, float c, float d) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p red.global.add.v4.f32 [%1], {%2, %3, %4, %5};\n}\n" ::"r"(
           static_cast<int>(on)),
-      "l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
+      "l"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
       : "memory");
 }
 

@@ -219,7 +219,8 @@ __device__ __forceinline__ void flush_dk_lines(const float (&dk)[64], const KeyL
         if (kMode == KeyGrads::scratch) {  // this CTA's own row: a plain store
           if (dst[h][k] != nullptr) *reinterpret_cast<float4*>(dst[h][k] + 32 * m) = v[k];
         } else {
-          red_add_v4_if(dst[h][k] != nullptr, dst[h][k] + 32 * m, v[k].x, v[k].y, v[k].z, v[k].w);
+          red_add_v4_if(dst[h][k] != nullptr, reinterpret_cast<std::uint64_t>(dst[h][k]) + 128 * m, v[k].x, v[k].y,
+                        v[k].z, v[k].w);
         }
       }
       __syncwarp();  // the staging area is rewritten next
