@@ -210,9 +210,14 @@ json reduction_case(ReductionPath path, int tiles, int rows, int keep_rows = 0) 
 // 0x01, so only the test, with random Q words, checks which Q an item reads), then timed;
 // gathered TB/s over the rows moved (once per head block: twice the attention table's
 // per-query key TB/s at Pro), and the forward's roofline at 128 FLOPs a gathered byte.
-std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_tbps) {
+std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_tbps, bool split) {
   constexpr int kQueries = 4096, kWindow = 128, kRawRows = 4096;
-  const int per_item = kWindow + topk, items = kQueries * head_blocks;
+  // `split`: the head blocks of a query share its rows, each gathering 1 / head_blocks of them
+  // (what a cluster of the query's CTAs that forwards the rest between them would fetch).
+  const int list = kWindow + topk, per_item = split ? list / head_blocks : list;
+  const int items = kQueries * head_blocks;
+  require(per_item % 64 == 0 && per_item * (split ? head_blocks : 1) == list, ErrorKind::InvalidArgument,
+          "gathers: the rows an item takes must be whole 64-row tiles");
   const long table_rows = kRawRows + static_cast<long>(keys);
   std::mt19937 rng(static_cast<unsigned>(keys * 7 + topk));
   std::vector<std::uint32_t> table(static_cast<std::size_t>(table_rows) * 256);
@@ -221,13 +226,17 @@ std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_
   for (long r = 0; r < table_rows; ++r)
     for (int k = 0; k < 256; ++k) row_sum[static_cast<std::size_t>(r)] += table[static_cast<std::size_t>(r) * 256 + k];
   std::uniform_int_distribution<int> pick(0, keys - 1);
+  // Per query, its head blocks' items in turn: each a copy of the query's list, or (split)
+  // consecutive parts of it.
   std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * per_item);
+  std::vector<std::int32_t> query_list(static_cast<std::size_t>(list));
   for (int qi = 0; qi < kQueries; ++qi) {
+    for (int j = 0; j < kWindow; ++j) query_list[j] = (qi - kWindow + 1 + j + kRawRows) % kRawRows;
+    for (int j = 0; j < topk; ++j) query_list[kWindow + j] = kRawRows + pick(rng);
     std::int32_t* first = ids.data() + static_cast<std::size_t>(qi) * head_blocks * per_item;
-    for (int j = 0; j < kWindow; ++j) first[j] = (qi - kWindow + 1 + j + kRawRows) % kRawRows;
-    for (int j = 0; j < topk; ++j) first[kWindow + j] = kRawRows + pick(rng);
-    for (int hb = 1; hb < head_blocks; ++hb)
-      std::copy(first, first + per_item, first + static_cast<std::size_t>(hb) * per_item);
+    for (int hb = 0; hb < head_blocks; ++hb)
+      std::copy_n(query_list.begin() + (split ? hb * per_item : 0), per_item,
+                  first + static_cast<std::size_t>(hb) * per_item);
   }
   std::uint32_t key_sum = 0;
   for (std::int32_t id : ids) key_sum += row_sum[static_cast<std::size_t>(id)];
@@ -259,10 +268,13 @@ std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_
     const double ms = median_ms(run, 2, 5);
     const double gathered_bytes = static_cast<double>(ids.size()) * 1024;
     const double tbps = gathered_bytes / (ms * 1e-3) / 1e12;
+    // The forward's FLOPs over the same queries: 2 x 64 x 1,024 a (head block, key) pair.
+    const double flops = static_cast<double>(kQueries) * head_blocks * list * 2.0 * 64 * 1024;
     results.push_back(json{{"head_blocks", head_blocks}, {"topk", topk},        {"keys", keys},
                            {"queries", kQueries},      {"window", kWindow},    {"streams", streams},
-                           {"ms", ms},                 {"gathered_tbps", tbps}, {"fraction_of_copy", tbps / copy_tbps},
-                           {"roofline_tflops", tbps * 128.0}, {"checked", true}});
+                           {"split", split},           {"ms", ms},             {"gathered_tbps", tbps},
+                           {"fraction_of_copy", tbps / copy_tbps}, {"roofline_tflops", flops / (ms * 1e-3) / 1e12},
+                           {"checked", true}});
   }
   return results;
 }
@@ -615,24 +627,30 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       // The forward's memory roofline: its key gathers (and Q / O streams) alone.
       const double copy = report["ceilings"]["copy_tbps"].get<double>();
       std::printf("\nkey-row gathers alone, the attention forward's pattern (cp.async, 16 B; gathered TB/s over the\n"
-                  "rows moved, once per 64-head block; roofline: 128 FLOPs a gathered byte, the forward's TFLOPS\n"
-                  "bound at that rate)\n");
-      std::printf("%6s %6s %7s %8s %9s %9s %8s %9s\n", "heads", "topk", "keys", "Q / O", "ms", "gathered",
-                  "of copy", "roofline");
-      for (auto [heads, topk] : {std::pair{64, 512}, std::pair{128, 1024}})
+                  "rows moved; roofline: the forward's FLOPs of the same queries over this time - its TFLOPS\n"
+                  "bound. rows: each 64-head block gathers all its query's rows, or (shared) half of them, what\n"
+                  "a cluster of a query's two head blocks forwarding the other half between them would fetch)\n");
+      std::printf("%6s %6s %7s %7s %8s %9s %9s %8s %9s\n", "heads", "topk", "keys", "rows", "Q / O", "ms",
+                  "gathered", "of copy", "roofline");
+      struct GatherShape {
+        int heads, topk;
+        bool split;
+      };
+      for (GatherShape g : {GatherShape{64, 512, false}, GatherShape{128, 1024, false}, GatherShape{128, 1024, true}})
         for (int keys : {8192, 32768, 65536}) {
-          std::fprintf(stderr, "cuda_bench: gathers H %d top-k %d keys %d\n", heads, topk, keys);
+          std::fprintf(stderr, "cuda_bench: gathers H %d top-k %d keys %d%s\n", g.heads, g.topk, keys,
+                       g.split ? " (shared rows)" : "");
           try {
-            for (const json& j : gather_cases(heads / 64, topk, keys, copy)) {
-              std::printf("%6d %6d %7d %8s %9.3f %9.2f %8.3f %9.1f\n", heads, topk, keys,
-                          j["streams"].get<bool>() ? "yes" : "no", j["ms"].get<double>(),
-                          j["gathered_tbps"].get<double>(), j["fraction_of_copy"].get<double>(),
-                          j["roofline_tflops"].get<double>());
+            for (const json& j : gather_cases(g.heads / 64, g.topk, keys, copy, g.split)) {
+              std::printf("%6d %6d %7d %7s %8s %9.3f %9.2f %8.3f %9.1f\n", g.heads, g.topk, keys,
+                          g.split ? "shared" : "all", j["streams"].get<bool>() ? "yes" : "no",
+                          j["ms"].get<double>(), j["gathered_tbps"].get<double>(),
+                          j["fraction_of_copy"].get<double>(), j["roofline_tflops"].get<double>());
               report["gathers"].push_back(j);
             }
           } catch (const Error& e) {
-            std::printf("%6d %6d %7d   FAILED: %s\n", heads, topk, keys, e.what());
-            report["gathers"].push_back(json{{"heads", heads}, {"keys", keys}, {"error", e.what()}});
+            std::printf("%6d %6d %7d   FAILED: %s\n", g.heads, g.topk, keys, e.what());
+            report["gathers"].push_back(json{{"heads", g.heads}, {"keys", keys}, {"split", g.split}, {"error", e.what()}});
             if (cudaGetLastError() != cudaSuccess) throw;  // a sticky device error ends the run
           }
         }
