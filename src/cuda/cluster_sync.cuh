@@ -52,33 +52,6 @@ __device__ __forceinline__ void mbar_wait_cluster(std::uint32_t bar, std::uint32
   } while (done == 0);
 }
 
-// Whether the phase with `parity` of the barrier at `bar` has completed, without waiting
-// (mbarrier.test_wait never suspends the thread, unlike try_wait): for a thread that has other
-// work to do while it waits. The acquire is at CTA scope, or (`_cluster`) at cluster scope for a
-// barrier that peers arrive on.
-__device__ __forceinline__ bool mbar_test_wait(std::uint32_t bar, std::uint32_t parity) {
-  std::uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ bool mbar_test_wait_cluster(std::uint32_t bar, std::uint32_t parity) {
-  std::uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
 // `bytes` (a multiple of 16) from this CTA's shared memory at src to a peer's at `dst_cluster`
 // by the TMA unit, counted as complete_tx bytes on the peer's mbarrier at `bar_cluster` (both
 // mapa_shared addresses). The source must have been written through the async proxy or made

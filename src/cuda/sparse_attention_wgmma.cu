@@ -260,65 +260,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // twenty-sixth session: +1-4%, most at Flash 64K keys).
     const std::uint64_t stream_policy = l2_evict_first_policy();
     int ring = 0;  // pairs issued so far (barrier phases)
-    // kPair, thread 0: half tiles gathered (fwd_issued) and forwarded to the peer (fwd_done),
-    // in gather order: entry e is half seq(e % 4) of pair e / 4 of the ring, seq = (0, 0),
-    // (0, 1), (1, 1), (1, 0). A half is forwarded once its rows landed, whenever thread 0
-    // would otherwise wait (forward_pending): waiting for one to land at a fixed point blocked
-    // thread 0's own next gathers (the first form of this kernel: producer pair 6.5K -> 8.4K
-    // cycles, Pro 567 -> 417 TFLOPS at 32K keys on an H100, perf.md twenty-seventh session).
-    unsigned fwd_issued = 0, fwd_done = 0;
-    // kPair, thread 0: forwards the pending halves whose rows have landed, in order, stopping
-    // at the first that has not (or, `block`, waiting for each). A half's rows (32 rank ..
-    // + 31 of each of its four 64-dim column blocks: 4 KB contiguous, at the same offsets in
-    // the peer) go by four bulk copies counted on the peer's ready(buf, h); this CTA's
-    // ready(buf, h) then expects the peer's 16 KB.
-    auto forward_pending = [&](bool block) {
-      if constexpr (kPair) {
-        if (tid != 0) return;
-        while (fwd_done != fwd_issued) {
-          const int k = static_cast<int>(fwd_done & 3u), buf = k >> 1, h = (k ^ (k >> 1)) & 1;
-          const std::uint32_t parity = (fwd_done >> 2) & 1u;
-          if (block)
-            mbar_wait(landed_bar(buf, h), parity);
-          else if (!mbar_test_wait(landed_bar(buf, h), parity))
-            return;
-          fence_proxy_async_smem();  // the cp.async writes -> the bulk copy's reads
-          const std::uint32_t peer_ready = mapa_shared(ready_bar(buf, h), peer);
-#pragma unroll
-          for (int blk = 4 * h; blk < 4 * h + 4; ++blk) {
-            const std::uint32_t src = base + kKOff + buf * kTileBytes + blk * kBlockBytes + rank * 32 * 128;
-            bulk_copy_to_peer(mapa_shared(src, peer), src, 32 * 128, peer_ready);
-          }
-          mbar_arrive_expect_tx(ready_bar(buf, h), 4 * 32 * 128);
-          ++fwd_done;
-        }
-      }
-    };
-    // A wait of the producer. kPair: warp 0 polls (lane 0 tests the barrier and forwards
-    // what landed meanwhile) - the peer's consumers may be waiting for those halves, and
-    // this barrier (a free one, or Q's) for the peer's consumers; then every thread acquires
-    // the completed phase itself. A free barrier, which the peer's consumer arrives on too,
-    // is acquired at cluster scope.
-    auto wait_producer = [&](std::uint32_t bar, std::uint32_t parity, bool peers_arrive) {
-      if constexpr (kPair) {
-        if (warp == 0)
-          for (;;) {
-            int ok = 0;
-            if (lane == 0) {
-              ok = peers_arrive ? mbar_test_wait_cluster(bar, parity) : mbar_test_wait(bar, parity);
-              if (!ok) forward_pending(false);
-            }
-            if (__shfl_sync(0xffffffffu, ok, 0) != 0) break;
-          }
-        if (peers_arrive)
-          mbar_wait_cluster(bar, parity);
-        else
-          mbar_wait(bar, parity);
-      } else {
-        mbar_wait(bar, parity);
-      }
-    };
-    auto wait_free = [&](int b, int h, std::uint32_t parity) { wait_producer(free_bar(b, h), parity, true); };
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
       stamp_item(local, 0);
@@ -353,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // this item's first half tile, so that gather overlaps the wait); rows past H are
       // zero-filled by the copy itself (source size 0).
       auto load_q = [&]() {
-        wait_producer(q_empty_bar, (local & 1) ^ 1, false);
+        mbar_wait(q_empty_bar, (local & 1) ^ 1);
         load_q_tile<kProducerThreads>(base + kQOff, q, t, H, h0, tid, stream_policy);
         cp_async_mbar_arrive(q_full_bar);
         if (tid == 0) {
@@ -385,7 +326,30 @@ __global__ void __launch_bounds__(kThreads, 1)
             cp_async_16(dst + blk * kBlockBytes + i * 16 * 128, rows[i] + blk * 64);
         }
         cp_async_mbar_arrive(kPair ? landed_bar(buf, h) : ready_bar(buf, h));
-        ++fwd_issued;
+      };
+      // kPair, thread 0: once this CTA's rows of (buf, h) landed (`parity`: the ring's), they go
+      // to the peer's buffer as four 4 KB bulk copies (rows 32 rank .. + 31 of each 64-dim
+      // column block are 4 KB contiguous, at the same offsets there), counted on the peer's
+      // ready(buf, h); this CTA's ready(buf, h) then expects the peer's 16 KB.
+      auto forward_half = [&](int buf, int h, std::uint32_t parity) {
+        if (!kPair || tid != 0) return;
+        mbar_wait(landed_bar(buf, h), parity);
+        fence_proxy_async_smem();  // the cp.async writes -> the bulk copy's reads
+        const std::uint32_t peer_ready = mapa_shared(ready_bar(buf, h), peer);
+#pragma unroll
+        for (int blk = 4 * h; blk < 4 * h + 4; ++blk) {
+          const std::uint32_t src = base + kKOff + buf * kTileBytes + blk * kBlockBytes + rank * 32 * 128;
+          bulk_copy_to_peer(mapa_shared(src, peer), src, 32 * 128, peer_ready);
+        }
+        mbar_arrive_expect_tx(ready_bar(buf, h), 4 * 32 * 128);
+      };
+      // A free barrier that the peer's consumer arrives on too (kPair) is acquired at cluster
+      // scope.
+      auto wait_free = [&](int b, int h, std::uint32_t parity) {
+        if constexpr (kPair)
+          mbar_wait_cluster(free_bar(b, h), parity);
+        else
+          mbar_wait(free_bar(b, h), parity);
       };
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
         stamp(local, pair, 0);
@@ -406,8 +370,9 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (!kPair || (i >> 1) == static_cast<int>(rank))
                 prefetch_l2(key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 64);
         }
-        // kPair: halves are forwarded as they land, from the waits (wait_producer) and after
-        // each gather.
+        // kPair: each half is forwarded after the next one's gathers are issued (its own
+        // rows have mostly landed by then), the last one at the pair's end.
+        const std::uint32_t landed = ring & 1;
         wait_free(0, 0, phase);
         stamp(local, pair, 1);
         gather_half(own[0], 0, 0);
@@ -415,15 +380,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         wait_free(0, 1, phase);
         stamp(local, pair, 2);
         gather_half(own[0], 0, 1);
-        forward_pending(false);
+        forward_half(0, 0, landed);
         wait_free(1, 1, phase);
         stamp(local, pair, 3);
         gather_half(own[1], 1, 1);
-        forward_pending(false);
+        forward_half(0, 1, landed);
         wait_free(1, 0, phase);
         stamp(local, pair, 4);
         gather_half(own[1], 1, 0);
-        forward_pending(false);
+        forward_half(1, 1, landed);
+        forward_half(1, 0, landed);
         stamp(local, pair, 5);
       }
       stamp_item(local, 2);
@@ -432,7 +398,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_barrier_sync(kProducerBar, kProducerThreads);
       stamp_item(local, 3);
     }
-    forward_pending(true);  // kPair: the last halves, once landed
     cp_async_wait_all();
     if constexpr (kPair) cluster_sync_all();  // the peer may still arrive on or copy into ours
     return;
