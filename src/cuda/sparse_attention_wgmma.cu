@@ -294,21 +294,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     };
-    // A wait of the producer. kPair: warp 0 polls (lane 0 tests the barrier and forwards
-    // what landed meanwhile) - the peer's consumers may be waiting for those halves, and
-    // this barrier (a free one, or Q's) for the peer's consumers; then every thread acquires
-    // the completed phase itself. A free barrier, which the peer's consumer arrives on too,
-    // is acquired at cluster scope.
+    // A wait of the producer. kPair: while halves are pending, warp 0 polls - lane 0 forwards
+    // what landed, then tests the barrier - since the peer's consumers may be waiting for
+    // those halves, and this barrier (a free one, or Q's) for the peer's consumers; with none
+    // pending (only this thread's own gathers add one) it falls through to the blocking wait,
+    // which does not take issue slots from the consumer warps sharing warp 0's scheduler.
+    // Every thread then acquires the completed phase itself. A free barrier, which the peer's
+    // consumer arrives on too, is acquired at cluster scope.
     auto wait_producer = [&](std::uint32_t bar, std::uint32_t parity, bool peers_arrive) {
       if constexpr (kPair) {
         if (warp == 0)
           for (;;) {
-            int ok = 0;
+            int done = 0;
             if (lane == 0) {
-              ok = peers_arrive ? mbar_test_wait_cluster(bar, parity) : mbar_test_wait(bar, parity);
-              if (!ok) forward_pending(false);
+              forward_pending(false);
+              done = fwd_done == fwd_issued ||
+                     (peers_arrive ? mbar_test_wait_cluster(bar, parity) : mbar_test_wait(bar, parity));
             }
-            if (__shfl_sync(0xffffffffu, ok, 0) != 0) break;
+            if (__shfl_sync(0xffffffffu, done, 0) != 0) break;
           }
         if (peers_arrive)
           mbar_wait_cluster(bar, parity);
@@ -411,6 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wait_free(0, 0, phase);
         stamp(local, pair, 1);
         gather_half(own[0], 0, 0);
+        forward_pending(false);
         if (pair == 0) load_q();
         wait_free(0, 1, phase);
         stamp(local, pair, 2);
@@ -426,6 +430,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         forward_pending(false);
         stamp(local, pair, 5);
       }
+      // kPair: the item's last halves go before the next item's set-up (its compaction's
+      // barriers would hold them, and both CTAs' consumers wait for them): one blocking
+      // drain an item.
+      forward_pending(true);
       stamp_item(local, 2);
       // sel_s is rewritten by the next item's compaction only after every lane of the
       // warpgroup resolved its rows of this item.
