@@ -205,11 +205,13 @@ json reduction_case(ReductionPath path, int tiles, int rows, int keep_rows = 0) 
 // The gather ceiling (gather_ceiling.hpp) at the attention benchmark's shapes: 4096 queries,
 // each reading its 128 window rows (of 4096 raw rows) and `topk` random rows of `keys`
 // compressed rows, once per 64-head block (head_blocks consecutive items a query, as the
-// forward's items); timed without and then with the streams (each item also reading 64 KB of
-// Q and writing 64 KB of O), on the same table and ids: two results. Each is checked first (the kernel's word sum against the host's; the bench's Q is bytes
-// 0x01, so only the test, with random Q words, checks which Q an item reads), then timed;
-// gathered TB/s over the rows moved (once per head block: twice the attention table's
-// per-query key TB/s at Pro), and the forward's roofline at 128 FLOPs a gathered byte.
+// forward's items; `split`: each of them a part of the rows instead); timed without and then
+// with the streams (each item also reading 64 KB of Q and writing 64 KB of O), on the same
+// table and ids: two results. Each is checked first (the kernel's word sum against the host's;
+// the bench's Q is bytes 0x01, so only the test, with random Q words, checks which Q an item
+// reads), then timed; gathered TB/s over the rows moved (once per head block: twice the
+// attention table's per-query key TB/s at Pro), and the forward's roofline: its FLOPs of the
+// same queries over the time (128 FLOPs a gathered byte; 128 x head_blocks when split).
 std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_tbps, bool split) {
   constexpr int kQueries = 4096, kWindow = 128, kRawRows = 4096;
   // `split`: the head blocks of a query share its rows, each gathering 1 / head_blocks of them
