@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -162,6 +164,23 @@ json sparse_attention_backward_case(int heads, int topk, int keys, int queries,
   return j;
 }
 
+// A persisting L2 set-aside of `bytes` (a device-wide limit) for one measurement, undone when
+// it goes out of scope - also when the measurement throws, so the cases after it have the
+// whole L2. `status`: whether the device took it.
+struct PersistingL2SetAside {
+  cudaError_t status;
+  explicit PersistingL2SetAside(std::size_t bytes)
+      : status(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, bytes)) {
+    if (status != cudaSuccess) (void)cudaGetLastError();
+  }
+  ~PersistingL2SetAside() {
+    cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
+    cudaCtxResetPersistingL2Cache();
+  }
+  PersistingL2SetAside(const PersistingL2SetAside&) = delete;
+  PersistingL2SetAside& operator=(const PersistingL2SetAside&) = delete;
+};
+
 // The attention backward (fast mode, the real dispatch) with a persisting L2 window over the
 // compressed rows' fp32 key gradients: a measurement of what keeping part of them resident
 // buys at 32K / 64K keys, where they exceed L2 and every wave of CTAs fetches and writes them
@@ -180,17 +199,11 @@ json sparse_attention_backward_persisting_case(int heads, int topk, int keys, in
   const std::size_t dk_bytes = static_cast<std::size_t>(keys) * 512 * 4;
   const std::size_t window = std::min<std::size_t>(dk_bytes, static_cast<std::size_t>(max_window));
   const double hit_ratio = std::min(1.0, static_cast<double>(max_set_aside) / static_cast<double>(window));
+  const PersistingL2SetAside set_aside(static_cast<std::size_t>(max_set_aside));
+  CSATTN_CUDA_CHECK(set_aside.status);
   cudaStream_t stream = nullptr;  // the case's own: the window is a stream attribute
   CSATTN_CUDA_CHECK(cudaStreamCreate(&stream));
-  struct Undo {
-    cudaStream_t s;
-    ~Undo() {
-      cudaStreamDestroy(s);
-      cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
-      cudaCtxResetPersistingL2Cache();
-    }
-  } undo{stream};
-  CSATTN_CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, static_cast<std::size_t>(max_set_aside)));
+  const std::unique_ptr<CUstream_st, cudaError_t (*)(cudaStream_t)> stream_owner(stream, cudaStreamDestroy);
   cudaStreamAttrValue policy{};
   policy.accessPolicyWindow.base_ptr = in.dcomp;
   policy.accessPolicyWindow.num_bytes = window;
@@ -668,21 +681,18 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
           for (int variant = 0; variant < 3; ++variant) {
             const char* label = variant == 0 ? "plain" : variant == 1 ? "kept, hint only" : "kept, hint + set-aside";
             std::size_t set_aside = 0;
+            std::optional<PersistingL2SetAside> kept_in_l2;  // undone at the end of the case
             if (variant == 2) {
               set_aside = std::min<std::size_t>(static_cast<std::size_t>(keep_rows) * 2048, max_set_aside);
-              const cudaError_t e = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, set_aside);
-              if (e != cudaSuccess) {
-                (void)cudaGetLastError();
-                std::printf("%8d %-34s   set-aside refused: %s\n", rows, label, cudaGetErrorString(e));
+              kept_in_l2.emplace(set_aside);
+              if (kept_in_l2->status != cudaSuccess) {
+                std::printf("%8d %-34s   set-aside refused: %s\n", rows, label, cudaGetErrorString(kept_in_l2->status));
                 continue;
               }
             }
             json j = reduction_case(variant == 0 ? ReductionPath::red_row_major : ReductionPath::red_row_major_kept,
                                     32768, rows, variant == 0 ? 0 : keep_rows);
-            if (variant == 2) {
-              CSATTN_CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0));
-              CSATTN_CUDA_CHECK(cudaCtxResetPersistingL2Cache());
-            }
+            kept_in_l2.reset();
             j["case"] = label;
             j["set_aside_bytes"] = set_aside;
             std::printf("%8d %-34s %8.3f %9.2f\n", rows, label, j["ms"].get<double>(), j["tbps"].get<double>());

@@ -50,34 +50,35 @@ TEST(GatherCeiling, WordSumMatchesTheHost) {
   DeviceArray<std::uint32_t> table_dev(table);
   // Items of 1 tile (fewer tiles than the ring's stages: the prologue's empty groups) and of 5
   // (neither the stage count nor a multiple of it: a mix-up of the two moduli shows).
-  for (int per_item : {64, 320})
-  for (int items : {1, 7, 301}) {  // 301: more items than multiprocessors, an uneven tail
-    for (bool streams : {false, true}) {
-      std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * per_item);
-      for (std::int32_t& id : ids) id = pick(rng);
-      ids[1] = ids[0];  // a row twice in one tile
-      std::uint32_t want = 0;
-      for (std::int32_t id : ids)
-        for (int k = 0; k < 256; ++k) want += table[static_cast<std::size_t>(id) * 256 + k];
-      const std::size_t stream_words = static_cast<std::size_t>(items) * 64 * 512 / 2;
-      std::vector<std::uint32_t> q_host(streams ? stream_words : 1);
-      for (std::uint32_t& w : q_host) w = rng();
-      if (streams)
-        for (std::uint32_t w : q_host) want += w;
-      DeviceArray<std::uint32_t> q_dev(q_host), out_dev(streams ? stream_words : 1),
-          sum_dev(std::vector<std::uint32_t>{0u});
-      DeviceArray<std::int32_t> ids_dev(ids);
-      out_dev.fill_bytes(0xFF);
-      cuda::launch_gather_ceiling(reinterpret_cast<const bf16*>(table_dev.get()), ids_dev.get(), items, per_item,
-                                  reinterpret_cast<const bf16*>(q_dev.get()), reinterpret_cast<bf16*>(out_dev.get()),
-                                  streams, sum_dev.get(), nullptr);
-      testing_util::cuda_ok(cudaDeviceSynchronize(), "gather ceiling");
-      EXPECT_EQ(sum_dev.download()[0], want) << items << " items of " << per_item << " rows, streams " << streams;
-      if (streams) {
-        const std::vector<std::uint32_t> out = out_dev.download();
-        std::size_t written = 0;
-        for (std::uint32_t w : out) written += w == 0u;
-        EXPECT_EQ(written, out.size()) << "O not written everywhere, " << items << " items";
+  for (int per_item : {64, 320}) {
+    for (int items : {1, 7, 301}) {  // 301: more items than multiprocessors, an uneven tail
+      for (bool streams : {false, true}) {
+        std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * per_item);
+        for (std::int32_t& id : ids) id = pick(rng);
+        ids[1] = ids[0];  // a row twice in one tile
+        std::uint32_t want = 0;
+        for (std::int32_t id : ids)
+          for (int k = 0; k < 256; ++k) want += table[static_cast<std::size_t>(id) * 256 + k];
+        const std::size_t stream_words = static_cast<std::size_t>(items) * 64 * 512 / 2;
+        std::vector<std::uint32_t> q_host(streams ? stream_words : 1);
+        for (std::uint32_t& w : q_host) w = rng();
+        if (streams)
+          for (std::uint32_t w : q_host) want += w;
+        DeviceArray<std::uint32_t> q_dev(q_host), out_dev(streams ? stream_words : 1),
+            sum_dev(std::vector<std::uint32_t>{0u});
+        DeviceArray<std::int32_t> ids_dev(ids);
+        out_dev.fill_bytes(0xFF);
+        cuda::launch_gather_ceiling(reinterpret_cast<const bf16*>(table_dev.get()), ids_dev.get(), items, per_item,
+                                    reinterpret_cast<const bf16*>(q_dev.get()), reinterpret_cast<bf16*>(out_dev.get()),
+                                    streams, sum_dev.get(), nullptr);
+        testing_util::cuda_ok(cudaDeviceSynchronize(), "gather ceiling");
+        EXPECT_EQ(sum_dev.download()[0], want) << items << " items of " << per_item << " rows, streams " << streams;
+        if (streams) {
+          const std::vector<std::uint32_t> out = out_dev.download();
+          std::size_t written = 0;
+          for (std::uint32_t w : out) written += w == 0u;
+          EXPECT_EQ(written, out.size()) << "O not written everywhere, " << items << " items";
+        }
       }
     }
   }
