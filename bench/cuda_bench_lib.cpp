@@ -127,7 +127,9 @@ json ceilings() {
 json sparse_attention_case(int heads, int topk, int keys, int queries, double gemm_tflops) {
   const SparseAttentionInputs in(heads, topk, keys, queries, false);
   const double ms = median_ms([&] { in.forward(); }, 2, 5);
-  return in.record(ms, 2.0 * (512 + 512), gemm_tflops);
+  json j = in.record(ms, 2.0 * (512 + 512), gemm_tflops);
+  j["key_tbps"] = in.key_tbps(ms);
+  return j;
 }
 
 // The sparse attention backward kernel alone (the one launch_attention_backward picks;

@@ -109,11 +109,15 @@ struct SparseAttentionInputs {
                      {"window", W},   {"ms", ms},
                      {"tflops", flops / (ms * 1e-3) / 1e12}};
     j["fraction_of_gemm"] = j["tflops"].get<double>() / gemm_tflops;
-    // The key rows a query reads (window + top-k, 1 KB each) per second: the forward at 32K+
-    // keys is bound by the memory system (perf.md, twenty-sixth session), and this rate, set
-    // beside the copy bandwidth, shows it. (The kernels gather each row once per 64-head block.)
-    j["key_tbps"] = static_cast<double>(topk + W) * queries * 512 * 2 / (ms * 1e-3) / 1e12;
     return j;
+  }
+  // The key rows a query reads (window + top-k, 1 KB each) per second: the forward at 32K+
+  // keys is bound by the memory system (perf.md, twenty-sixth session), and this rate, set
+  // beside the copy bandwidth, shows it. (The kernels gather each row once per 64-head block.)
+  // Forward records only: the backward moves other bytes (dK reductions), so the rate would
+  // not be one it achieves.
+  double key_tbps(double ms) const {
+    return static_cast<double>(topk + W) * queries * 512 * 2 / (ms * 1e-3) / 1e12;
   }
 };
 
