@@ -209,9 +209,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kPair: this CTA's own rows of (b, h) have landed (the producer's cp.async arrivals).
   auto landed_bar = [&](int b, int h) { return base + kBarOff + 8u * (10 + 2 * b + h); };
   // kPair: the CTAs of a cluster of two are a token's head blocks 2j and 2j + 1 (items 2j', 2j'
-  // + 1 with an even head-block count); each gathers half of every key tile's rows and copies
-  // them into the peer's buffer.
+  // + 1 with an even head-block count); of each split half tile (below) each gathers half the
+  // rows and copies them into the peer's buffer.
   const std::uint32_t rank = kPair ? cluster_ctarank() : 0u, peer = rank ^ 1u;
+  // kPair: which half tiles are split between the two CTAs (each gathers 32 of the 64 rows and
+  // forwards them): the second half each consumer waits for, (0, 1) and (1, 0). The first,
+  // (0, 0) and (1, 1), each CTA gathers whole, so no forwarding latency sits before a
+  // consumer's first wgmma of a buffer, and the split half has the first one's S to land and
+  // cross. A quarter of the rows per token are still fetched twice (3/4 of the plain bytes).
+  auto split = [](int b, int h) { return kPair && b != h; };
 
   const int H = d.heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -232,12 +238,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
-        // One cp.async arrival per producer thread; kPair: one arrival (the producer's thread 0,
-        // once its own rows landed, expecting the peer's 16 KB as complete_tx bytes).
-        mbar_init(ready_bar(b, h), kPair ? 1 : kProducerThreads);
-        // One arrival per warp of the freeing consumer; kPair: the peer's consumer's too (the
-        // peer's producer copies into this buffer).
-        mbar_init(free_bar(b, h), kPair ? 8 : 4);
+        // One cp.async arrival per producer thread; a split half: one arrival (the producer's
+        // thread 0, once its own rows landed, expecting the peer's 16 KB as complete_tx bytes).
+        mbar_init(ready_bar(b, h), split(b, h) ? 1 : kProducerThreads);
+        // One arrival per warp of the freeing consumer; a split half: the peer's consumer's too
+        // (the peer's producer copies into this buffer).
+        mbar_init(free_bar(b, h), split(b, h) ? 8 : 4);
         mbar_init(landed_bar(b, h), kProducerThreads);
       }
     mbar_init(q_full_bar, kProducerThreads + 1);  // cp.async arrivals + the key count's
@@ -260,9 +266,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // twenty-sixth session: +1-4%, most at Flash 64K keys).
     const std::uint64_t stream_policy = l2_evict_first_policy();
     int ring = 0;  // pairs issued so far (barrier phases)
-    // kPair, thread 0: half tiles gathered (fwd_issued) and forwarded to the peer (fwd_done),
-    // in gather order: entry e is half seq(e % 4) of pair e / 4 of the ring, seq = (0, 0),
-    // (0, 1), (1, 1), (1, 0). A half is forwarded once its rows landed, whenever thread 0
+    // kPair, thread 0: split half tiles gathered (fwd_issued) and forwarded to the peer
+    // (fwd_done), in gather order: entry e is half (0, 1) (even e) or (1, 0) (odd e) of pair
+    // e / 2 of the ring. A half is forwarded once its rows landed, whenever thread 0
     // would otherwise wait (forward_pending): waiting for one to land at a fixed point blocked
     // thread 0's own next gathers (the first form of this kernel: producer pair 6.5K -> 8.4K
     // cycles, Pro 567 -> 417 TFLOPS at 32K keys on an H100, perf.md twenty-seventh session).
@@ -276,8 +282,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kPair) {
         if (tid != 0) return;
         while (fwd_done != fwd_issued) {
-          const int k = static_cast<int>(fwd_done & 3u), buf = k >> 1, h = (k ^ (k >> 1)) & 1;
-          const std::uint32_t parity = (fwd_done >> 2) & 1u;
+          const int buf = static_cast<int>(fwd_done & 1u), h = buf ^ 1;
+          const std::uint32_t parity = (fwd_done >> 1) & 1u;
           if (block)
             mbar_wait(landed_bar(buf, h), parity);
           else if (!mbar_test_wait(landed_bar(buf, h), parity))
@@ -321,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(bar, parity);
       }
     };
-    auto wait_free = [&](int b, int h, std::uint32_t parity) { wait_producer(free_bar(b, h), parity, true); };
+    auto wait_free = [&](int b, int h, std::uint32_t parity) { wait_producer(free_bar(b, h), parity, split(b, h)); };
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
       stamp_item(local, 0);
@@ -377,18 +383,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       // the row's pointer to the warp, kept the producer issuing ~75% of its time on the H200
       // and ran 0-6% slower on the H100, perf.md twenty-fifth session). Those rows share
       // row % 8, so the swizzled destination is one per-thread base plus constants.
-      // kPair: only rows 32 rank .. 32 rank + 31 (i = 2 rank, 2 rank + 1), signalled on landed.
+      // A split half: only rows 32 rank .. 32 rank + 31 (i = 2 rank, 2 rank + 1), signalled on
+      // landed and queued for forwarding.
       auto gather_half = [&](const bf16* const (&rows)[4], int buf, int h) {
         const std::uint32_t dst = own_dst + buf * kTileBytes;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          if (kPair && (i >> 1) != static_cast<int>(rank)) continue;
+          if (split(buf, h) && (i >> 1) != static_cast<int>(rank)) continue;
 #pragma unroll
           for (int blk = 4 * h; blk < 4 * h + 4; ++blk)
             cp_async_16(dst + blk * kBlockBytes + i * 16 * 128, rows[i] + blk * 64);
         }
-        cp_async_mbar_arrive(kPair ? landed_bar(buf, h) : ready_bar(buf, h));
-        ++fwd_issued;
+        cp_async_mbar_arrive(split(buf, h) ? landed_bar(buf, h) : ready_bar(buf, h));
+        if (split(buf, h)) ++fwd_issued;
       };
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
         stamp(local, pair, 0);
@@ -400,13 +407,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < 4; ++i) own[tile][i] = key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 8;
         // The next pair's rows into L2 now, one pair ahead of their gathers: at 32K+ keys the
         // random rows are mostly not in L2, and the gather of a freed half is on the critical
-        // path. Thread (og, oc) takes the line oc of its 4 rows in both tiles.
+        // path. Thread (og, oc) takes the line oc of its 4 rows in both tiles; kPair: of the
+        // peer's rows only the lines of the whole half (buffer b's half b, lines 4b .. 4b + 3).
         if (pair + 1 < pairs) {
 #pragma unroll
           for (int tile = 2; tile < 4; ++tile)
 #pragma unroll
             for (int i = 0; i < 4; ++i)
-              if (!kPair || (i >> 1) == static_cast<int>(rank))
+              if (!kPair || (i >> 1) == static_cast<int>(rank) || (oc >> 2) == tile - 2)
                 prefetch_l2(key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 64);
         }
         // kPair: halves are forwarded as they land, from the waits (wait_producer) and after
@@ -458,20 +466,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t p0_base = base + kPOff, p1_base = p0_base + kBlockBytes;
   unsigned char* p0_s = smem + kPOff;
   unsigned char* p1_s = p0_s + kBlockBytes;
-  // This consumer is done reading (b, h): one arrival a warp on the free barrier, kPair also on
-  // the peer's (whose producer copies its rows into this CTA's buffer).
-  // kPair: half of each (b, h) arrives by the peer's bulk copy, whose complete_tx releases at
+  // This consumer is done reading (b, h): one arrival a warp on the free barrier, a split half
+  // also on the peer's (whose producer copies its rows into this CTA's buffer).
+  // A split half's peer rows arrive by the peer's bulk copy, whose complete_tx releases at
   // cluster scope: the wait acquires at cluster scope to pair with it.
-  auto wait_ready = [&](std::uint32_t bar, std::uint32_t parity) {
-    if constexpr (kPair)
-      mbar_wait_cluster(bar, parity);
+  auto wait_ready = [&](int b, int h, std::uint32_t parity) {
+    if (split(b, h))
+      mbar_wait_cluster(ready_bar(b, h), parity);
     else
-      mbar_wait(bar, parity);
+      mbar_wait(ready_bar(b, h), parity);
   };
   auto release = [&](int b, int h) {
     if (lane != 0) return;
     mbar_arrive(free_bar(b, h));
-    if constexpr (kPair) mbar_arrive_cluster(mapa_shared(free_bar(b, h), peer));
+    if (split(b, h)) mbar_arrive_cluster(mapa_shared(free_bar(b, h), peer));
   };
   int ring = 0;
   int local = 0;
@@ -504,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // this S waits for buffer 0's second half.
       // `pair`: the pair whose stamps 5 and 6 take the two ready waits (none before the loop).
       auto issue_s0 = [&](std::uint32_t phase, bool pending, int pair) {
-        wait_ready(ready_bar(0, 0), phase);
+        wait_ready(0, 0, phase);
         if (pair >= 0) stamp(local, pair, 5);
         fence_proxy_async_smem();
         wgmma_fence();
@@ -515,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_pin(o);
           release(1, 0);
         }
-        wait_ready(ready_bar(0, 1), phase);
+        wait_ready(0, 1, phase);
         if (pair >= 0) stamp(local, pair, 6);
         fence_proxy_async_smem();
         wgmma_fence();
@@ -592,13 +600,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         stamp(local, pair, 0);
         const std::uint32_t phase = ring & 1;
         // S_1 over buffer 1, second half first (the producer fills it before the first).
-        wait_ready(ready_bar(1, 1), phase);
+        wait_ready(1, 1, phase);
         stamp(local, pair, 1);
         fence_proxy_async_smem();
         wgmma_fence();
         qk_half(s, q_base, k1_base, 1, true);
         wgmma_commit();
-        wait_ready(ready_bar(1, 0), phase);
+        wait_ready(1, 0, phase);
         stamp(local, pair, 2);
         fence_proxy_async_smem();
         wgmma_fence();
@@ -721,8 +729,8 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   require(items < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
   const int sms = multiprocessor_count();
   if (head_blocks % 2 == 0) {
-    // A token's head blocks in pairs, each pair a cluster of two CTAs sharing every key tile's
-    // gather (half the rows each). Persistent over the clusters that fit at once (a cluster's
+    // A token's head blocks in pairs, each pair a cluster of two CTAs sharing the gather of
+    // each key tile's second-awaited half (half its rows each; the first half whole in both). Persistent over the clusters that fit at once (a cluster's
     // two CTAs share a GPC, so possibly fewer than half the SMs); an even grid and an even
     // item count give both CTAs of a cluster the same token at every step. Where no cluster
     // fits, the plain instance below runs.
