@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto free_bar = [&](int b, int h) { return base + kBarOff + 8u * (4 + 2 * b + h); };
   const std::uint32_t q_full_bar = base + kBarOff + 8u * 8;
   const std::uint32_t q_empty_bar = q_full_bar + 8u;
-  // kPair: this CTA's own rows of (b, h) have landed (the producer's cp.async arrivals).
+  // kPair, split halves only: this CTA's own rows of (b, h) have landed (the producer's cp.async arrivals).
   auto landed_bar = [&](int b, int h) { return base + kBarOff + 8u * (10 + 2 * b + h); };
   // kPair: the CTAs of a cluster of two are a token's head blocks 2j and 2j + 1 (items 2j', 2j'
   // + 1 with an even head-block count); of each split half tile (below) each gathers half the
@@ -305,8 +305,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // those halves, and this barrier (a free one, or Q's) for the peer's consumers; with none
     // pending (only this thread's own gathers add one) it falls through to the blocking wait,
     // which does not take issue slots from the consumer warps sharing warp 0's scheduler.
-    // Every thread then acquires the completed phase itself. A free barrier, which the peer's
-    // consumer arrives on too, is acquired at cluster scope.
+    // Every thread then acquires the completed phase itself. A split half's free barrier, which
+    // the peer's consumer arrives on too, is acquired at cluster scope.
     auto wait_producer = [&](std::uint32_t bar, std::uint32_t parity, bool peers_arrive) {
       if constexpr (kPair) {
         if (warp == 0)
@@ -327,7 +327,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(bar, parity);
       }
     };
-    auto wait_free = [&](int b, int h, std::uint32_t parity) { wait_producer(free_bar(b, h), parity, split(b, h)); };
+    auto wait_free = [&](int b, int h, std::uint32_t parity) {
+      wait_producer(free_bar(b, h), parity, split(b, h));
+    };
     int local = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
       stamp_item(local, 0);
@@ -730,9 +732,10 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   const int sms = multiprocessor_count();
   if (head_blocks % 2 == 0) {
     // A token's head blocks in pairs, each pair a cluster of two CTAs sharing the gather of
-    // each key tile's second-awaited half (half its rows each; the first half whole in both). Persistent over the clusters that fit at once (a cluster's
-    // two CTAs share a GPC, so possibly fewer than half the SMs); an even grid and an even
-    // item count give both CTAs of a cluster the same token at every step. Where no cluster
+    // each key tile's second-awaited half (half its rows each; the first half whole in both).
+    // Persistent over the clusters that fit at once (a cluster's two CTAs share a GPC, so
+    // possibly fewer than half the SMs); an even grid and an even item count give both CTAs of
+    // a cluster the same token at every step. Where no cluster
     // fits, the plain instance below runs.
     auto kernel = sparse_attention_wgmma_kernel<true>;
     allow_dynamic_smem(kernel, smem, "the wgmma attention kernel (its shared memory grows with index_topk)");
