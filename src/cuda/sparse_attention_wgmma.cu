@@ -572,7 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             pack_bf16(o[4 * (i + 1) + 2 * r] * inv[r], o[4 * (i + 1) + 2 * r + 1] * inv[r]);
         const std::uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
         const int dim = odd ? 8 * (i + 1) + 2 * (qd - 1) : 8 * i + 2 * qd;
-        if (h0 + row < H) st_global_v2_hint(orow + dim, odd ? got : a, odd ? b : got, stream_policy);
+        if (h0 + row < H && d.window < 0) st_global_v2_hint(orow + dim, odd ? got : a, odd ? b : got, stream_policy);
       }
     }
     if (c == 0 && qd == 0) {
