@@ -158,8 +158,9 @@ void launch_sparse_attention_mma(const LayerDims& d, const DeviceMetadata& meta,
                                  cudaStream_t stream);
 
 // The warp-specialised wgmma version for head_dim 512 (sparse_attention_wgmma.cu: key tiles
-// in pairs, one per consumer warpgroup); same contract. Supported while its shared memory
-// (about 210 KB + 4 bytes per top-k id) fits.
+// in pairs, one per consumer warpgroup); same contract, except that `out` must be 16-byte
+// aligned (O leaves through a TMA map; launch_sparse_attention takes the mma kernel for
+// another). Supported while its shared memory (about 210 KB + 4 bytes per top-k id) fits.
 bool sparse_attention_wgmma_supported(const LayerDims& d);
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta,
                                    const bf16* q, const bf16* kv, const bf16* comp,

@@ -6,6 +6,7 @@
 // tensor-core kernels (sparse_attention_wgmma.cu, sparse_attention_mma.cu); docs/perf.md
 // measures them.
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "cuda/check.hpp"
@@ -102,7 +103,10 @@ void launch_sparse_attention(const LayerDims& d, const DeviceMetadata& meta, con
     const std::string s = kernel_switch("CSATTN_ATTENTION", {"mma", "baseline"});
     return s == "baseline" ? Choice::baseline : s == "mma" ? Choice::mma : Choice::wgmma;
   }();
-  if (choice == Choice::wgmma && sparse_attention_wgmma_supported(d)) {
+  // The wgmma kernel stores O through a TMA map, whose base must be 16-byte aligned; an
+  // output view at another offset takes the mma kernel.
+  const bool out_aligned = reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
+  if (choice == Choice::wgmma && out_aligned && sparse_attention_wgmma_supported(d)) {
     launch_sparse_attention_wgmma(d, meta, q, kv, comp, sink, topk, out, lse, stream);
     return;
   }

@@ -34,6 +34,12 @@
 // Shared memory (1024-byte aligned, every operand in 128-byte-swizzle atoms, see wgmma.cuh):
 //   Q [64 x 512] 64 KB | key buffers 0, 1 [64 x 512] 128 KB | P_0, P_1 [64 x 64] 16 KB |
 //   barriers, published maxima, row sums, key counts | CSA: the compacted top-k ids.
+// O leaves through the TMA: at an item's end each consumer warp writes its 16 rows x 256 dims,
+// one [8 rows x 64 dims] box at a time, into the 2 KB of the P tiles its own P rows occupy
+// (two boxes in flight), and one lane stores each box with a TMA tensor store. The warp goes
+// on as soon as the TMA has read a box: stored from registers, the 64 KB of O an item held both
+// consumers ~4K cycles (the next item's gathers fill the load/store path then), and an
+// experiment without the stores ran 9-15% faster at Flash (perf.md, twenty-ninth session).
 // A [R x 512] tile (R = 64 rows) is 8 column blocks of [R x 64 dims] (R x 128 bytes), row r at
 // r * 128, 16-byte chunk c at c ^ (r % 8), so dims 0-255 are the tile's first 32 KB. K-major
 // operands (Q, keys for S, P) step 8 rows by SBO = 1024; the MN-major V operand steps 8 keys by
@@ -54,6 +60,7 @@
 #include "cuda/kernels.hpp"
 #include "cuda/mma_util.cuh"
 #include "cuda/phase_stamp.cuh"
+#include "cuda/tma.hpp"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
 #include "cuda/wgmma_tile.cuh"
@@ -83,13 +90,17 @@ constexpr int kBlockBytes = kSwizzleBlockBytes;       // one [64 rows x 64 dims]
 constexpr int kTileBytes = (kDim / 64) * kBlockBytes;  // [64 x 512] bf16 = 64 KB
 constexpr int kQOff = 0;
 constexpr int kKOff = kQOff + kTileBytes;
-constexpr int kPOff = kKOff + 2 * kTileBytes;           // P_0, P_1 [64 x 64] bf16
+constexpr int kPOff = kKOff + 2 * kTileBytes;           // P_0, P_1 [64 x 64] bf16; O's staging
+constexpr int kBoxBytes = 8 * 128;                      // O's TMA box: [8 heads x 64 dims] bf16
+constexpr int kStageBytes = 2 * kBoxBytes;              // a consumer warp's O staging (its P rows)
 constexpr int kBarOff = kPOff + 2 * kBlockBytes;        // ready[2][2], free[2][2], q_full, q_empty
 constexpr int kMaxOff = kBarOff + 10 * 8;               // published row maxima [2][64]
 constexpr int kSumOff = kMaxOff + 2 * kRows * 4;        // row sums [2 items][2 consumers][64]
 constexpr int kCountOff = kSumOff + 4 * kRows * 4;      // producer warp counts [4]
 constexpr int kItemOff = kCountOff + (kProducerThreads / 32) * 4;  // key counts [2]
 constexpr int kSelOff = kItemOff + 2 * 4;               // CSA ids [topk]
+static_assert(kConsumerThreads / 32 * kStageBytes == 2 * kBlockBytes,
+              "O's staging is the P tiles: each consumer warp's 16 P rows hold its two boxes");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -189,8 +200,8 @@ __device__ __forceinline__ void publish_p(unsigned char* tile, const std::uint32
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
-                                  const std::int32_t* topk, bf16* out, float* lse,
-                                  int head_blocks, int items, unsigned* stamps) {
+                                  const std::int32_t* topk, const __grid_constant__ CUtensorMap out_map,
+                                  float* lse, int head_blocks, int items, unsigned* stamps) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + align_1024_pad(smem_raw);  // wgmma's swizzle atoms
   const std::uint32_t base = smem_addr(smem);
@@ -359,6 +370,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t p0_base = base + kPOff, p1_base = p0_base + kBlockBytes;
   unsigned char* p0_s = smem + kPOff;
   unsigned char* p1_s = p0_s + kBlockBytes;
+  // This warp's O staging: the P rows it publishes (rows 16 (warp % 4) .. +15 of its P tile).
+  unsigned char* stage_s = p0_s + (4 * c + (warp & 3)) * kStageBytes;
+  // Before the warp rewrites its staging (with P, or the next item's O boxes): the TMA has read
+  // the boxes lane 0 stored from it.
+  auto staging_read = [&]() {
+    if (lane == 0) bulk_wait_group_read<0>();
+    __syncwarp();
+  };
   int ring = 0;
   int local = 0;
   for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
@@ -431,6 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // buffer 0 is free half a pair earlier than if P_0 waited for m_1. The tile is
         // rewritten only after the next S_0, which waits for buffer 0's second half, which the
         // producer refills only after consumer 1's product (the last reader of P_0) is done.
+        if (pair == 0) staging_read();
         publish_p(p0_s, p, row_max, m0, row0, qd);
         named_barrier_arrive(kBarM0P0, kConsumerThreads);
         stamp(local, pair, 1);
@@ -520,6 +540,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           l_part[r] *= f[r];
         }
         exponentiate(s, scale2, m1, l_part, p);
+        if (pair == 0) staging_read();
         publish_p(p1_s, p, row_max, m1, row0, qd);
         named_barrier_arrive(kBarM1P1, kConsumerThreads);
         stamp(local, pair, 5);
@@ -558,21 +579,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float l0 = sums[row0] + sums[kRows + row0];
     const float l1 = sums[row1] + sums[kRows + row1];
     const float inv[2] = {1.0f / l0, 1.0f / l1};
-    // 8-byte stores: lane pairs (qd, qd ^ 1) swap one bf16 pair so that the even lane holds
-    // dims 8i + 2qd .. +3 of column group i and the odd lane those of group i + 1.
-    const bool odd = (qd & 1) != 0;
+    // O / l to bf16, box k = rows 8 (k / 4) .. +7 of the warp's 16 x dims 64 (k % 4) .. +63 of
+    // the consumer's 256, through staging slot k % 2 (box k - 2's, read once the TMA has) in
+    // the TMA's 128-byte swizzle (fragment_off's layout: row g at g * 128, the 16-byte chunk j
+    // at j ^ g). Every other consumer has finished its pair loop (the row-sum barrier above), so
+    // no wgmma still reads these P rows. Rows past H are outside the map: not written.
+    staging_read();
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = r == 0 ? row0 : row1;
-      bf16* orow = out + (static_cast<long>(t) * H + h0 + row) * kDim + 256 * c;
+    for (int k = 0; k < 8; ++k) {
+      const int r = k >> 2, blk = k & 3;
+      unsigned char* box = stage_s + (k & 1) * kBoxBytes;
+      if (k >= 2) {
+        if (lane == 0) bulk_wait_group_read<1>();
+        __syncwarp();
+      }
 #pragma unroll
-      for (int i = 0; i < 32; i += 2) {
-        const std::uint32_t a = pack_bf16(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
-        const std::uint32_t b =
-            pack_bf16(o[4 * (i + 1) + 2 * r] * inv[r], o[4 * (i + 1) + 2 * r + 1] * inv[r]);
-        const std::uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a : b, 1);
-        const int dim = odd ? 8 * (i + 1) + 2 * (qd - 1) : 8 * i + 2 * qd;
-        if (h0 + row < H) st_global_v2_hint(orow + dim, odd ? got : a, odd ? b : got, stream_policy);
+      for (int j = 0; j < 8; ++j) {
+        const int i = 8 * blk + j;
+        *reinterpret_cast<std::uint32_t*>(box + fragment_off(g, j, qd)) =
+            pack_bf16(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+      }
+      fence_proxy_async_smem();  // st.shared -> the TMA's read
+      __syncwarp();
+      if (lane == 0) {
+        tma_store_3d(&out_map, smem_addr(box), 256 * c + 64 * blk, h0 + 16 * (warp & 3) + 8 * r, t, stream_policy);
+        bulk_commit_group();
       }
     }
     if (c == 0 && qd == 0) {
@@ -581,6 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     stamp_item(local, 3);
   }
+  if (lane == 0) bulk_wait_all();  // shared memory outlives the TMA's reads, O is written
 }
 
 }  // namespace
@@ -599,6 +631,8 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
           "the wgmma attention kernel needs head_dim 512, got " + std::to_string(d.head_dim));
   require(d.scale > 0.0f, ErrorKind::InvalidArgument,
           "the wgmma attention kernel takes a positive softmax scale (its row maxima are taken before scaling)");
+  require(reinterpret_cast<std::uintptr_t>(out) % 16 == 0, ErrorKind::InvalidArgument,
+          "the wgmma attention kernel stores O through a TMA map: out must be 16-byte aligned");
   const std::size_t smem = wgmma_smem_bytes(d);
   auto kernel = sparse_attention_wgmma_kernel;
   allow_dynamic_smem(kernel, smem, "the wgmma attention kernel (its shared memory grows with index_topk)");
@@ -608,7 +642,8 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   // Persistent: one CTA per multiprocessor (the kernel's shared memory allows one).
   const int sms = multiprocessor_count();
   const int grid = static_cast<int>(std::min<long>(items, sms));
-  kernel<<<grid, kThreads, smem, stream>>>(d, meta, q, kv, comp, sink, topk, out, lse, head_blocks,
+  const CUtensorMap out_map = bf16_heads_tensor_map(out, d.rows, d.heads, kDim, 8, 64);
+  kernel<<<grid, kThreads, smem, stream>>>(d, meta, q, kv, comp, sink, topk, out_map, lse, head_blocks,
                                            static_cast<int>(items), phase_stamps);
   CSATTN_CUDA_LAUNCH_CHECK();
 }

@@ -17,4 +17,10 @@ namespace csattn::cuda {
 // lacks the encoder or refuses the map (base not 16-byte aligned, cols * 2 not a multiple of 16).
 CUtensorMap bf16_rows_tensor_map(const bf16* base, long rows, int cols, int box_rows, int box_cols);
 
+// A row-major [tokens x heads x cols] bf16 tensor (an attention output) in [1 x box_heads x
+// box_cols] boxes, same swizzle. A box's heads at or past `heads` are outside the map: a TMA
+// store leaves them unwritten (they are the next token's rows), so a head block whose last
+// rows pass H needs no special case. Errors as bf16_rows_tensor_map (box_heads <= 256).
+CUtensorMap bf16_heads_tensor_map(bf16* base, long tokens, int heads, int cols, int box_heads, int box_cols);
+
 }  // namespace csattn::cuda

@@ -1,9 +1,10 @@
 // Synchronisation for warp-specialised Hopper kernels (sm_90): shared-memory mbarriers with
 // phase parity, cp.async completion tracked by an mbarrier, named barriers between subsets of
 // warps, the generic -> async proxy fence (wgmma reads shared memory through the async proxy),
-// TMA tile loads completing on an mbarrier, and setmaxnreg. PTX ISA sections: "mbarrier",
-// "cp.async.mbarrier.arrive", "cp.async.bulk.tensor", "bar.sync", "fence.proxy.async", "setmaxnreg",
-// and L2 cache policies for streamed data ("createpolicy", the loads' and stores' .L2::cache_hint).
+// TMA tile loads completing on an mbarrier, TMA tile stores in bulk async-groups, and
+// setmaxnreg. PTX ISA sections: "mbarrier", "cp.async.mbarrier.arrive", "cp.async.bulk.tensor",
+// "cp.async.bulk.wait_group", "bar.sync", "fence.proxy.async", "setmaxnreg", and L2 cache
+// policies for streamed data ("createpolicy", the loads' and stores' .L2::cache_hint).
 #pragma once
 #include <cstdint>
 
@@ -74,11 +75,26 @@ __device__ __forceinline__ void cp_async_16_zfill_hint(std::uint32_t dst, const 
                "r"(real ? 16 : 0), "l"(policy)
                : "memory");
 }
-// An 8-byte global store with an L2 cache policy.
-__device__ __forceinline__ void st_global_v2_hint(void* p, std::uint32_t a, std::uint32_t b, std::uint64_t policy) {
-  asm volatile("st.global.L2::cache_hint.v2.b32 [%0], {%1, %2}, %3;\n" ::"l"(p), "r"(a), "r"(b), "l"(policy)
-               : "memory");
+// TMA store: the box at shared-memory address src to (x = column, y = head, z = token) of the
+// 3-D tensor map `map` (a __grid_constant__ kernel parameter, tma.hpp), under an L2 cache
+// policy, in this thread's bulk async-group (closed by bulk_commit_group). The writer threads
+// of src must have run fence_proxy_async_smem and synchronised with this thread first.
+__device__ __forceinline__ void tma_store_3d(const void* map, std::uint32_t src, int x, int y, int z,
+                                             std::uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group.L2::cache_hint [%0, {%2, %3, %4}], [%1], %5;\n"
+      ::"l"(reinterpret_cast<std::uint64_t>(map)), "r"(src), "r"(x), "r"(y), "r"(z), "l"(policy)
+      : "memory");
 }
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's bulk groups are still reading their shared memory (the
+// source may then be rewritten; their global writes may still be in flight).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Until all of this thread's bulk groups are complete, their global writes included.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Hint: bring the 128-byte line holding `p` into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));

@@ -1,8 +1,8 @@
 // Kernel-level tests of the sparse attention forward kernels (launch_sparse_attention_*): the
 // wgmma kernel against an fp64 reference computed here, the mma kernel and the CUDA-core
-// baseline, on random inputs with heads 64 / 128 / 24 / 8, CSA top-k rows with -1 slots
-// (trailing and interleaved), HCA rows with hundreds of compressed keys, rows with fewer keys
-// than a tile. Outputs and LSE are NaN-poisoned (0xFF bytes) before every run. Skips (with
+// baseline, on random inputs with heads 64 / 128 / 72 / 24 / 20 / 8, CSA top-k rows with -1
+// slots (trailing and interleaved), HCA rows with hundreds of compressed keys, rows with fewer
+// keys than a tile. Outputs and LSE are NaN-poisoned (0xFF bytes) before every run. Skips (with
 // the reason) where no GPU is present; the lent H200 runs them.
 #include <gtest/gtest.h>
 
@@ -202,14 +202,18 @@ void reference(const Problem& p, std::vector<double>& out, std::vector<double>& 
   }
 }
 
-enum class Kernel { wgmma, wgmma_stamped, mma, baseline, dispatch };
+// dispatch_misaligned: launch_sparse_attention with an output 8 bytes past a 16-byte boundary
+// (the wgmma kernel's TMA map cannot take it: the mma kernel runs instead).
+enum class Kernel { wgmma, wgmma_stamped, mma, baseline, dispatch, dispatch_misaligned };
 
 struct Result {
   std::vector<float> out, lse;
   std::vector<std::uint16_t> out_bits;
 };
 
-// Uploads the problem once and runs any kernel on it (outputs poisoned before each run).
+// Uploads the problem once and runs any kernel on it (outputs poisoned before each run). The
+// output sits between guard elements (8 before, or 4 for dispatch_misaligned; 8 - that after),
+// which every run must leave poisoned: a write past the head rows or the tokens shows.
 class DeviceProblem {
  public:
   explicit DeviceProblem(const Problem& p)
@@ -220,7 +224,7 @@ class DeviceProblem {
         sink_(p.sink.size()),
         topk_(std::max<std::size_t>(p.topk.size(), 1)),
         meta_(2 * (p.cu.size() + p.comp_start.size()) + 2 * p.q_pos.size() + p.q_pos.size()),
-        out_(static_cast<std::size_t>(p.d.rows) * p.d.heads * 512),
+        out_(static_cast<std::size_t>(p.d.rows) * p.d.heads * 512 + 2 * kGuard),
         lse_(static_cast<std::size_t>(p.d.rows) * p.d.heads) {
     q_.upload(to_bits(p.q));
     kv_.upload(to_bits(p.kv));
@@ -250,7 +254,8 @@ class DeviceProblem {
     const bf16* q = reinterpret_cast<const bf16*>(q_.get());
     const bf16* kv = reinterpret_cast<const bf16*>(kv_.get());
     const bf16* comp = reinterpret_cast<const bf16*>(comp_.get());
-    bf16* out = reinterpret_cast<bf16*>(out_.get());
+    const std::size_t at = k == Kernel::dispatch_misaligned ? kGuard / 2 : kGuard;
+    bf16* out = reinterpret_cast<bf16*>(out_.get()) + at;
     out_.fill_bytes(0xFF);  // NaN for bf16 and fp32
     lse_.fill_bytes(0xFF);
     const LayerDims& d = p_.d;
@@ -274,6 +279,7 @@ class DeviceProblem {
                                                lse_.get(), nullptr);
         break;
       case Kernel::dispatch:
+      case Kernel::dispatch_misaligned:
         cuda::launch_sparse_attention(d, meta_dev_, q, kv, comp, sink_.get(), topk, out,
                                       lse_.get(), nullptr);
         break;
@@ -281,7 +287,14 @@ class DeviceProblem {
     cuda_ok(cudaGetLastError(), "cudaGetLastError()");
     cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize()");
     Result r;
-    r.out_bits = out_.download();
+    const std::vector<std::uint16_t> all = out_.download();
+    const std::size_t count = all.size() - 2 * kGuard;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (i < at || i >= at + count) {
+        EXPECT_EQ(all[i], 0xFFFFu) << "a write outside the output, guard element " << i;
+      }
+    }
+    r.out_bits.assign(all.begin() + static_cast<long>(at), all.begin() + static_cast<long>(at + count));
     r.out.resize(r.out_bits.size());
     for (std::size_t i = 0; i < r.out.size(); ++i) r.out[i] = bf16_bits_to_float(r.out_bits[i]);
     r.lse = lse_.download();
@@ -291,6 +304,7 @@ class DeviceProblem {
   std::vector<unsigned> stamps() { return stamps_.download(); }
 
  private:
+  static constexpr std::size_t kGuard = 8;  // bf16 elements: 16 bytes
   const Problem& p_;
   DeviceArray<std::uint16_t> q_, kv_, comp_;
   DeviceArray<float> sink_;
@@ -362,6 +376,13 @@ TEST_P(CudaAttentionForward, WgmmaMatchesReferenceMmaAndBaseline) {
   expect_close("wgmma vs mma", w, m.out, m.lse, T, H, 2e-2, 5e-3, 1e-4);
   const Result b = dev.run(Kernel::baseline);
   expect_close("baseline vs fp64", b, ref_out, ref_lse, T, H, 2e-2, 6e-3, 1e-4);
+  // An output the TMA cannot take is dispatched to the mma kernel (unless CSATTN_ATTENTION
+  // picks another), which writes it where it lies.
+  if (std::getenv("CSATTN_ATTENTION") == nullptr) {
+    const Result mis = dev.run(Kernel::dispatch_misaligned);
+    EXPECT_EQ(0, std::memcmp(mis.out_bits.data(), m.out_bits.data(), m.out_bits.size() * 2))
+        << "a misaligned output did not take the mma kernel";
+  }
 }
 
 TEST_P(CudaAttentionForward, WgmmaRunsAreBitwiseEqual) {
@@ -432,6 +453,10 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{"CSA_H128", 128, 4, 128, 1024, {70, 4300}, 80, 6, true},
         AttnCase{"CSA_H24", 24, 4, 128, 64, {5, 1, 77, 203, 700}, 210, 8, true},
         AttnCase{"CSA_H8", 8, 4, 16, 40, {3, 150, 401}, 160, 8, true},
+        // Head counts whose last head block ends inside an 8-row O box (20: rows 16-19 of
+        // one box written, 20-23 not) or holds a single box (72: 64 + 8).
+        AttnCase{"CSA_H20", 20, 4, 128, 64, {5, 77, 330}, 210, 8, true},
+        AttnCase{"HCA_H72", 72, 128, 128, 0, {1, 400}, 80, 6, false},
         // HCA: the last rows of a 89600-row segment see 700 compressed keys (13 tiles).
         AttnCase{"HCA_H64_long", 64, 128, 128, 0, {70, 300, 89600}, 300, 4, false},
         AttnCase{"HCA_H128", 128, 128, 128, 0, {70, 300, 521}, 80, 6, false},
@@ -450,6 +475,24 @@ INSTANTIATE_TEST_SUITE_P(
 // The wgmma kernel takes its row maxima before scaling (exact only for a positive scale): a
 // zero or negative scale is refused before anything touches the device, so this runs
 // without a GPU too.
+// The wgmma kernel stores O through a TMA map: an output that is not 16-byte aligned is refused
+// before the device is touched (launch_sparse_attention then takes the mma kernel).
+TEST(CudaAttentionForwardArgs, MisalignedOutputIsRefused) {
+  LayerDims d;
+  d.rows = 1;
+  d.heads = 64;
+  d.head_dim = 512;
+  d.scale = 0.04f;
+  try {
+    cuda::launch_sparse_attention_wgmma(d, DeviceMetadata{}, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                        reinterpret_cast<bf16*>(std::uintptr_t{8}), nullptr, nullptr);
+    ADD_FAILURE() << "an output 8 bytes past a 16-byte boundary was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaAttentionForwardArgs, NonPositiveScaleIsRefused) {
   for (float scale : {0.0f, -0.04f}) {
     LayerDims d;
