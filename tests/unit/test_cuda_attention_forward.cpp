@@ -1,8 +1,8 @@
 // Kernel-level tests of the sparse attention forward kernels (launch_sparse_attention_*): the
 // wgmma kernel against an fp64 reference computed here, the mma kernel and the CUDA-core
-// baseline, on random inputs with heads 64 / 128 / 24 / 8, CSA top-k rows with -1 slots
-// (trailing and interleaved), HCA rows with hundreds of compressed keys, rows with fewer keys
-// than a tile. Outputs and LSE are NaN-poisoned (0xFF bytes) before every run. Skips (with
+// baseline, on random inputs with heads 64 / 128 / 72 / 24 / 20 / 8, CSA top-k rows with -1
+// slots (trailing and interleaved), HCA rows with hundreds of compressed keys, rows with fewer
+// keys than a tile. Outputs and LSE are NaN-poisoned (0xFF bytes) before every run. Skips (with
 // the reason) where no GPU is present; the lent H200 runs them.
 #include <gtest/gtest.h>
 
@@ -209,7 +209,9 @@ struct Result {
   std::vector<std::uint16_t> out_bits;
 };
 
-// Uploads the problem once and runs any kernel on it (outputs poisoned before each run).
+// Uploads the problem once and runs any kernel on it (outputs poisoned before each run). The
+// output sits between guard elements, which every run must leave poisoned: a write past the
+// head rows or the tokens shows.
 class DeviceProblem {
  public:
   explicit DeviceProblem(const Problem& p)
@@ -220,7 +222,7 @@ class DeviceProblem {
         sink_(p.sink.size()),
         topk_(std::max<std::size_t>(p.topk.size(), 1)),
         meta_(2 * (p.cu.size() + p.comp_start.size()) + 2 * p.q_pos.size() + p.q_pos.size()),
-        out_(static_cast<std::size_t>(p.d.rows) * p.d.heads * 512),
+        out_(static_cast<std::size_t>(p.d.rows) * p.d.heads * 512 + 2 * kGuard),
         lse_(static_cast<std::size_t>(p.d.rows) * p.d.heads) {
     q_.upload(to_bits(p.q));
     kv_.upload(to_bits(p.kv));
@@ -250,7 +252,7 @@ class DeviceProblem {
     const bf16* q = reinterpret_cast<const bf16*>(q_.get());
     const bf16* kv = reinterpret_cast<const bf16*>(kv_.get());
     const bf16* comp = reinterpret_cast<const bf16*>(comp_.get());
-    bf16* out = reinterpret_cast<bf16*>(out_.get());
+    bf16* out = reinterpret_cast<bf16*>(out_.get()) + kGuard;
     out_.fill_bytes(0xFF);  // NaN for bf16 and fp32
     lse_.fill_bytes(0xFF);
     const LayerDims& d = p_.d;
@@ -281,7 +283,14 @@ class DeviceProblem {
     cuda_ok(cudaGetLastError(), "cudaGetLastError()");
     cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize()");
     Result r;
-    r.out_bits = out_.download();
+    const std::vector<std::uint16_t> all = out_.download();
+    const std::size_t count = all.size() - 2 * kGuard;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (i < kGuard || i >= kGuard + count) {
+        EXPECT_EQ(all[i], 0xFFFFu) << "a write outside the output, guard element " << i;
+      }
+    }
+    r.out_bits.assign(all.begin() + static_cast<long>(kGuard), all.begin() + static_cast<long>(kGuard + count));
     r.out.resize(r.out_bits.size());
     for (std::size_t i = 0; i < r.out.size(); ++i) r.out[i] = bf16_bits_to_float(r.out_bits[i]);
     r.lse = lse_.download();
@@ -291,6 +300,7 @@ class DeviceProblem {
   std::vector<unsigned> stamps() { return stamps_.download(); }
 
  private:
+  static constexpr std::size_t kGuard = 8;  // bf16 elements (16 bytes) before and after the output
   const Problem& p_;
   DeviceArray<std::uint16_t> q_, kv_, comp_;
   DeviceArray<float> sink_;
@@ -432,6 +442,10 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{"CSA_H128", 128, 4, 128, 1024, {70, 4300}, 80, 6, true},
         AttnCase{"CSA_H24", 24, 4, 128, 64, {5, 1, 77, 203, 700}, 210, 8, true},
         AttnCase{"CSA_H8", 8, 4, 16, 40, {3, 150, 401}, 160, 8, true},
+        // A last head block that ends inside an 8-row group (20: rows 16-19) or holds one
+        // (72 = 64 + 8): its rows past H are the next token's and stay unwritten.
+        AttnCase{"CSA_H20", 20, 4, 128, 64, {5, 77, 330}, 210, 8, true},
+        AttnCase{"HCA_H72", 72, 128, 128, 0, {1, 400}, 80, 6, false},
         // HCA: the last rows of a 89600-row segment see 700 compressed keys (13 tiles).
         AttnCase{"HCA_H64_long", 64, 128, 128, 0, {70, 300, 89600}, 300, 4, false},
         AttnCase{"HCA_H128", 128, 128, 128, 0, {70, 300, 521}, 80, 6, false},
