@@ -183,44 +183,6 @@ struct PersistingL2SetAside {
   PersistingL2SetAside& operator=(const PersistingL2SetAside&) = delete;
 };
 
-// The attention backward (fast mode, the real dispatch) with a persisting L2 window over the
-// compressed rows' fp32 key gradients: a measurement of what keeping part of them resident
-// buys at 32K / 64K keys, where they exceed L2 and every wave of CTAs fetches and writes them
-// back again. The device-wide set-aside (its maximum) and the stream's access-policy window
-// are set around the case and undone after, also on a failure. `set_aside_bytes` and
-// `hit_ratio` go into the record.
-json sparse_attention_backward_persisting_case(int heads, int topk, int keys, int queries, double gemm_tflops) {
-  int device = 0, max_set_aside = 0, max_window = 0;
-  CSATTN_CUDA_CHECK(cudaGetDevice(&device));
-  CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&max_set_aside, cudaDevAttrMaxPersistingL2CacheSize, device));
-  CSATTN_CUDA_CHECK(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, device));
-  require(max_set_aside > 0 && max_window > 0, ErrorKind::Unsupported,
-          "this device has no persisting L2 set-aside or access-policy window");
-  const SparseAttentionInputs in(heads, topk, keys, queries, true);
-  in.forward();
-  const std::size_t dk_bytes = static_cast<std::size_t>(keys) * 512 * 4;
-  const std::size_t window = std::min<std::size_t>(dk_bytes, static_cast<std::size_t>(max_window));
-  const double hit_ratio = std::min(1.0, static_cast<double>(max_set_aside) / static_cast<double>(window));
-  const PersistingL2SetAside set_aside(static_cast<std::size_t>(max_set_aside));
-  CSATTN_CUDA_CHECK(set_aside.status);
-  cudaStream_t stream = nullptr;  // the case's own: the window is a stream attribute
-  CSATTN_CUDA_CHECK(cudaStreamCreate(&stream));
-  const std::unique_ptr<CUstream_st, cudaError_t (*)(cudaStream_t)> stream_owner(stream, cudaStreamDestroy);
-  cudaStreamAttrValue policy{};
-  policy.accessPolicyWindow.base_ptr = in.dcomp;
-  policy.accessPolicyWindow.num_bytes = window;
-  policy.accessPolicyWindow.hitRatio = static_cast<float>(hit_ratio);
-  policy.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
-  policy.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
-  CSATTN_CUDA_CHECK(cudaStreamSetAttribute(stream, cudaStreamAttributeAccessPolicyWindow, &policy));
-  const double ms = median_event_ms([&] { in.backward(stream); }, stream, 1, 5);
-  json j = in.record(ms, 2.0 * (3 * 512 + 2 * 512), gemm_tflops);
-  j["kernel"] = std::string(attention_backward_kernel_name(in.d)) + " (persisting L2 window over dK)";
-  j["set_aside_bytes"] = max_set_aside;
-  j["hit_ratio"] = hit_ratio;
-  return j;
-}
-
 // One reduction ceiling (reduction_ceiling.hpp): `tiles` tiles of 64 random rows out of `rows`
 // gradient rows of 512 fp32. One run from zeros is checked first, element by element - each
 // must be exactly what the path adds (1.0f per tile that picked its row; the stores leave
@@ -611,25 +573,8 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
                     j["kernel"].get<std::string>().c_str());
         report["attention_backward_pass_model"] = j;
       }
-      // Part of the compressed rows' dK kept in L2 by a persisting window (design.md, "What
-      // comes next"; the reductions section's kept rows gained 6-16% of the reduction rate
-      // with a set-aside). A measurement of whether a library option is worth it: the
-      // set-aside is a device-wide setting.
-      for (int keys : {8192, 32768, 65536}) {
-        std::fprintf(stderr, "cuda_bench: sparse attention backward, persisting dK, keys %d\n", keys);
-        try {
-          json j = sparse_attention_backward_persisting_case(128, 1024, keys, 4096, gemm);
-          std::printf("%6d %6d %7d %10.3f %9.1f %8.3f  %s, %.1f MB set aside, hit ratio %.2f\n", 128, 1024, keys,
-                      j["ms"].get<double>(), j["tflops"].get<double>(), j["fraction_of_gemm"].get<double>(),
-                      j["kernel"].get<std::string>().c_str(), j["set_aside_bytes"].get<double>() / 1e6,
-                      j["hit_ratio"].get<double>());
-          report["attention_backward_persisting"].push_back(j);
-        } catch (const Error& e) {
-          std::printf("%6d %6d %7d   FAILED: %s\n", 128, 1024, keys, e.what());
-          report["attention_backward_persisting"].push_back(json{{"keys", keys}, {"error", e.what()}});
-          if (cudaGetLastError() != cudaSuccess) throw;  // a sticky device error ends the run
-        }
-      }
+      // (A persisting L2 window over the compressed rows' dK was measured here: +0.3% at 32K
+      // keys, -39% at 64K; perf.md, twenty-ninth session.)
       // Where the time goes inside the wgmma kernel (clock() stamps of one launch).
       if (!report["sparse_attention_backward"].empty() &&
           report["sparse_attention_backward"].front()["kernel"] == "wgmma")
