@@ -226,18 +226,28 @@ json reduction_case(ReductionPath path, int tiles, int rows, int keep_rows = 0) 
 // The gather ceiling (gather_ceiling.hpp) at the attention benchmark's shapes: 4096 queries,
 // each reading its 128 window rows (of 4096 raw rows) and `topk` random rows of `keys`
 // compressed rows, once per 64-head block (head_blocks consecutive items a query, as the
-// forward's items; `split`: each of them a part of the rows instead); timed without and then
+// forward's items; GatherRows says which of those rows an item takes); timed without and then
 // with the streams (each item also reading 64 KB of Q and writing 64 KB of O), on the same
 // table and ids: two results. Each is checked first (the kernel's word sum against the host's;
 // the bench's Q is bytes 0x01, so only the test, with random Q words, checks which Q an item
 // reads), then timed; gathered TB/s over the rows moved (once per head block: twice the
 // attention table's per-query key TB/s at Pro), and the forward's roofline: its FLOPs of the
-// same queries over the time (128 FLOPs a gathered byte; 128 x head_blocks when split).
-std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_tbps, bool split) {
+// same queries over the time (all the query's rows, window included, whichever rows moved).
+// GatherRows: `all` of the query's rows for every head block; `shared`: the head blocks of a
+// query share its rows, each gathering 1 / head_blocks of them (what a cluster of the query's
+// CTAs that forwards the rest between them would fetch); `topk_only`: its top-k rows alone,
+// the window rows skipped (the bound on what keeping window rows on chip from one token to
+// the next could buy).
+enum class GatherRows { all, shared, topk_only };
+const char* gather_rows_name(GatherRows r) {
+  return r == GatherRows::all ? "all" : r == GatherRows::shared ? "shared" : "top-k";
+}
+std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_tbps, GatherRows rows) {
   constexpr int kQueries = 4096, kWindow = 128, kRawRows = 4096;
-  // `split`: the head blocks of a query share its rows, each gathering 1 / head_blocks of them
-  // (what a cluster of the query's CTAs that forwards the rest between them would fetch).
-  const int list = kWindow + topk, per_item = split ? list / head_blocks : list;
+  const bool split = rows == GatherRows::shared;
+  const int window = rows == GatherRows::topk_only ? 0 : kWindow;  // the window rows an item takes
+  const int full = kWindow + topk;                                  // the forward's key list
+  const int list = window + topk, per_item = split ? list / head_blocks : list;
   const int items = kQueries * head_blocks;
   require(per_item % 64 == 0 && per_item * (split ? head_blocks : 1) == list, ErrorKind::InvalidArgument,
           "gathers: the rows an item takes must be whole 64-row tiles");
@@ -254,8 +264,8 @@ std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_
   std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * per_item);
   std::vector<std::int32_t> query_list(static_cast<std::size_t>(list));
   for (int qi = 0; qi < kQueries; ++qi) {
-    for (int j = 0; j < kWindow; ++j) query_list[j] = (qi - kWindow + 1 + j + kRawRows) % kRawRows;
-    for (int j = 0; j < topk; ++j) query_list[kWindow + j] = kRawRows + pick(rng);
+    for (int j = 0; j < window; ++j) query_list[j] = (qi - kWindow + 1 + j + kRawRows) % kRawRows;
+    for (int j = 0; j < topk; ++j) query_list[window + j] = kRawRows + pick(rng);
     std::int32_t* first = ids.data() + static_cast<std::size_t>(qi) * head_blocks * per_item;
     for (int hb = 0; hb < head_blocks; ++hb)
       std::copy_n(query_list.begin() + (split ? hb * per_item : 0), per_item,
@@ -292,10 +302,10 @@ std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_
     const double gathered_bytes = static_cast<double>(ids.size()) * 1024;
     const double tbps = gathered_bytes / (ms * 1e-3) / 1e12;
     // The forward's FLOPs over the same queries: 2 x 64 x 1,024 a (head block, key) pair.
-    const double flops = static_cast<double>(kQueries) * head_blocks * list * 2.0 * 64 * 1024;
+    const double flops = static_cast<double>(kQueries) * head_blocks * full * 2.0 * 64 * 1024;
     results.push_back(json{{"head_blocks", head_blocks}, {"topk", topk},        {"keys", keys},
                            {"queries", kQueries},      {"window", kWindow},    {"streams", streams},
-                           {"split", split},           {"ms", ms},             {"gathered_tbps", tbps},
+                           {"rows", gather_rows_name(rows)}, {"ms", ms},           {"gathered_tbps", tbps},
                            {"fraction_of_copy", tbps / copy_tbps}, {"roofline_tflops", flops / (ms * 1e-3) / 1e12},
                            {"checked", true}});
   }
@@ -651,28 +661,31 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
       std::printf("\nkey-row gathers alone, the attention forward's pattern (cp.async, 16 B; gathered TB/s over the\n"
                   "rows moved; roofline: the forward's FLOPs of the same queries over this time - its TFLOPS\n"
                   "bound. rows: each 64-head block gathers all its query's rows, or (shared) half of them, what\n"
-                  "a cluster of a query's two head blocks forwarding the other half between them would fetch)\n");
+                  "a cluster of a query's two head blocks forwarding the other half between them would fetch, or\n"
+                  "(top-k) its top-k rows alone, the window rows skipped: what window reuse could at most buy)\n");
       std::printf("%6s %6s %7s %7s %8s %9s %9s %8s %9s\n", "heads", "topk", "keys", "rows", "Q / O", "ms",
                   "gathered", "of copy", "roofline");
       struct GatherShape {
         int heads, topk;
-        bool split;
+        GatherRows rows;
       };
-      for (GatherShape g : {GatherShape{64, 512, false}, GatherShape{128, 1024, false}, GatherShape{128, 1024, true}})
+      for (GatherShape g : {GatherShape{64, 512, GatherRows::all}, GatherShape{128, 1024, GatherRows::all},
+                            GatherShape{128, 1024, GatherRows::shared}, GatherShape{64, 512, GatherRows::topk_only}})
         for (int keys : {8192, 32768, 65536}) {
-          std::fprintf(stderr, "cuda_bench: gathers H %d top-k %d keys %d%s\n", g.heads, g.topk, keys,
-                       g.split ? " (shared rows)" : "");
+          std::fprintf(stderr, "cuda_bench: gathers H %d top-k %d keys %d, rows %s\n", g.heads, g.topk, keys,
+                       gather_rows_name(g.rows));
           try {
-            for (const json& j : gather_cases(g.heads / 64, g.topk, keys, copy, g.split)) {
+            for (const json& j : gather_cases(g.heads / 64, g.topk, keys, copy, g.rows)) {
               std::printf("%6d %6d %7d %7s %8s %9.3f %9.2f %8.3f %9.1f\n", g.heads, g.topk, keys,
-                          g.split ? "shared" : "all", j["streams"].get<bool>() ? "yes" : "no",
+                          gather_rows_name(g.rows), j["streams"].get<bool>() ? "yes" : "no",
                           j["ms"].get<double>(), j["gathered_tbps"].get<double>(),
                           j["fraction_of_copy"].get<double>(), j["roofline_tflops"].get<double>());
               report["gathers"].push_back(j);
             }
           } catch (const Error& e) {
             std::printf("%6d %6d %7d   FAILED: %s\n", g.heads, g.topk, keys, e.what());
-            report["gathers"].push_back(json{{"heads", g.heads}, {"keys", keys}, {"split", g.split}, {"error", e.what()}});
+            report["gathers"].push_back(
+                json{{"heads", g.heads}, {"keys", keys}, {"rows", gather_rows_name(g.rows)}, {"error", e.what()}});
             if (cudaGetLastError() != cudaSuccess) throw;  // a sticky device error ends the run
           }
         }
