@@ -568,7 +568,7 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
             report["sparse_attention_backward"].push_back(j);
           }
         }
-      // A model of one key-range pass (design.md, "What comes next" step 3): a 32K-key Pro
+      // A model of one key-range pass (measured out, perf.md twenty-seventh session): a 32K-key Pro
       // backward split into 4 ranges of 8K compressed keys gives each query ~256 of its 1024
       // top-k ids a pass, with every dK line of the range resident in L2. Timed here as its
       // own shape (top-k 256 into 8K keys; the window in every pass, where the real passes
