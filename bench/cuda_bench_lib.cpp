@@ -568,12 +568,12 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
             report["sparse_attention_backward"].push_back(j);
           }
         }
-      // A model of one key-range pass (measured out, perf.md twenty-seventh session): a 32K-key Pro
-      // backward split into 4 ranges of 8K compressed keys gives each query ~256 of its 1024
-      // top-k ids a pass, with every dK line of the range resident in L2. Timed here as its
-      // own shape (top-k 256 into 8K keys; the window in every pass, where the real passes
-      // would take it once): if it runs near the 8K row's rate, the passes would lift 32K /
-      // 64K towards it, less their extra Q / dO reads and dQ sums.
+      // A model of one key-range pass (measured out: perf.md, twenty-seventh session): a
+      // 32K-key Pro backward split into 4 ranges of 8K compressed keys gives each query ~256 of
+      // its 1024 top-k ids a pass, with every dK line of the range resident in L2. Timed here
+      // as its own shape (top-k 256 into 8K keys; the window in every pass, where the real
+      // passes would take it once): if it runs near the 8K row's rate, the passes would lift
+      // 32K / 64K towards it, less their extra Q / dO reads and dQ sums.
       {
         std::fprintf(stderr, "cuda_bench: sparse attention backward pass model\n");
         json j = sparse_attention_backward_case(128, 256, 8192, 4096, gemm, KeyGradWrites::all);
