@@ -242,7 +242,10 @@ enum class GatherRows { all, shared, topk_only };
 const char* gather_rows_name(GatherRows r) {
   return r == GatherRows::all ? "all" : r == GatherRows::shared ? "shared" : "top-k";
 }
-std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_tbps, GatherRows rows) {
+// `copy`: how the rows move (gather_ceiling.hpp: 16-byte cp.async, or eight 128-byte TMA boxes
+// a row).
+std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_tbps, GatherRows rows,
+                               GatherCopy copy) {
   constexpr int kQueries = 4096, kWindow = 128, kRawRows = 4096;
   const bool split = rows == GatherRows::shared;
   const int window = rows == GatherRows::topk_only ? 0 : kWindow;  // the window rows an item takes
@@ -290,7 +293,8 @@ std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_
     const std::uint32_t want = key_sum + (streams ? static_cast<std::uint32_t>(stream_bytes / 4) * 0x01010101u : 0u);
     CSATTN_CUDA_CHECK(cudaMemset(sum_dev, 0, 4));
     auto run = [&] {
-      launch_gather_ceiling(table_dev, ids_dev, items, per_item, q_dev, out_dev, streams, sum_dev, nullptr);
+      launch_gather_ceiling(table_dev, ids_dev, items, per_item, q_dev, out_dev, streams, sum_dev, nullptr, copy,
+                            table_rows);
     };
     run();
     unsigned got = 0;
@@ -306,6 +310,7 @@ std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_
     results.push_back(json{{"head_blocks", head_blocks}, {"topk", topk},        {"keys", keys},
                            {"queries", kQueries},      {"window", kWindow},    {"streams", streams},
                            {"rows", gather_rows_name(rows)}, {"ms", ms},           {"gathered_tbps", tbps},
+                           {"copy", copy == GatherCopy::cp_async ? "cp.async" : "tma boxes"},
                            {"fraction_of_copy", tbps / copy_tbps}, {"roofline_tflops", flops / (ms * 1e-3) / 1e12},
                            {"checked", true}});
   }
@@ -662,30 +667,39 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
                   "rows moved; roofline: the forward's FLOPs of the same queries over this time - its TFLOPS\n"
                   "bound. rows: each 64-head block gathers all its query's rows, or (shared) half of them, what\n"
                   "a cluster of a query's two head blocks forwarding the other half between them would fetch, or\n"
-                  "(top-k) its top-k rows alone, the window rows skipped: what window reuse could at most buy)\n");
-      std::printf("%6s %6s %7s %7s %8s %9s %9s %8s %9s\n", "heads", "topk", "keys", "rows", "Q / O", "ms",
-                  "gathered", "of copy", "roofline");
+                  "(top-k) its top-k rows alone, the window rows skipped: what window reuse could at most buy.\n"
+                  "copy: 16-byte cp.async as the forward, or eight 128-byte TMA boxes a row - the issue rate a\n"
+                  "TMA-multicast cluster forward would live on; last, as a fault there would end the run)\n");
+      std::printf("%6s %6s %7s %7s %8s %9s %9s %8s %9s  %s\n", "heads", "topk", "keys", "rows", "Q / O", "ms",
+                  "gathered", "of copy", "roofline", "copy");
       struct GatherShape {
         int heads, topk;
         GatherRows rows;
+        GatherCopy copy;
       };
-      for (GatherShape g : {GatherShape{64, 512, GatherRows::all}, GatherShape{128, 1024, GatherRows::all},
-                            GatherShape{128, 1024, GatherRows::shared}, GatherShape{64, 512, GatherRows::topk_only}})
+      constexpr GatherCopy kCpAsync = GatherCopy::cp_async, kTma = GatherCopy::tma_boxes;
+      for (GatherShape g : {GatherShape{64, 512, GatherRows::all, kCpAsync},
+                            GatherShape{128, 1024, GatherRows::all, kCpAsync},
+                            GatherShape{128, 1024, GatherRows::shared, kCpAsync},
+                            GatherShape{64, 512, GatherRows::topk_only, kCpAsync},
+                            GatherShape{64, 512, GatherRows::all, kTma}, GatherShape{128, 1024, GatherRows::all, kTma}})
         for (int keys : {8192, 32768, 65536}) {
-          std::fprintf(stderr, "cuda_bench: gathers H %d top-k %d keys %d, rows %s\n", g.heads, g.topk, keys,
-                       gather_rows_name(g.rows));
+          const char* how = g.copy == kCpAsync ? "cp.async" : "tma boxes";
+          std::fprintf(stderr, "cuda_bench: gathers H %d top-k %d keys %d, rows %s, %s\n", g.heads, g.topk, keys,
+                       gather_rows_name(g.rows), how);
           try {
-            for (const json& j : gather_cases(g.heads / 64, g.topk, keys, copy, g.rows)) {
-              std::printf("%6d %6d %7d %7s %8s %9.3f %9.2f %8.3f %9.1f\n", g.heads, g.topk, keys,
+            for (const json& j : gather_cases(g.heads / 64, g.topk, keys, copy, g.rows, g.copy)) {
+              std::printf("%6d %6d %7d %7s %8s %9.3f %9.2f %8.3f %9.1f  %s\n", g.heads, g.topk, keys,
                           gather_rows_name(g.rows), j["streams"].get<bool>() ? "yes" : "no",
                           j["ms"].get<double>(), j["gathered_tbps"].get<double>(),
-                          j["fraction_of_copy"].get<double>(), j["roofline_tflops"].get<double>());
+                          j["fraction_of_copy"].get<double>(), j["roofline_tflops"].get<double>(), how);
               report["gathers"].push_back(j);
             }
           } catch (const Error& e) {
             std::printf("%6d %6d %7d   FAILED: %s\n", g.heads, g.topk, keys, e.what());
             report["gathers"].push_back(
-                json{{"heads", g.heads}, {"keys", keys}, {"rows", gather_rows_name(g.rows)}, {"error", e.what()}});
+                json{{"heads", g.heads}, {"keys", keys}, {"rows", gather_rows_name(g.rows)}, {"copy", how},
+                     {"error", e.what()}});
             if (cudaGetLastError() != cudaSuccess) throw;  // a sticky device error ends the run
           }
         }

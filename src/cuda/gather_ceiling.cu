@@ -6,6 +6,8 @@
 
 #include "cuda/check.hpp"
 #include "cuda/mma_util.cuh"
+#include "cuda/tma.hpp"
+#include "cuda/wgmma_sync.cuh"
 
 namespace csattn::cuda {
 
@@ -14,6 +16,18 @@ namespace {
 constexpr int kThreads = 256, kTileRows = 64, kRowBytes = 1024, kStages = 3;
 constexpr int kTileBytes = kTileRows * kRowBytes;
 constexpr int kChunksPerThread = kTileBytes / 16 / kThreads;  // 16
+
+// The item's Q (read once) and O (written once), 64 KB each, 16-byte accesses, into `add`.
+template <class Add>
+__device__ __forceinline__ void stream_item(const bf16* q, bf16* out, long item, Add&& add) {
+  const uint4* qi = reinterpret_cast<const uint4*>(q + item * kTileRows * 512);
+  uint4* oi = reinterpret_cast<uint4*>(out + item * kTileRows * 512);
+#pragma unroll 4
+  for (int k = threadIdx.x; k < kTileBytes / 16; k += kThreads) {
+    add(qi[k]);
+    oi[k] = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
 
 // Thread (r, c) = (tid / 64, tid % 64) copies 16-byte chunk c of rows r, r + 4, .., r + 60 of a
 // tile: a warp instruction is half a row's 1 KB (32 chunks, contiguous), as the forward's
@@ -61,34 +75,91 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // this thread's copies of `tile` have landed
     consume(static_cast<int>(tile % kStages));
-    if (streams && tile % tiles_per_item == 0) {
-      // The item's Q (read once) and O (written once), 64 KB each, 16-byte accesses.
-      const long item = blockIdx.x + (tile / tiles_per_item) * gridDim.x;
-      const uint4* qi = reinterpret_cast<const uint4*>(q + item * kTileRows * 512);
-      uint4* oi = reinterpret_cast<uint4*>(out + item * kTileRows * 512);
-#pragma unroll 4
-      for (int k = tid; k < kTileBytes / 16; k += kThreads) {
-        add(qi[k]);
-        oi[k] = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
+    if (streams && tile % tiles_per_item == 0) stream_item(q, out, blockIdx.x + (tile / tiles_per_item) * gridDim.x, add);
   }
   cp_async_wait<0>();
+  atomicAdd(checksum, sum);
+}
+
+// GatherCopy::tma_boxes: the ring of kStages tiles is the CTA's, each on a `full` mbarrier
+// (one arrival with the tile's 64 KB of transactions). Per tile, after every thread has summed
+// the stage it refills (__syncthreads), thread i issues boxes 2i and 2i + 1 of the tile's 512
+// (row (2i) / 8, column block (2i) % 8 and the next): the issue spread over the CTA, as a
+// producer warpgroup would spread it. The stage's next phase is announced (expect_tx) by
+// thread 0 before that barrier, so no copy completes against an unannounced phase.
+__global__ void __launch_bounds__(kThreads, 1)
+    gather_ceiling_tma_kernel(const __grid_constant__ CUtensorMap rows_map, const std::int32_t* ids, int items,
+                              int keys_per_item, const bf16* q, bf16* out, bool streams, unsigned* checksum) {
+  extern __shared__ unsigned char tma_smem_raw[];
+  unsigned char* smem = tma_smem_raw + align_1024_pad(tma_smem_raw);  // the 128-byte swizzle's atoms
+  const std::uint32_t base = smem_addr(smem);
+  const std::uint32_t full_bar = base + kStages * kTileBytes;  // kStages mbarriers
+  const uint4* stage_words = reinterpret_cast<const uint4*>(smem);
+  const int tid = threadIdx.x;
+  const int tiles_per_item = keys_per_item / kTileRows;
+  unsigned sum = 0;
+  auto add = [&sum](uint4 v) { sum += v.x + v.y + v.z + v.w; };
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(full_bar + 8u * s, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  auto issue = [&](long tile, int stage) {
+    const long item = blockIdx.x + (tile / tiles_per_item) * gridDim.x;
+    const int t = static_cast<int>(tile % tiles_per_item);
+    const std::int32_t* tile_ids = ids + item * keys_per_item + t * kTileRows;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int box = 2 * tid + k, row = box >> 3, blk = box & 7;
+      tma_load_2d(base + stage * kTileBytes + blk * (kTileRows * 128) + row * 128, &rows_map, blk * 64,
+                  tile_ids[row], full_bar + 8u * stage);
+    }
+  };
+  const long my_items = blockIdx.x < items ? (items - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const long tiles = my_items * tiles_per_item;
+  if (tid == 0)
+    for (int s = 0; s < kStages && s < tiles; ++s) mbar_arrive_expect_tx(full_bar + 8u * s, kTileBytes);
+  __syncthreads();
+  for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
+  for (long tile = 0; tile < tiles; ++tile) {
+    const int stage = static_cast<int>(tile % kStages);
+    mbar_wait(full_bar + 8u * stage, static_cast<std::uint32_t>((tile / kStages) & 1));
+    const long next = tile + kStages;
+    if (tid == 0 && next < tiles) mbar_arrive_expect_tx(full_bar + 8u * stage, kTileBytes);
+#pragma unroll
+    for (int k = 0; k < kTileBytes / 16 / kThreads; ++k) add(stage_words[stage * (kTileBytes / 16) + k * kThreads + tid]);
+    if (streams && tile % tiles_per_item == 0) stream_item(q, out, blockIdx.x + (tile / tiles_per_item) * gridDim.x, add);
+    __syncthreads();  // the stage is summed by every thread: it may be refilled
+    if (next < tiles) issue(next, stage);
+  }
   atomicAdd(checksum, sum);
 }
 
 }  // namespace
 
 void launch_gather_ceiling(const bf16* rows, const std::int32_t* ids, int items, int keys_per_item,
-                           const bf16* q, bf16* out, bool streams, unsigned* checksum, cudaStream_t stream) {
+                           const bf16* q, bf16* out, bool streams, unsigned* checksum, cudaStream_t stream,
+                           GatherCopy copy, long table_rows) {
   require(keys_per_item > 0 && keys_per_item % kTileRows == 0, ErrorKind::InvalidArgument,
           "gather ceiling: keys_per_item must be a positive multiple of 64, got " + std::to_string(keys_per_item));
   require(!streams || (q != nullptr && out != nullptr), ErrorKind::InvalidArgument,
           "gather ceiling: the streams need q and out");
+  require(copy == GatherCopy::cp_async || table_rows > 0, ErrorKind::InvalidArgument,
+          "gather ceiling: TMA boxes need the table's row count");
   if (items <= 0) return;
+  const int grid = std::min(items, multiprocessor_count());
+  if (copy == GatherCopy::tma_boxes) {
+    // + 1 KB: the dynamic base aligned up to 1024 bytes; + the stages' mbarriers.
+    const std::size_t smem = 1024 + static_cast<std::size_t>(kStages) * kTileBytes + 8 * kStages;
+    allow_dynamic_smem(gather_ceiling_tma_kernel, smem, "the gather ceiling kernel (TMA boxes)");
+    const CUtensorMap map = bf16_rows_tensor_map(rows, table_rows, 512, 1, 64);
+    gather_ceiling_tma_kernel<<<grid, kThreads, smem, stream>>>(map, ids, items, keys_per_item, q, out, streams,
+                                                                 checksum);
+    CSATTN_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const std::size_t smem = static_cast<std::size_t>(kStages) * kTileBytes;
   allow_dynamic_smem(gather_ceiling_kernel, smem, "the gather ceiling kernel");
-  const int grid = std::min(items, multiprocessor_count());
   gather_ceiling_kernel<<<grid, kThreads, smem, stream>>>(rows, ids, items, keys_per_item, q, out, streams,
                                                            checksum);
   CSATTN_CUDA_LAUNCH_CHECK();

@@ -11,6 +11,13 @@
 // [items x 64 x 512] bf16) and writes 64 KB of `out` - the forward's Q and O. Every 32-bit
 // word gathered or read is added (mod 2^32) into *checksum, which the caller compares with the
 // host's sum of the same words: the copies cannot be dropped and their data is checked.
+//
+// GatherCopy picks how a row moves: `cp_async` (16-byte cp.async, as the forward now), or
+// `tma_boxes` - eight TMA tensor copies of a [1 row x 64 dims] 128-byte box a row, each into
+// its 128-byte line of the forward's swizzled layout (column block b of the tile, row r at
+// r * 128), three 64 KB tiles in flight on mbarriers. The second is the issue-rate measurement
+// a TMA-multicast cluster forward needs first (design.md, "What comes next"): no TMA gather
+// exists on sm_90, so a row is eight such boxes. `rows` must then be 16-byte aligned.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -20,7 +27,11 @@
 
 namespace csattn::cuda {
 
+enum class GatherCopy { cp_async, tma_boxes };
+
+// `table_rows`: the rows of `rows` (the TMA map's bound; ids must lie below it).
 void launch_gather_ceiling(const bf16* rows, const std::int32_t* ids, int items, int keys_per_item,
-                           const bf16* q, bf16* out, bool streams, unsigned* checksum, cudaStream_t stream);
+                           const bf16* q, bf16* out, bool streams, unsigned* checksum, cudaStream_t stream,
+                           GatherCopy copy = GatherCopy::cp_async, long table_rows = 0);
 
 }  // namespace csattn::cuda

@@ -1,7 +1,8 @@
-// launch_gather_ceiling (src/cuda/gather_ceiling.hpp), the `gathers` benchmark's kernel: bad
-// arguments are refused before the device is touched; on a GPU its word sum equals the host's
-// over the rows it was given (with repeated rows, an odd tail of items past the grid, and the
-// Q / O streams), and the streams write O. A dropped copy or a wrong row changes the sum.
+// launch_gather_ceiling (src/cuda/gather_ceiling.hpp), the `gathers` benchmark's kernels: bad
+// arguments are refused before the device is touched; on a GPU the word sum of either copy
+// path (16-byte cp.async, or eight 128-byte TMA boxes a row) equals the host's over the rows it
+// was given (with repeated rows, an odd tail of items past the grid, and the Q / O streams),
+// and the streams write O. A dropped copy or a wrong row changes the sum.
 #ifdef CSATTN_HAVE_CUDA
 #include <gtest/gtest.h>
 
@@ -37,6 +38,14 @@ TEST(GatherCeiling, BadArgumentsAreRefusedBeforeTheDevice) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
   }
+  try {
+    cuda::launch_gather_ceiling(nullptr, nullptr, 4, 64, nullptr, nullptr, false, nullptr, nullptr,
+                                cuda::GatherCopy::tma_boxes, 0);
+    ADD_FAILURE() << "TMA boxes without the table's row count were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("row count"), std::string::npos) << e.what();
+  }
 }
 
 TEST(GatherCeiling, WordSumMatchesTheHost) {
@@ -50,34 +59,39 @@ TEST(GatherCeiling, WordSumMatchesTheHost) {
   DeviceArray<std::uint32_t> table_dev(table);
   // Items of 1 tile (fewer tiles than the ring's stages: the prologue's empty groups) and of 5
   // (neither the stage count nor a multiple of it: a mix-up of the two moduli shows).
-  for (int per_item : {64, 320}) {
-    for (int items : {1, 7, 301}) {  // 301: more items than multiprocessors, an uneven tail
-      for (bool streams : {false, true}) {
-        std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * per_item);
-        for (std::int32_t& id : ids) id = pick(rng);
-        ids[1] = ids[0];  // a row twice in one tile
-        std::uint32_t want = 0;
-        for (std::int32_t id : ids)
-          for (int k = 0; k < 256; ++k) want += table[static_cast<std::size_t>(id) * 256 + k];
-        const std::size_t stream_words = static_cast<std::size_t>(items) * 64 * 512 / 2;
-        std::vector<std::uint32_t> q_host(streams ? stream_words : 1);
-        for (std::uint32_t& w : q_host) w = rng();
-        if (streams)
-          for (std::uint32_t w : q_host) want += w;
-        DeviceArray<std::uint32_t> q_dev(q_host), out_dev(streams ? stream_words : 1),
-            sum_dev(std::vector<std::uint32_t>{0u});
-        DeviceArray<std::int32_t> ids_dev(ids);
-        out_dev.fill_bytes(0xFF);
-        cuda::launch_gather_ceiling(reinterpret_cast<const bf16*>(table_dev.get()), ids_dev.get(), items, per_item,
-                                    reinterpret_cast<const bf16*>(q_dev.get()), reinterpret_cast<bf16*>(out_dev.get()),
-                                    streams, sum_dev.get(), nullptr);
-        testing_util::cuda_ok(cudaDeviceSynchronize(), "gather ceiling");
-        EXPECT_EQ(sum_dev.download()[0], want) << items << " items of " << per_item << " rows, streams " << streams;
-        if (streams) {
-          const std::vector<std::uint32_t> out = out_dev.download();
-          std::size_t written = 0;
-          for (std::uint32_t w : out) written += w == 0u;
-          EXPECT_EQ(written, out.size()) << "O not written everywhere, " << items << " items";
+  for (cuda::GatherCopy copy : {cuda::GatherCopy::cp_async, cuda::GatherCopy::tma_boxes}) {
+    for (int per_item : {64, 320}) {
+      for (int items : {1, 7, 301}) {  // 301: more items than multiprocessors, an uneven tail
+        for (bool streams : {false, true}) {
+          std::vector<std::int32_t> ids(static_cast<std::size_t>(items) * per_item);
+          for (std::int32_t& id : ids) id = pick(rng);
+          ids[1] = ids[0];  // a row twice in one tile
+          std::uint32_t want = 0;
+          for (std::int32_t id : ids)
+            for (int k = 0; k < 256; ++k) want += table[static_cast<std::size_t>(id) * 256 + k];
+          const std::size_t stream_words = static_cast<std::size_t>(items) * 64 * 512 / 2;
+          std::vector<std::uint32_t> q_host(streams ? stream_words : 1);
+          for (std::uint32_t& w : q_host) w = rng();
+          if (streams)
+            for (std::uint32_t w : q_host) want += w;
+          DeviceArray<std::uint32_t> q_dev(q_host), out_dev(streams ? stream_words : 1),
+              sum_dev(std::vector<std::uint32_t>{0u});
+          DeviceArray<std::int32_t> ids_dev(ids);
+          out_dev.fill_bytes(0xFF);
+          cuda::launch_gather_ceiling(reinterpret_cast<const bf16*>(table_dev.get()), ids_dev.get(), items,
+                                      per_item, reinterpret_cast<const bf16*>(q_dev.get()),
+                                      reinterpret_cast<bf16*>(out_dev.get()), streams, sum_dev.get(), nullptr, copy,
+                                      kRows);
+          testing_util::cuda_ok(cudaDeviceSynchronize(), "gather ceiling");
+          const char* how = copy == cuda::GatherCopy::cp_async ? "cp.async" : "TMA boxes";
+          EXPECT_EQ(sum_dev.download()[0], want)
+              << how << ", " << items << " items of " << per_item << " rows, streams " << streams;
+          if (streams) {
+            const std::vector<std::uint32_t> out = out_dev.download();
+            std::size_t written = 0;
+            for (std::uint32_t w : out) written += w == 0u;
+            EXPECT_EQ(written, out.size()) << how << ": O not written everywhere, " << items << " items";
+          }
         }
       }
     }
