@@ -17,7 +17,11 @@
 // its 128-byte line of the forward's swizzled layout (column block b of the tile, row r at
 // r * 128), three 64 KB tiles in flight on mbarriers. The second is the issue-rate measurement
 // a TMA-multicast cluster forward needs first (design.md, "What comes next"): no TMA gather
-// exists on sm_90, so a row is eight such boxes. `rows` must then be 16-byte aligned.
+// exists on sm_90, so a row is eight such boxes. `rows` must then be 16-byte aligned. The word
+// sum is blind to where a chunk lands inside the tile, so the boxes' swizzled placement (the
+// TMA swizzles by the shared address: row r's chunk c at c ^ (r % 8)) is not checked here; a
+// forward built on them would be, by its own tests. The launch encodes the map each call
+// (microseconds, inside the timed runs of ~1 ms).
 #pragma once
 #include <cuda_runtime.h>
 
