@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <utility>
 
 namespace csattn::cuda {
@@ -72,6 +73,20 @@ void allow_dynamic_smem(const void* kernel, std::size_t bytes, const char* what)
   CSATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(l.dynamic_max)));
   raised.insert({device, kernel});
+}
+
+int max_active_clusters(const void* kernel, const cudaLaunchConfig_t& config) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, std::size_t>, int> known;  // (device, kernel, smem)
+  const int device = current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, kernel, config.dynamicSmemBytes);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int n = 0;
+  CSATTN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
+  known.emplace(key, n);
+  return n;
 }
 
 int multiprocessor_count() {

@@ -34,6 +34,15 @@ std::size_t dynamic_smem_limit(Kernel* kernel) {
   return dynamic_smem_limit(reinterpret_cast<const void*>(kernel));
 }
 
+// How many clusters of `config`'s shape (its cluster-dimension attribute, block size and
+// dynamic shared memory) of `kernel` fit on the current device at once; 0 when none does.
+// Asked of the runtime once per (device, kernel, shared-memory size), under a lock.
+int max_active_clusters(const void* kernel, const cudaLaunchConfig_t& config);
+template <class Kernel>
+int max_active_clusters(Kernel* kernel, const cudaLaunchConfig_t& config) {
+  return max_active_clusters(reinterpret_cast<const void*>(kernel), config);
+}
+
 // Multiprocessors of the current device (persistent kernels size their grids by it; asked
 // per call, so threads driving different GPUs each get their own).
 int multiprocessor_count();

@@ -51,6 +51,7 @@
 
 #include "cuda/attention_keys.cuh"
 #include "cuda/check.hpp"
+#include "cuda/cluster_sync.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/mma_util.cuh"
 #include "cuda/phase_stamp.cuh"
@@ -84,8 +85,8 @@ constexpr int kTileBytes = (kDim / 64) * kBlockBytes;  // [64 x 512] bf16 = 64 K
 constexpr int kQOff = 0;
 constexpr int kKOff = kQOff + kTileBytes;
 constexpr int kPOff = kKOff + 2 * kTileBytes;           // P_0, P_1 [64 x 64] bf16
-constexpr int kBarOff = kPOff + 2 * kBlockBytes;        // ready[2][2], free[2][2], q_full, q_empty
-constexpr int kMaxOff = kBarOff + 10 * 8;               // published row maxima [2][64]
+constexpr int kBarOff = kPOff + 2 * kBlockBytes;        // ready[2][2], free[2][2], q_full, q_empty, landed[2][2]
+constexpr int kMaxOff = kBarOff + 14 * 8;               // published row maxima [2][64]
 constexpr int kSumOff = kMaxOff + 2 * kRows * 4;        // row sums [2 items][2 consumers][64]
 constexpr int kCountOff = kSumOff + 4 * kRows * 4;      // producer warp counts [4]
 constexpr int kItemOff = kCountOff + (kProducerThreads / 32) * 4;  // key counts [2]
@@ -186,6 +187,7 @@ __device__ __forceinline__ void publish_p(unsigned char* tile, const std::uint32
 // better with those boundaries than without: a compile-time-plain instance of this kernel ran
 // 4-9% slower than the stamped one on an H100 (perf.md, twenty-first session), while the
 // untaken branch costs one uniform predicate test per phase point.
+template <bool kPair>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
                                   const bf16* kv, const bf16* comp, const float* sink,
@@ -204,6 +206,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto free_bar = [&](int b, int h) { return base + kBarOff + 8u * (4 + 2 * b + h); };
   const std::uint32_t q_full_bar = base + kBarOff + 8u * 8;
   const std::uint32_t q_empty_bar = q_full_bar + 8u;
+  // kPair: this CTA's own rows of (b, h) have landed (the producer's cp.async arrivals).
+  auto landed_bar = [&](int b, int h) { return base + kBarOff + 8u * (10 + 2 * b + h); };
+  // kPair: the CTAs of a cluster of two are a token's head blocks 2j and 2j + 1 (items 2j', 2j'
+  // + 1 with an even head-block count); each gathers half of every key tile's rows and copies
+  // them into the peer's buffer.
+  const std::uint32_t rank = kPair ? cluster_ctarank() : 0u, peer = rank ^ 1u;
 
   const int H = d.heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -218,17 +226,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (pair < Stamps::pairs) stamp_at(local, pair, phase);
   };
   auto stamp_item = [&](int local, int phase) { stamp_at(local, Stamps::pairs, phase); };
+  // The pair instance launched without its cluster of two would map its peer's shared memory
+  // to nothing: stop at once rather than corrupt.
+  if (kPair && cluster_nctarank() != 2u) __trap();
   if (tid == 0) {
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
-        mbar_init(ready_bar(b, h), kProducerThreads);  // one cp.async arrival per thread
-        mbar_init(free_bar(b, h), 4);                  // one arrival per warp of the freeing consumer
+        // One cp.async arrival per producer thread; kPair: one arrival (the producer's thread 0,
+        // once its own rows landed, expecting the peer's 16 KB as complete_tx bytes).
+        mbar_init(ready_bar(b, h), kPair ? 1 : kProducerThreads);
+        // One arrival per warp of the freeing consumer; kPair: the peer's consumer's too (the
+        // peer's producer copies into this buffer).
+        mbar_init(free_bar(b, h), kPair ? 8 : 4);
+        mbar_init(landed_bar(b, h), kProducerThreads);
       }
     mbar_init(q_full_bar, kProducerThreads + 1);  // cp.async arrivals + the key count's
     mbar_init(q_empty_bar, kConsumerThreads / 32);
     mbar_init_fence();
   }
-  __syncthreads();
+  if constexpr (kPair)
+    cluster_sync_all();  // both CTAs' barriers initialised before either touches the other's
+  else
+    __syncthreads();
 
   if (warp < kProducerThreads / 32) {
     // ---------------- producer: key lists, Q, key tiles ----------------
@@ -296,14 +315,41 @@ __global__ void __launch_bounds__(kThreads, 1)
       // the row's pointer to the warp, kept the producer issuing ~75% of its time on the H200
       // and ran 0-6% slower on the H100, perf.md twenty-fifth session). Those rows share
       // row % 8, so the swizzled destination is one per-thread base plus constants.
+      // kPair: only rows 32 rank .. 32 rank + 31 (i = 2 rank, 2 rank + 1), signalled on landed.
       auto gather_half = [&](const bf16* const (&rows)[4], int buf, int h) {
         const std::uint32_t dst = own_dst + buf * kTileBytes;
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < 4; ++i) {
+          if (kPair && (i >> 1) != static_cast<int>(rank)) continue;
 #pragma unroll
           for (int blk = 4 * h; blk < 4 * h + 4; ++blk)
             cp_async_16(dst + blk * kBlockBytes + i * 16 * 128, rows[i] + blk * 64);
-        cp_async_mbar_arrive(ready_bar(buf, h));
+        }
+        cp_async_mbar_arrive(kPair ? landed_bar(buf, h) : ready_bar(buf, h));
+      };
+      // kPair, thread 0: once this CTA's rows of (buf, h) landed (`parity`: the ring's), they go
+      // to the peer's buffer as four 4 KB bulk copies (rows 32 rank .. + 31 of each 64-dim
+      // column block are 4 KB contiguous, at the same offsets there), counted on the peer's
+      // ready(buf, h); this CTA's ready(buf, h) then expects the peer's 16 KB.
+      auto forward_half = [&](int buf, int h, std::uint32_t parity) {
+        if (!kPair || tid != 0) return;
+        mbar_wait(landed_bar(buf, h), parity);
+        fence_proxy_async_smem();  // the cp.async writes -> the bulk copy's reads
+        const std::uint32_t peer_ready = mapa_shared(ready_bar(buf, h), peer);
+#pragma unroll
+        for (int blk = 4 * h; blk < 4 * h + 4; ++blk) {
+          const std::uint32_t src = base + kKOff + buf * kTileBytes + blk * kBlockBytes + rank * 32 * 128;
+          bulk_copy_to_peer(mapa_shared(src, peer), src, 32 * 128, peer_ready);
+        }
+        mbar_arrive_expect_tx(ready_bar(buf, h), 4 * 32 * 128);
+      };
+      // A free barrier that the peer's consumer arrives on too (kPair) is acquired at cluster
+      // scope.
+      auto wait_free = [&](int b, int h, std::uint32_t parity) {
+        if constexpr (kPair)
+          mbar_wait_cluster(free_bar(b, h), parity);
+        else
+          mbar_wait(free_bar(b, h), parity);
       };
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
         stamp(local, pair, 0);
@@ -320,21 +366,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int tile = 2; tile < 4; ++tile)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) prefetch_l2(key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 64);
+            for (int i = 0; i < 4; ++i)
+              if (!kPair || (i >> 1) == static_cast<int>(rank))
+                prefetch_l2(key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 64);
         }
-        mbar_wait(free_bar(0, 0), phase);
+        // kPair: each half is forwarded after the next one's gathers are issued (its own
+        // rows have mostly landed by then), the last one at the pair's end.
+        const std::uint32_t landed = ring & 1;
+        wait_free(0, 0, phase);
         stamp(local, pair, 1);
         gather_half(own[0], 0, 0);
         if (pair == 0) load_q();
-        mbar_wait(free_bar(0, 1), phase);
+        wait_free(0, 1, phase);
         stamp(local, pair, 2);
         gather_half(own[0], 0, 1);
-        mbar_wait(free_bar(1, 1), phase);
+        forward_half(0, 0, landed);
+        wait_free(1, 1, phase);
         stamp(local, pair, 3);
         gather_half(own[1], 1, 1);
-        mbar_wait(free_bar(1, 0), phase);
+        forward_half(0, 1, landed);
+        wait_free(1, 0, phase);
         stamp(local, pair, 4);
         gather_half(own[1], 1, 0);
+        forward_half(1, 1, landed);
+        forward_half(1, 0, landed);
         stamp(local, pair, 5);
       }
       stamp_item(local, 2);
@@ -344,6 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       stamp_item(local, 3);
     }
     cp_async_wait_all();
+    if constexpr (kPair) cluster_sync_all();  // the peer may still arrive on or copy into ours
     return;
   }
 
@@ -359,6 +415,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t p0_base = base + kPOff, p1_base = p0_base + kBlockBytes;
   unsigned char* p0_s = smem + kPOff;
   unsigned char* p1_s = p0_s + kBlockBytes;
+  // This consumer is done reading (b, h): one arrival a warp on the free barrier, kPair also on
+  // the peer's (whose producer copies its rows into this CTA's buffer).
+  // kPair: half of each (b, h) arrives by the peer's bulk copy, whose complete_tx releases at
+  // cluster scope: the wait acquires at cluster scope to pair with it.
+  auto wait_ready = [&](std::uint32_t bar, std::uint32_t parity) {
+    if constexpr (kPair)
+      mbar_wait_cluster(bar, parity);
+    else
+      mbar_wait(bar, parity);
+  };
+  auto release = [&](int b, int h) {
+    if (lane != 0) return;
+    mbar_arrive(free_bar(b, h));
+    if constexpr (kPair) mbar_arrive_cluster(mapa_shared(free_bar(b, h), peer));
+  };
   int ring = 0;
   int local = 0;
   for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
@@ -390,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // this S waits for buffer 0's second half.
       // `pair`: the pair whose stamps 5 and 6 take the two ready waits (none before the loop).
       auto issue_s0 = [&](std::uint32_t phase, bool pending, int pair) {
-        mbar_wait(ready_bar(0, 0), phase);
+        wait_ready(ready_bar(0, 0), phase);
         if (pair >= 0) stamp(local, pair, 5);
         fence_proxy_async_smem();
         wgmma_fence();
@@ -399,9 +470,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (pending) {
           wgmma_wait<1>();
           wgmma_pin(o);
-          if (lane == 0) mbar_arrive(free_bar(1, 0));
+          release(1, 0);
         }
-        mbar_wait(ready_bar(0, 1), phase);
+        wait_ready(ready_bar(0, 1), phase);
         if (pair >= 0) stamp(local, pair, 6);
         fence_proxy_async_smem();
         wgmma_fence();
@@ -441,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_pin(o);
-        if (lane == 0) mbar_arrive(free_bar(0, 0));
+        release(0, 0);
         stamp(local, pair, 2);
 
         // m_1 (>= m_0) and P_1 from consumer 1; O (and the row sums) move to m_1.
@@ -464,7 +535,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           wgmma_wait<0>();
           wgmma_pin(o);
-          if (lane == 0) mbar_arrive(free_bar(1, 0));  // O += P_1 V_1 is done
+          release(1, 0);  // O += P_1 V_1 is done
           stamp(local, pair, 5);
           stamp(local, pair, 6);
         }
@@ -478,13 +549,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         stamp(local, pair, 0);
         const std::uint32_t phase = ring & 1;
         // S_1 over buffer 1, second half first (the producer fills it before the first).
-        mbar_wait(ready_bar(1, 1), phase);
+        wait_ready(ready_bar(1, 1), phase);
         stamp(local, pair, 1);
         fence_proxy_async_smem();
         wgmma_fence();
         qk_half(s, q_base, k1_base, 1, true);
         wgmma_commit();
-        mbar_wait(ready_bar(1, 0), phase);
+        wait_ready(ready_bar(1, 0), phase);
         stamp(local, pair, 2);
         fence_proxy_async_smem();
         wgmma_fence();
@@ -526,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         wgmma_wait<0>();
         wgmma_pin(o);
-        if (lane == 0) mbar_arrive(free_bar(0, 1));  // buffer 0 is done with
+        release(0, 1);  // buffer 0 is done with
         rescale_if_moved(o, f);
         stamp(local, pair, 6);
 
@@ -536,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_pin(o);
-        if (lane == 0) mbar_arrive(free_bar(1, 1));
+        release(1, 1);
         stamp(local, pair, 7);
       }
     }
@@ -581,13 +652,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     stamp_item(local, 3);
   }
+  if constexpr (kPair) cluster_sync_all();  // the peer may still arrive on or copy into ours
 }
 
 }  // namespace
 
 bool sparse_attention_wgmma_supported(const LayerDims& d) {
+  // Both instances have the same shared memory; the plain one speaks for both.
   return d.head_dim == kDim &&
-         wgmma_smem_bytes(d) <= dynamic_smem_limit(sparse_attention_wgmma_kernel);
+         wgmma_smem_bytes(d) <= dynamic_smem_limit(sparse_attention_wgmma_kernel<false>);
 }
 
 void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& meta, const bf16* q,
@@ -600,13 +673,42 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   require(d.scale > 0.0f, ErrorKind::InvalidArgument,
           "the wgmma attention kernel takes a positive softmax scale (its row maxima are taken before scaling)");
   const std::size_t smem = wgmma_smem_bytes(d);
-  auto kernel = sparse_attention_wgmma_kernel;
-  allow_dynamic_smem(kernel, smem, "the wgmma attention kernel (its shared memory grows with index_topk)");
   const int head_blocks = (d.heads + kRows - 1) / kRows;
   const long items = static_cast<long>(d.rows) * head_blocks;
   require(items < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
-  // Persistent: one CTA per multiprocessor (the kernel's shared memory allows one).
   const int sms = multiprocessor_count();
+  if (head_blocks % 2 == 0) {
+    // A token's head blocks in pairs, each pair a cluster of two CTAs sharing every key tile's
+    // gather (half the rows each). Persistent over the clusters that fit at once (a cluster's
+    // two CTAs share a GPC, so possibly fewer than half the SMs); an even grid and an even
+    // item count give both CTAs of a cluster the same token at every step. Where no cluster
+    // fits, the plain instance below runs.
+    auto kernel = sparse_attention_wgmma_kernel<true>;
+    allow_dynamic_smem(kernel, smem, "the wgmma attention kernel (its shared memory grows with index_topk)");
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(sms / 2 * 2));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    const int resident = max_active_clusters(kernel, config);
+    if (resident > 0) {
+      const long clusters = std::min<long>(items / 2, resident);
+      config.gridDim = dim3(static_cast<unsigned>(2 * clusters));
+      CSATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, d, meta, q, kv, comp, sink, topk, out, lse,
+                                           head_blocks, static_cast<int>(items), phase_stamps));
+      return;
+    }
+  }
+  auto kernel = sparse_attention_wgmma_kernel<false>;
+  allow_dynamic_smem(kernel, smem, "the wgmma attention kernel (its shared memory grows with index_topk)");
+  // Persistent: one CTA per multiprocessor (the kernel's shared memory allows one).
   const int grid = static_cast<int>(std::min<long>(items, sms));
   kernel<<<grid, kThreads, smem, stream>>>(d, meta, q, kv, comp, sink, topk, out, lse, head_blocks,
                                            static_cast<int>(items), phase_stamps);
