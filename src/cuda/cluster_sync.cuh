@@ -1,8 +1,8 @@
 // Thread-block-cluster synchronisation for sm_90 kernels whose CTAs share work through
 // distributed shared memory: the CTA's rank in its cluster, a shared-memory address mapped into
-// a peer CTA, mbarrier arrivals on a peer's barrier, a bulk copy from this CTA's shared memory
-// into a peer's (counted on the peer's mbarrier), and the cluster-wide barrier. PTX ISA sections:
-// "mapa", "mbarrier.arrive", "mbarrier.try_wait", "cp.async.bulk", "barrier.cluster".
+// a peer CTA, mbarrier arrivals on a peer's barrier, a TMA tensor load multicast into several
+// CTAs (each counting it on its own mbarrier), and the cluster-wide barrier. PTX ISA sections:
+// "mapa", "mbarrier.arrive", "mbarrier.try_wait", "cp.async.bulk.tensor", "barrier.cluster".
 #pragma once
 #include <cstdint>
 
@@ -52,16 +52,15 @@ __device__ __forceinline__ void mbar_wait_cluster(std::uint32_t bar, std::uint32
   } while (done == 0);
 }
 
-// `bytes` (a multiple of 16) from this CTA's shared memory at src to a peer's at `dst_cluster`
-// by the TMA unit, counted as complete_tx bytes on the peer's mbarrier at `bar_cluster` (both
-// mapa_shared addresses). The source must have been written through the async proxy or made
-// visible to it (fence.proxy.async) first.
-__device__ __forceinline__ void bulk_copy_to_peer(std::uint32_t dst_cluster, std::uint32_t src, std::uint32_t bytes,
-                                                  std::uint32_t bar_cluster) {
+// TMA: the box at (x = column, y = row) of the 2-D tensor map `map` (a __grid_constant__ kernel
+// parameter, tma.hpp) into shared memory at `dst` (this CTA's address) of every CTA in
+// `cta_mask`, each counting its bytes as complete_tx on its own mbarrier at `bar`'s offset.
+__device__ __forceinline__ void tma_load_2d_multicast(std::uint32_t dst, const void* map, int x, int y,
+                                                      std::uint32_t bar, std::uint16_t cta_mask) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          dst_cluster),
-      "r"(src), "r"(bytes), "r"(bar_cluster)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "h"(cta_mask)
       : "memory");
 }
 

@@ -39,6 +39,15 @@
 // operands (Q, keys for S, P) step 8 rows by SBO = 1024; the MN-major V operand steps 8 keys by
 // SBO = 1024 and 64 dims by LBO = 8 KB.
 //
+// Pair instance (kPair; an even head-block count, e.g. H = 128, where a cluster of two fits):
+// the two CTAs of a cluster take a token's head blocks 2j, 2j + 1 and share every key tile: each
+// producer brings rows 32 rank .. 32 rank + 31 of each half tile by TMA tensor copies of one
+// 128-byte box (a row's 64-dim block), multicast into both CTAs' buffers, so each row is read
+// from L2 once per token instead of once per head block; a buffer is refilled once both CTAs'
+// consumers have freed it (free barriers count both; waits at cluster scope). Candidate: the
+// forwarding variants lost 27-41% to the land-then-forward chain (perf.md, twenty-ninth
+// session); multicast has no such chain.
+//
 // Softmax: log2 domain, the sink as the initial running max (a zero-value logit, its exp
 // counted once per row), slots past the key list -inf, LSE natural-log with the sink. Key order
 // is the mma kernel's (window, then compressed: HCA all visible, CSA the valid top-k ids in the
@@ -55,6 +64,7 @@
 #include "cuda/kernels.hpp"
 #include "cuda/mma_util.cuh"
 #include "cuda/phase_stamp.cuh"
+#include "cuda/tma.hpp"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_sync.cuh"
 #include "cuda/wgmma_tile.cuh"
@@ -85,8 +95,8 @@ constexpr int kTileBytes = (kDim / 64) * kBlockBytes;  // [64 x 512] bf16 = 64 K
 constexpr int kQOff = 0;
 constexpr int kKOff = kQOff + kTileBytes;
 constexpr int kPOff = kKOff + 2 * kTileBytes;           // P_0, P_1 [64 x 64] bf16
-constexpr int kBarOff = kPOff + 2 * kBlockBytes;        // ready[2][2], free[2][2], q_full, q_empty, landed[2][2]
-constexpr int kMaxOff = kBarOff + 14 * 8;               // published row maxima [2][64]
+constexpr int kBarOff = kPOff + 2 * kBlockBytes;        // ready[2][2], free[2][2], q_full, q_empty
+constexpr int kMaxOff = kBarOff + 10 * 8;               // published row maxima [2][64]
 constexpr int kSumOff = kMaxOff + 2 * kRows * 4;        // row sums [2 items][2 consumers][64]
 constexpr int kCountOff = kSumOff + 4 * kRows * 4;      // producer warp counts [4]
 constexpr int kItemOff = kCountOff + (kProducerThreads / 32) * 4;  // key counts [2]
@@ -190,7 +200,9 @@ __device__ __forceinline__ void publish_p(unsigned char* tile, const std::uint32
 template <bool kPair>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(LayerDims d, DeviceMetadata meta, const bf16* q,
-                                  const bf16* kv, const bf16* comp, const float* sink,
+                                  const bf16* kv, const bf16* comp,
+                                  const __grid_constant__ CUtensorMap kv_map,
+                                  const __grid_constant__ CUtensorMap comp_map, const float* sink,
                                   const std::int32_t* topk, bf16* out, float* lse,
                                   int head_blocks, int items, unsigned* stamps) {
   extern __shared__ unsigned char smem_raw[];
@@ -206,11 +218,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto free_bar = [&](int b, int h) { return base + kBarOff + 8u * (4 + 2 * b + h); };
   const std::uint32_t q_full_bar = base + kBarOff + 8u * 8;
   const std::uint32_t q_empty_bar = q_full_bar + 8u;
-  // kPair: this CTA's own rows of (b, h) have landed (the producer's cp.async arrivals).
-  auto landed_bar = [&](int b, int h) { return base + kBarOff + 8u * (10 + 2 * b + h); };
   // kPair: the CTAs of a cluster of two are a token's head blocks 2j and 2j + 1 (items 2j', 2j'
-  // + 1 with an even head-block count); each gathers half of every key tile's rows and copies
-  // them into the peer's buffer.
+  // + 1 with an even head-block count); each brings half of every key tile's rows into both
+  // CTAs' buffers by TMA multicast (kv_map, comp_map: [rows x 512] in 128-byte boxes).
   const std::uint32_t rank = kPair ? cluster_ctarank() : 0u, peer = rank ^ 1u;
 
   const int H = d.heads;
@@ -233,12 +243,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int b = 0; b < 2; ++b)
       for (int h = 0; h < 2; ++h) {
         // One cp.async arrival per producer thread; kPair: one arrival (the producer's thread 0,
-        // once its own rows landed, expecting the peer's 16 KB as complete_tx bytes).
+        // expecting the half's 32 KB as complete_tx bytes: 16 KB from each CTA's multicasts).
         mbar_init(ready_bar(b, h), kPair ? 1 : kProducerThreads);
-        // One arrival per warp of the freeing consumer; kPair: the peer's consumer's too (the
-        // peer's producer copies into this buffer).
+        // One arrival per warp of the freeing consumer; kPair: the peer's consumer's too (this
+        // CTA's producer multicasts into the peer's buffer as well).
         mbar_init(free_bar(b, h), kPair ? 8 : 4);
-        mbar_init(landed_bar(b, h), kProducerThreads);
       }
     mbar_init(q_full_bar, kProducerThreads + 1);  // cp.async arrivals + the key count's
     mbar_init(q_empty_bar, kConsumerThreads / 32);
@@ -315,33 +324,38 @@ __global__ void __launch_bounds__(kThreads, 1)
       // the row's pointer to the warp, kept the producer issuing ~75% of its time on the H200
       // and ran 0-6% slower on the H100, perf.md twenty-fifth session). Those rows share
       // row % 8, so the swizzled destination is one per-thread base plus constants.
-      // kPair: only rows 32 rank .. 32 rank + 31 (i = 2 rank, 2 rank + 1), signalled on landed.
       auto gather_half = [&](const bf16* const (&rows)[4], int buf, int h) {
         const std::uint32_t dst = own_dst + buf * kTileBytes;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (kPair && (i >> 1) != static_cast<int>(rank)) continue;
+        for (int i = 0; i < 4; ++i)
 #pragma unroll
           for (int blk = 4 * h; blk < 4 * h + 4; ++blk)
             cp_async_16(dst + blk * kBlockBytes + i * 16 * 128, rows[i] + blk * 64);
-        }
-        cp_async_mbar_arrive(kPair ? landed_bar(buf, h) : ready_bar(buf, h));
+        cp_async_mbar_arrive(ready_bar(buf, h));
       };
-      // kPair, thread 0: once this CTA's rows of (buf, h) landed (`parity`: the ring's), they go
-      // to the peer's buffer as four 4 KB bulk copies (rows 32 rank .. + 31 of each 64-dim
-      // column block are 4 KB contiguous, at the same offsets there), counted on the peer's
-      // ready(buf, h); this CTA's ready(buf, h) then expects the peer's 16 KB.
-      auto forward_half = [&](int buf, int h, std::uint32_t parity) {
-        if (!kPair || tid != 0) return;
-        mbar_wait(landed_bar(buf, h), parity);
-        fence_proxy_async_smem();  // the cp.async writes -> the bulk copy's reads
-        const std::uint32_t peer_ready = mapa_shared(ready_bar(buf, h), peer);
-#pragma unroll
-        for (int blk = 4 * h; blk < 4 * h + 4; ++blk) {
-          const std::uint32_t src = base + kKOff + buf * kTileBytes + blk * kBlockBytes + rank * 32 * 128;
-          bulk_copy_to_peer(mapa_shared(src, peer), src, 32 * 128, peer_ready);
-        }
-        mbar_arrive_expect_tx(ready_bar(buf, h), 4 * 32 * 128);
+      // kPair: a key row as (map, row): the window rows in kv_map, the compressed ones in
+      // comp_map (past the list: row 0 of the window, finite and masked, as key_row).
+      struct RowRef {
+        const CUtensorMap* map;
+        int row;
+      };
+      auto key_ref = [&](int slot) -> RowRef {
+        if (slot >= n) slot = 0;
+        if (slot < n_win) return {&kv_map, win.row0 + slot};
+        const int j = slot - n_win;
+        return {&comp_map, comp0 + (csa ? sel_s[j] : j)};
+      };
+      // kPair: thread (r, c) = (tid / 4, tid % 4) brings column block 4 h + c of row 32 rank + r
+      // of the tile (one 128-byte box) into both CTAs' buffer `buf` at its swizzled line (the
+      // TMA swizzles by the shared address: row r's 16-byte chunk j at j ^ (r % 8), the layout
+      // the cp.async gather writes), counted on both CTAs' ready(buf, h); thread 0 first
+      // announces the half's 32 KB on this CTA's ready (the peer's 16 KB may land before it).
+      auto multicast_half = [&](RowRef ref, int buf, int h) {
+        if (tid == 0) mbar_arrive_expect_tx(ready_bar(buf, h), kRows * 256 * 2);
+        const int blk = 4 * h + (tid & 3);
+        const int row = 32 * static_cast<int>(rank) + (tid >> 2);
+        tma_load_2d_multicast(base + kKOff + buf * kTileBytes + blk * kBlockBytes + row * 128, ref.map, blk * 64,
+                              ref.row, ready_bar(buf, h), 0x3);
       };
       // A free barrier that the peer's consumer arrives on too (kPair) is acquired at cluster
       // scope.
@@ -354,11 +368,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int pair = 0; pair < pairs; ++pair, ++ring) {
         stamp(local, pair, 0);
         const std::uint32_t phase = (ring & 1) ^ 1;
-        const bf16* own[2][4];  // this thread's rows of each tile, at its chunk
+        const bf16* own[2][4];  // this thread's rows of each tile, at its chunk (plain)
+        RowRef box_row[2];      // kPair: this thread's box row of each tile
+        if constexpr (kPair) {
 #pragma unroll
-        for (int tile = 0; tile < 2; ++tile)
+          for (int tile = 0; tile < 2; ++tile)
+            box_row[tile] = key_ref((2 * pair + tile) * kKeys + 32 * static_cast<int>(rank) + (tid >> 2));
+        } else {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) own[tile][i] = key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 8;
+          for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) own[tile][i] = key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 8;
+        }
+        auto fill = [&](int tile, int h) {
+          if constexpr (kPair)
+            multicast_half(box_row[tile], tile, h);
+          else
+            gather_half(own[tile], tile, h);
+        };
         // The next pair's rows into L2 now, one pair ahead of their gathers: at 32K+ keys the
         // random rows are mostly not in L2, and the gather of a freed half is on the critical
         // path. Thread (og, oc) takes the line oc of its 4 rows in both tiles.
@@ -370,26 +397,19 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (!kPair || (i >> 1) == static_cast<int>(rank))
                 prefetch_l2(key_row((2 * pair + tile) * kKeys + og + 16 * i) + oc * 64);
         }
-        // kPair: each half is forwarded after the next one's gathers are issued (its own
-        // rows have mostly landed by then), the last one at the pair's end.
-        const std::uint32_t landed = ring & 1;
         wait_free(0, 0, phase);
         stamp(local, pair, 1);
-        gather_half(own[0], 0, 0);
+        fill(0, 0);
         if (pair == 0) load_q();
         wait_free(0, 1, phase);
         stamp(local, pair, 2);
-        gather_half(own[0], 0, 1);
-        forward_half(0, 0, landed);
+        fill(0, 1);
         wait_free(1, 1, phase);
         stamp(local, pair, 3);
-        gather_half(own[1], 1, 1);
-        forward_half(0, 1, landed);
+        fill(1, 1);
         wait_free(1, 0, phase);
         stamp(local, pair, 4);
-        gather_half(own[1], 1, 0);
-        forward_half(1, 1, landed);
-        forward_half(1, 0, landed);
+        fill(1, 0);
         stamp(local, pair, 5);
       }
       stamp_item(local, 2);
@@ -399,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       stamp_item(local, 3);
     }
     cp_async_wait_all();
-    if constexpr (kPair) cluster_sync_all();  // the peer may still arrive on or copy into ours
+    if constexpr (kPair) cluster_sync_all();  // the peer may still arrive on or multicast into ours
     return;
   }
 
@@ -416,8 +436,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* p0_s = smem + kPOff;
   unsigned char* p1_s = p0_s + kBlockBytes;
   // This consumer is done reading (b, h): one arrival a warp on the free barrier, kPair also on
-  // the peer's (whose producer copies its rows into this CTA's buffer).
-  // kPair: half of each (b, h) arrives by the peer's bulk copy, whose complete_tx releases at
+  // the peer's (whose producer multicasts its rows into this CTA's buffer).
+  // kPair: half of each (b, h) arrives by the peer's multicast, whose complete_tx releases at
   // cluster scope: the wait acquires at cluster scope to pair with it.
   auto wait_ready = [&](std::uint32_t bar, std::uint32_t parity) {
     if constexpr (kPair)
@@ -652,7 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     stamp_item(local, 3);
   }
-  if constexpr (kPair) cluster_sync_all();  // the peer may still arrive on or copy into ours
+  if constexpr (kPair) cluster_sync_all();  // the peer may still arrive on or multicast into ours
 }
 
 }  // namespace
@@ -701,8 +721,15 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
     if (resident > 0) {
       const long clusters = std::min<long>(items / 2, resident);
       config.gridDim = dim3(static_cast<unsigned>(2 * clusters));
-      CSATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, d, meta, q, kv, comp, sink, topk, out, lse,
-                                           head_blocks, static_cast<int>(items), phase_stamps));
+      // The key rows as TMA maps of 128-byte boxes. The kernel's contract bounds the rows it
+      // reads by the metadata (device memory), not by a host count: the maps take a bound no
+      // real layer reaches (2^28 rows, 256 GB), so they guard nothing a pointer would not.
+      // Without compressed rows (SWA) the comp map is never read: it maps kv.
+      constexpr long kRowBound = 1l << 28;
+      const CUtensorMap kv_map = bf16_rows_tensor_map(kv, kRowBound, kDim, 1, 64);
+      const CUtensorMap comp_map = bf16_rows_tensor_map(comp != nullptr ? comp : kv, kRowBound, kDim, 1, 64);
+      CSATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, d, meta, q, kv, comp, kv_map, comp_map, sink, topk,
+                                           out, lse, head_blocks, static_cast<int>(items), phase_stamps));
       return;
     }
   }
@@ -710,7 +737,8 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   allow_dynamic_smem(kernel, smem, "the wgmma attention kernel (its shared memory grows with index_topk)");
   // Persistent: one CTA per multiprocessor (the kernel's shared memory allows one).
   const int grid = static_cast<int>(std::min<long>(items, sms));
-  kernel<<<grid, kThreads, smem, stream>>>(d, meta, q, kv, comp, sink, topk, out, lse, head_blocks,
+  const CUtensorMap unused{};  // the plain instance gathers through pointers
+  kernel<<<grid, kThreads, smem, stream>>>(d, meta, q, kv, comp, unused, unused, sink, topk, out, lse, head_blocks,
                                            static_cast<int>(items), phase_stamps);
   CSATTN_CUDA_LAUNCH_CHECK();
 }
