@@ -697,7 +697,9 @@ void launch_sparse_attention_wgmma(const LayerDims& d, const DeviceMetadata& met
   const long items = static_cast<long>(d.rows) * head_blocks;
   require(items < (1l << 31), ErrorKind::Unsupported, "too many attention rows for one launch");
   const int sms = multiprocessor_count();
-  if (head_blocks % 2 == 0) {
+  // The pair instance reads the key rows through TMA maps, whose bases must be 16-byte aligned.
+  auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  if (head_blocks % 2 == 0 && aligned(kv) && aligned(comp)) {
     // A token's head blocks in pairs, each pair a cluster of two CTAs sharing every key tile's
     // gather (half the rows each). Persistent over the clusters that fit at once (a cluster's
     // two CTAs share a GPC, so possibly fewer than half the SMs); an even grid and an even
