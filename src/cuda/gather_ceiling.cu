@@ -75,7 +75,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // this thread's copies of `tile` have landed
     consume(static_cast<int>(tile % kStages));
-    if (streams && tile % tiles_per_item == 0) stream_item(q, out, blockIdx.x + (tile / tiles_per_item) * gridDim.x, add);
+    if (streams && tile % tiles_per_item == 0)
+      stream_item(q, out, blockIdx.x + (tile / tiles_per_item) * gridDim.x, add);
   }
   cp_async_wait<0>();
   atomicAdd(checksum, sum);
@@ -127,8 +128,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const long next = tile + kStages;
     if (tid == 0 && next < tiles) mbar_arrive_expect_tx(full_bar + 8u * stage, kTileBytes);
 #pragma unroll
-    for (int k = 0; k < kTileBytes / 16 / kThreads; ++k) add(stage_words[stage * (kTileBytes / 16) + k * kThreads + tid]);
-    if (streams && tile % tiles_per_item == 0) stream_item(q, out, blockIdx.x + (tile / tiles_per_item) * gridDim.x, add);
+    for (int k = 0; k < kChunksPerThread; ++k) add(stage_words[stage * (kTileBytes / 16) + k * kThreads + tid]);
+    if (streams && tile % tiles_per_item == 0)
+      stream_item(q, out, blockIdx.x + (tile / tiles_per_item) * gridDim.x, add);
     __syncthreads();  // the stage is summed by every thread: it may be refilled
     if (next < tiles) issue(next, stage);
   }
