@@ -137,7 +137,55 @@ __global__ void __launch_bounds__(kThreads, 1)
   atomicAdd(checksum, sum);
 }
 
+// launch_gather_tile_probe: one CTA; the tile, then a barrier, then the raw bytes out.
+__global__ void __launch_bounds__(kThreads, 1)
+    gather_tile_probe_kernel(const bf16* rows, const __grid_constant__ CUtensorMap rows_map, const std::int32_t* ids,
+                             bool tma, std::uint32_t* tile_out) {
+  extern __shared__ unsigned char probe_smem_raw[];
+  unsigned char* smem = probe_smem_raw + align_1024_pad(probe_smem_raw);
+  const std::uint32_t base = smem_addr(smem), bar = base + kTileBytes;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (tma) {
+    if (tid == 0) mbar_arrive_expect_tx(bar, kTileBytes);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int box = 2 * tid + k, row = box >> 3, blk = box & 7;
+      tma_load_2d(base + blk * (kTileRows * 128) + row * 128, &rows_map, blk * 64, ids[row], bar);
+    }
+    mbar_wait(bar, 0);
+  } else {
+    // Every (row, block, chunk) once, 16 bytes, at its swizzled place (the forward's layout).
+    for (int e = tid; e < kTileRows * 8 * 8; e += kThreads) {
+      const int row = e >> 6, blk = (e >> 3) & 7, c = e & 7;
+      const char* src = reinterpret_cast<const char*>(rows) + static_cast<long>(ids[row]) * kRowBytes +
+                        blk * 128 + c * 16;
+      cp_async_16(base + blk * (kTileRows * 128) + row * 128 + ((c ^ (row & 7)) << 4), src);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+  const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(smem);
+  for (int k = tid; k < kTileBytes / 4; k += kThreads) tile_out[k] = words[k];
+}
+
 }  // namespace
+
+void launch_gather_tile_probe(const bf16* rows, long table_rows, const std::int32_t* ids, GatherCopy copy,
+                              std::uint32_t* tile_out, cudaStream_t stream) {
+  require(table_rows > 0, ErrorKind::InvalidArgument, "gather tile probe: the table needs rows");
+  const std::size_t smem = 1024 + static_cast<std::size_t>(kTileBytes) + 8;
+  allow_dynamic_smem(gather_tile_probe_kernel, smem, "the gather tile probe");
+  const CUtensorMap map = bf16_rows_tensor_map(rows, table_rows, 512, 1, 64);
+  gather_tile_probe_kernel<<<1, kThreads, smem, stream>>>(rows, map, ids, copy == GatherCopy::tma_boxes, tile_out);
+  CSATTN_CUDA_LAUNCH_CHECK();
+}
 
 void launch_gather_ceiling(const bf16* rows, const std::int32_t* ids, int items, int keys_per_item,
                            const bf16* q, bf16* out, bool streams, unsigned* checksum, cudaStream_t stream,

@@ -19,9 +19,9 @@
 // a TMA-multicast cluster forward needs first (design.md, "What comes next"): no TMA gather
 // exists on sm_90, so a row is eight such boxes. `rows` must then be 16-byte aligned. The word
 // sum is blind to where a chunk lands inside the tile, so the boxes' swizzled placement (the
-// TMA swizzles by the shared address: row r's chunk c at c ^ (r % 8)) is not checked here; a
-// forward built on them would be, by its own tests. The launch encodes the map each call
-// (microseconds, inside the timed runs of ~1 ms).
+// TMA swizzles by the shared address: row r's chunk c at c ^ (r % 8)) is checked by
+// launch_gather_tile_probe's test instead. The launch encodes the map each call (microseconds,
+// inside the timed runs of ~1 ms).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -37,5 +37,13 @@ enum class GatherCopy { cp_async, tma_boxes };
 void launch_gather_ceiling(const bf16* rows, const std::int32_t* ids, int items, int keys_per_item,
                            const bf16* q, bf16* out, bool streams, unsigned* checksum, cudaStream_t stream,
                            GatherCopy copy = GatherCopy::cp_async, long table_rows = 0);
+
+// Test only: one 64-row tile of `rows` (ids[0..63]) moved into shared memory by `copy` in the
+// forward's key-buffer layout - column block b of 64 dims at b * 8 KB, row r at r * 128, its
+// 16-byte chunk c at (c ^ (r % 8)) * 16 - and that 64 KB written raw to `tile_out`, so a test
+// can compare it byte for byte with the layout computed on the host (cp_async writes the
+// swizzle itself; tma_boxes relies on the TMA swizzling a 1-row box by its shared address).
+void launch_gather_tile_probe(const bf16* rows, long table_rows, const std::int32_t* ids, GatherCopy copy,
+                              std::uint32_t* tile_out, cudaStream_t stream);
 
 }  // namespace csattn::cuda

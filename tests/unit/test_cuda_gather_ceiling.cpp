@@ -2,10 +2,12 @@
 // arguments are refused before the device is touched; on a GPU the word sum of either copy
 // path (16-byte cp.async, or eight 128-byte TMA boxes a row) equals the host's over the rows it
 // was given (with repeated rows, an odd tail of items past the grid, and the Q / O streams),
-// and the streams write O. A dropped copy or a wrong row changes the sum.
+// and the streams write O. A dropped copy or a wrong row changes the sum. The tile probe
+// checks where each path puts a row's bytes: the forward's swizzled layout, byte for byte.
 #ifdef CSATTN_HAVE_CUDA
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -95,6 +97,48 @@ TEST(GatherCeiling, WordSumMatchesTheHost) {
         }
       }
     }
+  }
+}
+
+// The forward's key-buffer layout from the host: row r's 16-byte chunk c of 64-dim block b at
+// b * 8 KB + r * 128 + (c ^ (r % 8)) * 16. The cp.async path writes it explicitly (a check of
+// this expectation); the TMA path must land its 1-row boxes there by itself - what a forward
+// fed by such boxes (the TMA-multicast cluster candidate) relies on.
+TEST(GatherCeiling, TileProbeLandsInTheForwardsSwizzledLayout) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kRows = 1000;
+  std::mt19937 rng(20261208u);
+  std::vector<std::uint32_t> table(static_cast<std::size_t>(kRows) * 256);
+  for (std::uint32_t& w : table) w = rng();
+  std::vector<std::int32_t> ids(64);
+  std::uniform_int_distribution<int> pick(0, kRows - 1);
+  for (std::int32_t& id : ids) id = pick(rng);
+  ids[5] = ids[4];  // a row twice
+  std::vector<std::uint32_t> want(64 * 256);
+  for (int r = 0; r < 64; ++r)
+    for (int b = 0; b < 8; ++b)
+      for (int c = 0; c < 8; ++c)
+        for (int w = 0; w < 4; ++w)
+          want[static_cast<std::size_t>((b * 8192 + r * 128 + ((c ^ (r & 7)) * 16)) / 4 + w)] =
+              table[static_cast<std::size_t>(ids[r]) * 256 + b * 32 + c * 4 + w];
+  DeviceArray<std::uint32_t> table_dev(table);
+  DeviceArray<std::int32_t> ids_dev(ids);
+  for (cuda::GatherCopy copy : {cuda::GatherCopy::cp_async, cuda::GatherCopy::tma_boxes}) {
+    const char* how = copy == cuda::GatherCopy::cp_async ? "cp.async" : "TMA boxes";
+    DeviceArray<std::uint32_t> tile(want.size());
+    tile.fill_bytes(0xFF);
+    cuda::launch_gather_tile_probe(reinterpret_cast<const bf16*>(table_dev.get()), kRows, ids_dev.get(), copy,
+                                   tile.get(), nullptr);
+    testing_util::cuda_ok(cudaDeviceSynchronize(), "gather tile probe");
+    const std::vector<std::uint32_t> got = tile.download();
+    std::size_t wrong = 0, first = got.size();
+    for (std::size_t k = 0; k < got.size(); ++k)
+      if (got[k] != want[k]) {
+        ++wrong;
+        first = std::min(first, k);
+      }
+    EXPECT_EQ(wrong, 0u) << how << ": " << wrong << " words off the forward's layout, first at byte " << 4 * first
+                         << " (block " << 4 * first / 8192 << ", row " << 4 * first % 8192 / 128 << ")";
   }
 }
 
