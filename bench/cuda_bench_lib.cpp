@@ -242,6 +242,7 @@ enum class GatherRows { all, shared, topk_only };
 const char* gather_rows_name(GatherRows r) {
   return r == GatherRows::all ? "all" : r == GatherRows::shared ? "shared" : "top-k";
 }
+const char* gather_copy_name(GatherCopy c) { return c == GatherCopy::cp_async ? "cp.async" : "tma boxes"; }
 // `copy`: how the rows move (gather_ceiling.hpp: 16-byte cp.async, or eight 128-byte TMA boxes
 // a row).
 std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_tbps, GatherRows rows,
@@ -310,7 +311,7 @@ std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_
     results.push_back(json{{"head_blocks", head_blocks}, {"topk", topk},        {"keys", keys},
                            {"queries", kQueries},      {"window", kWindow},    {"streams", streams},
                            {"rows", gather_rows_name(rows)}, {"ms", ms},           {"gathered_tbps", tbps},
-                           {"copy", copy == GatherCopy::cp_async ? "cp.async" : "tma boxes"},
+                           {"copy", gather_copy_name(copy)},
                            {"fraction_of_copy", tbps / copy_tbps}, {"roofline_tflops", flops / (ms * 1e-3) / 1e12},
                            {"checked", true}});
   }
@@ -684,7 +685,7 @@ int run_cuda_bench(const std::string& out_path, const std::string& svg_path,
                             GatherShape{64, 512, GatherRows::topk_only, kCpAsync},
                             GatherShape{64, 512, GatherRows::all, kTma}, GatherShape{128, 1024, GatherRows::all, kTma}})
         for (int keys : {8192, 32768, 65536}) {
-          const char* how = g.copy == kCpAsync ? "cp.async" : "tma boxes";
+          const char* how = gather_copy_name(g.copy);
           std::fprintf(stderr, "cuda_bench: gathers H %d top-k %d keys %d, rows %s, %s\n", g.heads, g.topk, keys,
                        gather_rows_name(g.rows), how);
           try {

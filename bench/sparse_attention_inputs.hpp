@@ -98,11 +98,10 @@ struct SparseAttentionInputs {
     cuda::launch_sparse_attention(d, m, q, kv, comp, sink, topk_dev, out, lse, nullptr);
   }
   // Key gradients keep accumulating across repetitions (the layer zeroes them per run; the
-  // memset is not part of the kernel's time). `stream`: a case's own (an L2 access-policy
-  // window is a stream attribute); the default stream otherwise.
-  void backward(cudaStream_t stream = nullptr) const {
+  // memset is not part of the kernel's time).
+  void backward() const {
     cuda::launch_attention_backward(d, m, q, kv, comp, sink, topk_dev, out, lse, dout, dq, dkv,
-                                    dcomp, dsink, stream);
+                                    dcomp, dsink, nullptr);
   }
   nlohmann::json record(double ms, double flops_per_query_key, double gemm_tflops) const {
     const double flops = flops_per_query_key * heads * static_cast<double>(topk + W) * queries;

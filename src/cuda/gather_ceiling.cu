@@ -29,6 +29,20 @@ __device__ __forceinline__ void stream_item(const bf16* q, bf16* out, long item,
   }
 }
 
+// This thread's two of a 64-row tile's 512 boxes (thread i: boxes 2i, 2i + 1 - row (2i) / 8,
+// column blocks (2i) % 8 and the next), each a [1 row x 64 dims] TMA copy into the forward's
+// key-buffer layout at `tile` (column block b at b * 8 KB, row r at r * 128; the TMA swizzles
+// the line by its shared address), counted on `bar`. The issue spread over the CTA, as a
+// producer warpgroup would spread it.
+__device__ __forceinline__ void issue_tile_boxes(const CUtensorMap* map, const std::int32_t* tile_ids,
+                                                 std::uint32_t tile, std::uint32_t bar) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int box = 2 * static_cast<int>(threadIdx.x) + k, row = box >> 3, blk = box & 7;
+    tma_load_2d(tile + blk * (kTileRows * 128) + row * 128, map, blk * 64, tile_ids[row], bar);
+  }
+}
+
 // Thread (r, c) = (tid / 64, tid % 64) copies 16-byte chunk c of rows r, r + 4, .., r + 60 of a
 // tile: a warp instruction is half a row's 1 KB (32 chunks, contiguous), as the forward's
 // 128-byte lines. It sums only the chunks it copied itself, after its own copies of the tile
@@ -84,10 +98,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // GatherCopy::tma_boxes: the ring of kStages tiles is the CTA's, each on a `full` mbarrier
 // (one arrival with the tile's 64 KB of transactions). Per tile, after every thread has summed
-// the stage it refills (__syncthreads), thread i issues boxes 2i and 2i + 1 of the tile's 512
-// (row (2i) / 8, column block (2i) % 8 and the next): the issue spread over the CTA, as a
-// producer warpgroup would spread it. The stage's next phase is announced (expect_tx) by
-// thread 0 before that barrier, so no copy completes against an unannounced phase.
+// the stage it refills (__syncthreads), every thread issues its boxes (issue_tile_boxes). The
+// stage's next phase is announced (expect_tx) by thread 0 before that barrier, so no copy
+// completes against an unannounced phase.
 __global__ void __launch_bounds__(kThreads, 1)
     gather_ceiling_tma_kernel(const __grid_constant__ CUtensorMap rows_map, const std::int32_t* ids, int items,
                               int keys_per_item, const bf16* q, bf16* out, bool streams, unsigned* checksum) {
@@ -108,13 +121,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue = [&](long tile, int stage) {
     const long item = blockIdx.x + (tile / tiles_per_item) * gridDim.x;
     const int t = static_cast<int>(tile % tiles_per_item);
-    const std::int32_t* tile_ids = ids + item * keys_per_item + t * kTileRows;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int box = 2 * tid + k, row = box >> 3, blk = box & 7;
-      tma_load_2d(base + stage * kTileBytes + blk * (kTileRows * 128) + row * 128, &rows_map, blk * 64,
-                  tile_ids[row], full_bar + 8u * stage);
-    }
+    issue_tile_boxes(&rows_map, ids + item * keys_per_item + t * kTileRows, base + stage * kTileBytes,
+                     full_bar + 8u * stage);
   };
   const long my_items = blockIdx.x < items ? (items - 1 - blockIdx.x) / gridDim.x + 1 : 0;
   const long tiles = my_items * tiles_per_item;
@@ -153,11 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tma) {
     if (tid == 0) mbar_arrive_expect_tx(bar, kTileBytes);
     __syncthreads();
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int box = 2 * tid + k, row = box >> 3, blk = box & 7;
-      tma_load_2d(base + blk * (kTileRows * 128) + row * 128, &rows_map, blk * 64, ids[row], bar);
-    }
+    issue_tile_boxes(&rows_map, ids, base, bar);
     mbar_wait(bar, 0);
   } else {
     // Every (row, block, chunk) once, 16 bytes, at its swizzled place (the forward's layout).

@@ -24,6 +24,13 @@ namespace {
 using cuda::bf16;
 using testing_util::DeviceArray;
 
+// `rows` random 1 KB rows (256 words each), drawn from `rng`.
+std::vector<std::uint32_t> random_table(int rows, std::mt19937& rng) {
+  std::vector<std::uint32_t> table(static_cast<std::size_t>(rows) * 256);
+  for (std::uint32_t& w : table) w = rng();
+  return table;
+}
+
 TEST(GatherCeiling, BadArgumentsAreRefusedBeforeTheDevice) {
   for (int per_item : {0, -64, 100}) {
     try {
@@ -55,8 +62,7 @@ TEST(GatherCeiling, WordSumMatchesTheHost) {
   // 64 MB of rows, more than L2 holds: a wait too weak for the copies' latency shows.
   constexpr int kRows = 65536;
   std::mt19937 rng(20261207u);
-  std::vector<std::uint32_t> table(static_cast<std::size_t>(kRows) * 256);
-  for (std::uint32_t& w : table) w = rng();
+  const std::vector<std::uint32_t> table = random_table(kRows, rng);
   std::uniform_int_distribution<int> pick(0, kRows - 1);
   DeviceArray<std::uint32_t> table_dev(table);
   // Items of 1 tile (fewer tiles than the ring's stages: the prologue's empty groups) and of 5
@@ -108,8 +114,7 @@ TEST(GatherCeiling, TileProbeLandsInTheForwardsSwizzledLayout) {
   SKIP_WITHOUT_GPU();
   constexpr int kRows = 1000;
   std::mt19937 rng(20261208u);
-  std::vector<std::uint32_t> table(static_cast<std::size_t>(kRows) * 256);
-  for (std::uint32_t& w : table) w = rng();
+  const std::vector<std::uint32_t> table = random_table(kRows, rng);
   std::vector<std::int32_t> ids(64);
   std::uniform_int_distribution<int> pick(0, kRows - 1);
   for (std::int32_t& id : ids) id = pick(rng);
