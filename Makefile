@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 
-.PHONY: all bootstrap configure build run test bench clean
+.PHONY: all bootstrap configure build run test mutants bench clean
 
 all: build
 
@@ -23,8 +23,12 @@ run: build
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
+# Checks that the CPU suite catches deliberate bugs (scripts/cpu-mutants.sh; CI runs it).
+mutants: bootstrap
+	@scripts/cpu-mutants.sh
+
 bench: build
 	$(BUILD_DIR)/csattn bench
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-mutants
