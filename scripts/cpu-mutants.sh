@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that the CPU test suite can fail: per mutant - one small deliberate bug of the kind
 # each equation invites (a term dropped, an off-by-one in causality, a sign, a tie order),
-# applied with sed to the CPU backend or the shared index code - rebuilds, runs the GPU-free
+# applied with sed to the CPU backend, the shared index code or CPU context parallelism - rebuilds, runs the GPU-free
 # ctest entries and expects at least one to fail ("detected"). A mutant that survives names a
 # property no test checks.
 #   make mutants                                          # every mutant (~10 s each)
@@ -47,6 +47,9 @@ mutants=(
   "grouped O projection: every group reads group 0's weights|src/cpu/layer_ops.cpp|s/woa + static_cast<long>(g) \* ro \* gd, gd, 0.0f, u/woa, gd, 0.0f, u/"
   "attention scale: 1/sqrt(rope_dim) for 1/sqrt(head_dim)|src/cpu/layer_ops.cpp|s|1.0 / std::sqrt(static_cast<double>(c.head_dim))|1.0 / std::sqrt(static_cast<double>(c.rope_dim))|"
   "indexer weights: the 1/sqrt(heads) scale left out|src/cpu/layer_ops.cpp|s/v = bf16 ? round_bf16(v \* head_scale) : v \* head_scale;/(void)head_scale;/"
+  "CP: a rank's halo two rows short|src/cp/layer_plan.cpp|s/g = std::max(a - d_w, geo.seg_start\[s\])/g = std::max(a - d_w + 2, geo.seg_start[s])/"
+  "CP: the halo rows' gradients never reach their owners|src/cp/cp_layer.cpp|/const float\* src = recv\[k\].data() + i \* cols;/{n;s/dst\[j\] += src\[j\];/(void)src;/}"
+  "CP: fp32 ranks without batch-invariant GEMMs|src/cp/cp_layer.cpp|s/BatchInvariantScope batch_invariant(options_.precision == Precision::fp32);/BatchInvariantScope batch_invariant(false);/"
 )
 
 current_file=
@@ -63,7 +66,8 @@ trap 'restore loud' EXIT
 build() { cmake --build "$BUILD_DIR" -j "$JOBS" >> "$OUT/build.log" 2>&1; }
 # Prints the number of failed ctest entries (0 when all passed).
 run_suite() {
-  ctest --test-dir "$BUILD_DIR" -j "$JOBS" -E 'Cuda|Gpu|Nccl' > "$OUT/$1.log" 2>&1
+  # A mutant may make ranks wait on each other: a hang counts as a failure after 120 s.
+  ctest --test-dir "$BUILD_DIR" -j "$JOBS" --timeout 120 -E 'Cuda|Gpu|Nccl' > "$OUT/$1.log" 2>&1
   local n
   n=$(grep -oE 'tests passed, [0-9]+ tests failed' "$OUT/$1.log" | grep -oE '[0-9]+ tests failed' | grep -oE '[0-9]+')
   echo "${n:-?}"

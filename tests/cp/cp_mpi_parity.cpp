@@ -7,6 +7,7 @@
 // all-reduced); rank 0 prints one line per case and "N passed, N failed".
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -116,7 +117,12 @@ int main() {
       try {
         why = run_case(*comm, mode, ratio, sparse);
       } catch (const std::exception& e) {
-        why = std::string(" exception: ") + e.what();
+        // The other ranks may be blocked in a collective this rank will never join: end the
+        // job here (mpirun stops every rank when one exits without MPI_Finalize) instead of
+        // hanging until the ctest timeout.
+        std::fprintf(stderr, "rank %d: exception: %s\n", rank, e.what());
+        std::fflush(stderr);
+        std::_Exit(3);
       }
       // Every rank must agree on the verdict.
       std::int32_t bad = why.empty() ? 0 : 1;
