@@ -242,7 +242,6 @@ enum class GatherRows { all, shared, topk_only };
 const char* gather_rows_name(GatherRows r) {
   return r == GatherRows::all ? "all" : r == GatherRows::shared ? "shared" : "top-k";
 }
-const char* gather_copy_name(GatherCopy c) { return c == GatherCopy::cp_async ? "cp.async" : "tma boxes"; }
 // `copy`: how the rows move (gather_ceiling.hpp: 16-byte cp.async, or eight 128-byte TMA boxes
 // a row).
 std::vector<json> gather_cases(int head_blocks, int topk, int keys, double copy_tbps, GatherRows rows,

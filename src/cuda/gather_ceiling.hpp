@@ -33,6 +33,9 @@ namespace csattn::cuda {
 
 enum class GatherCopy { cp_async, tma_boxes };
 
+// The copy path's name in the bench's tables and JSON and in the tests' messages.
+inline const char* gather_copy_name(GatherCopy c) { return c == GatherCopy::cp_async ? "cp.async" : "tma boxes"; }
+
 // `table_rows`: the rows of `rows` (the TMA map's bound; ids must lie below it).
 void launch_gather_ceiling(const bf16* rows, const std::int32_t* ids, int items, int keys_per_item,
                            const bf16* q, bf16* out, bool streams, unsigned* checksum, cudaStream_t stream,

@@ -91,7 +91,7 @@ TEST(GatherCeiling, WordSumMatchesTheHost) {
                                       reinterpret_cast<bf16*>(out_dev.get()), streams, sum_dev.get(), nullptr, copy,
                                       kRows);
           testing_util::cuda_ok(cudaDeviceSynchronize(), "gather ceiling");
-          const char* how = copy == cuda::GatherCopy::cp_async ? "cp.async" : "TMA boxes";
+          const char* how = cuda::gather_copy_name(copy);
           EXPECT_EQ(sum_dev.download()[0], want)
               << how << ", " << items << " items of " << per_item << " rows, streams " << streams;
           if (streams) {
@@ -129,7 +129,7 @@ TEST(GatherCeiling, TileProbeLandsInTheForwardsSwizzledLayout) {
   DeviceArray<std::uint32_t> table_dev(table);
   DeviceArray<std::int32_t> ids_dev(ids);
   for (cuda::GatherCopy copy : {cuda::GatherCopy::cp_async, cuda::GatherCopy::tma_boxes}) {
-    const char* how = copy == cuda::GatherCopy::cp_async ? "cp.async" : "TMA boxes";
+    const char* how = cuda::gather_copy_name(copy);
     DeviceArray<std::uint32_t> tile(want.size());
     tile.fill_bytes(0xFF);
     cuda::launch_gather_tile_probe(reinterpret_cast<const bf16*>(table_dev.get()), kRows, ids_dev.get(), copy,
