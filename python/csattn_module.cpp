@@ -141,7 +141,10 @@ NB_MODULE(_csattn, m) {
                   "Random weights (rounded to the file dtypes, so save / load is exact).")
       .def_static("zeros", &LayerWeights::zeros, "config"_a)
       .def_static("load", &LayerWeights::load, "path"_a, "config"_a, "layer"_a = nb::none(),
-                  "One layer from a safetensors file ('attn.*' names, or 'layers.N.attn.*' with layer=N).")
+                  "One layer from a safetensors file ('attn.*' names, or 'layers.N.attn.*' with layer=N) "
+                  "or a sharded checkpoint directory / its model.safetensors.index.json (the "
+                  "DeepSeek-V4 release: only the layer's tensors are read, F8_E4M3 weights are "
+                  "dequantized with their F8_E8M0 scale per 128 x 128 block).")
       .def("save", &LayerWeights::save, "path"_a)
       .def("names",
            [](const LayerWeights& w) {

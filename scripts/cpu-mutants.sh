@@ -50,6 +50,8 @@ mutants=(
   "grouped O projection: every group reads group 0's weights|src/cpu/layer_ops.cpp|s/woa + static_cast<long>(g) \* ro \* gd, gd, 0.0f, u/woa, gd, 0.0f, u/"
   "attention scale: 1/sqrt(rope_dim) for 1/sqrt(head_dim)|src/cpu/layer_ops.cpp|s|1.0 / std::sqrt(static_cast<double>(c.head_dim))|1.0 / std::sqrt(static_cast<double>(c.rope_dim))|"
   "indexer weights: the 1/sqrt(heads) scale left out|src/cpu/layer_ops.cpp|s/v = bf16 ? round_bf16(v \* head_scale) : v \* head_scale;/(void)head_scale;/"
+  "release FP8 weights: the block scale ignored|src/core/block_fp8.cpp|s/round_bf16(v \* srow\[j \/ kFp8WeightBlock\])/round_bf16(v)/"
+  "release FP8 weights: every row block reads the first row of scales|src/core/block_fp8.cpp|s/s.data() + (i \/ kFp8WeightBlock) \* want\[1\]/s.data()/"
   "CP: a rank's halo two rows short|src/cp/layer_plan.cpp|s/g = std::max(a - d_w, geo.seg_start\[s\])/g = std::max(a - d_w + 2, geo.seg_start[s])/"
   "CP: the halo rows' gradients never reach their owners|src/cp/cp_layer.cpp|/const float\* src = recv\[k\].data() + i \* cols;/{n;s/dst\[j\] += src\[j\];/(void)src;/}"
   "CP: fp32 ranks without batch-invariant GEMMs|src/cp/cp_layer.cpp|s/BatchInvariantScope batch_invariant(options_.precision == Precision::fp32);/BatchInvariantScope batch_invariant(false);/"

@@ -36,8 +36,12 @@ class LayerWeights {
   static LayerWeights zeros(const AttentionConfig& cfg);
 
   // Load one layer. A file with `attn.*` names is one layer; a checkpoint with
-  // `layers.N.attn.*` names needs `layer` = N. Every missing, extra or mis-shaped tensor,
-  // wrong dtype or truncated file is a csattn::Error naming the tensor.
+  // `layers.N.attn.*` names needs `layer` = N. `path` is a safetensors file or a sharded
+  // checkpoint (a directory with model.safetensors.index.json, or that index: see
+  // checkpoint.hpp); only the layer's tensors are read. A bf16 linear weight may be stored
+  // as the DeepSeek-V4 release stores it - F8_E4M3 with a `.scale` per 128 x 128 block - and
+  // is dequantized (block_fp8.hpp). Every missing, extra or mis-shaped tensor, wrong dtype,
+  // missing or mis-shaped block scale or truncated file is a csattn::Error naming the tensor.
   static LayerWeights load(const std::string& path, const AttentionConfig& cfg,
                            std::optional<int> layer = std::nullopt);
   void save(const std::string& path) const;

@@ -9,6 +9,8 @@
 #include <set>
 #include <utility>
 
+#include "core/block_fp8.hpp"
+#include "csattn/checkpoint.hpp"
 #include "csattn/error.hpp"
 #include "csattn/safetensors.hpp"
 
@@ -97,9 +99,9 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
-std::string layers_with_attn(const TensorMap& file) {
+std::string layers_with_attn(const std::vector<std::string>& names) {
   std::set<long> layers;
-  for (const auto& [name, t] : file) {
+  for (const std::string& name : names) {
     const auto dot = name.find('.', 7);
     if (starts_with(name, "layers.") && dot != std::string::npos &&
         name.compare(dot, 6, ".attn.") == 0) {
@@ -114,40 +116,39 @@ std::string layers_with_attn(const TensorMap& file) {
   return s.empty() ? "none" : s;
 }
 
-// The layer's tensors under their release names ("attn.*"), each with its name in the file.
-struct Selected {
-  TensorMap tensors;
-  std::map<std::string, std::string> file_name;
-};
-
-Selected select_layer(TensorMap file, const std::string& path, std::optional<int> layer) {
-  Selected out;
+// The layer's tensors: release name ("attn.*") -> name in the checkpoint.
+std::map<std::string, std::string> select_layer(const std::vector<std::string>& names,
+                                                const std::string& path, std::optional<int> layer) {
+  std::map<std::string, std::string> out;
   if (layer) {
     require(*layer >= 0, ErrorKind::InvalidArgument,
             "LayerWeights::load: layer = " + std::to_string(*layer) + ", expected >= 0");
     const std::string prefix = "layers." + std::to_string(*layer) + ".";
-    for (auto& [name, t] : file) {
+    for (const std::string& name : names) {
       if (!starts_with(name, prefix + "attn.")) continue;  // other layers, ffn, embed...
-      const std::string release = name.substr(prefix.size());
-      out.file_name[release] = name;
-      out.tensors.emplace(release, std::move(t));
+      out.emplace(name.substr(prefix.size()), name);
     }
-    require(!out.tensors.empty(), ErrorKind::InvalidArgument,
+    require(!out.empty(), ErrorKind::InvalidArgument,
             "LayerWeights::load: '" + path + "' has no tensors named " + prefix +
-                "attn.*; layers with attention tensors in it: " + layers_with_attn(file));
+                "attn.*; layers with attention tensors in it: " + layers_with_attn(names));
     return out;
   }
-  for (auto& [name, t] : file) {
+  for (const std::string& name : names) {
     if (starts_with(name, "layers.")) {
       throw Error(ErrorKind::InvalidArgument,
                   "LayerWeights::load: '" + path + "' is a multi-layer checkpoint (tensor '" +
                       name + "'); pass the layer index (layers with attention tensors: " +
-                      layers_with_attn(file) + ")");
+                      layers_with_attn(names) + ")");
     }
-    out.file_name[name] = name;
-    out.tensors.emplace(name, std::move(t));
+    out.emplace(name, name);
   }
   return out;
+}
+
+// "attn.wq_a.weight" -> "attn.wq_a.scale": where the release keeps an FP8 weight's block
+// scales.
+std::string scale_name_of(const std::string& weight_name) {
+  return weight_name.substr(0, weight_name.size() - std::string(".weight").size()) + ".scale";
 }
 
 }  // namespace
@@ -256,33 +257,53 @@ void LayerWeights::check(const AttentionConfig& cfg) const {
 
 LayerWeights LayerWeights::load(const std::string& path, const AttentionConfig& cfg,
                                 std::optional<int> layer) {
-  Selected sel = select_layer(load_safetensors(path), path, layer);
+  const Checkpoint ckpt = Checkpoint::open(path);
+  const std::map<std::string, std::string> sel = select_layer(ckpt.names(), path, layer);
   LayerWeights w;
   w.cfg_ = cfg;
   w.params_ = layer_params(cfg);
   const std::string where = "LayerWeights::load: '" + path + "': ";
-  std::set<std::string> expected;
+  std::set<std::string> used;  // release names read (parameters and their block scales)
   for (const ParamInfo& p : w.params_) {
-    expected.insert(p.name);
+    const auto it = sel.find(p.name);
     const std::string file_name = layer ? "layers." + std::to_string(*layer) + "." + p.name
                                         : p.name;
-    const auto it = sel.tensors.find(p.name);
-    require(it != sel.tensors.end(), ErrorKind::Io,
+    require(it != sel.end(), ErrorKind::Io,
             where + "missing tensor '" + file_name + "' (" + shape_str(p.shape) + " " +
                 dtype_name(p.file_dtype) + ", needed for " + ratio_str(cfg) + ")");
-    const Tensor& t = it->second;
-    require(t.shape() == p.shape, ErrorKind::ShapeMismatch,
+    used.insert(p.name);
+    const SafetensorsReader::Entry& e = ckpt.entry(it->second);
+    require(e.shape == p.shape, ErrorKind::ShapeMismatch,
             where + "tensor '" + file_name + "': expected shape " + shape_str(p.shape) +
-                ", got " + shape_str(t.shape()));
-    require(t.dtype() == p.file_dtype, ErrorKind::DTypeMismatch,
-            where + "tensor '" + file_name + "': expected dtype " +
-                dtype_name(p.file_dtype) + ", got " + dtype_name(t.dtype()));
-    w.tensors_.emplace(p.name, Tensor::from_f32(t.to_f32(), p.shape));
+                ", got " + shape_str(e.shape));
+    // A bf16 linear weight may come as the release stores it: E4M3 with 128 x 128 block
+    // scales beside it (`<name>.scale`), dequantized here.
+    const bool block_fp8 = e.dtype == DType::e4m3 && p.file_dtype == DType::bf16 &&
+                           p.name.ends_with(".weight") && p.shape.size() == 2;
+    if (block_fp8) {
+      const std::string scale = scale_name_of(p.name);
+      const auto s = sel.find(scale);
+      require(s != sel.end(), ErrorKind::Io,
+              where + "tensor '" + file_name + "' is F8_E4M3 but '" + scale_name_of(file_name) +
+                  "' (its scale per " + std::to_string(kFp8WeightBlock) + " x " +
+                  std::to_string(kFp8WeightBlock) + " block) is missing");
+      used.insert(scale);
+      w.tensors_.emplace(p.name, dequantize_block_fp8(ckpt.read(it->second), ckpt.read(s->second),
+                                                      where + "tensor '" + file_name + "'"));
+      continue;
+    }
+    require(e.dtype == p.file_dtype, ErrorKind::DTypeMismatch,
+            where + "tensor '" + file_name + "': expected dtype " + dtype_name(p.file_dtype) +
+                (p.file_dtype == DType::bf16 && p.shape.size() == 2
+                     ? " (or F8_E4M3 with 128 x 128 block scales)" : "") +
+                ", got " + (e.dtype ? dtype_name(*e.dtype) : e.file_dtype));
+    w.tensors_.emplace(p.name, Tensor::from_f32(ckpt.read(it->second).to_f32(), p.shape));
   }
-  for (const auto& [name, t] : sel.tensors) {
-    require(expected.count(name) != 0, ErrorKind::Io,
-            where + "unexpected tensor '" + sel.file_name.at(name) + "' (not a parameter of a " +
-                ratio_str(cfg) + " layer)");
+  for (const auto& [name, file_name] : sel) {
+    require(used.count(name) != 0, ErrorKind::Io,
+            where + "unexpected tensor '" + file_name + "' (not a parameter of a " +
+                ratio_str(cfg) + " layer" +
+                (name.ends_with(".scale") ? ", nor the block scales of an F8_E4M3 one" : "") + ")");
   }
   return w;
 }

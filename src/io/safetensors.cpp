@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -61,14 +62,6 @@ const char* dtype_to_file(DType dt) {
   throw Error(ErrorKind::Internal, "safetensors: invalid DType value");
 }
 
-// One validated header entry; offsets are relative to the start of the data section.
-struct Entry {
-  std::string name;
-  DType dtype;
-  Shape shape;
-  std::uint64_t begin;
-  std::uint64_t end;
-};
 
 std::uint64_t read_u64_le(const unsigned char* p) {
   std::uint64_t v = 0;
@@ -76,16 +69,16 @@ std::uint64_t read_u64_le(const unsigned char* p) {
   return v;
 }
 
-DType parse_dtype(const std::string& path, const std::string& name, const json& e) {
+std::string parse_dtype(const std::string& path, const std::string& name, const json& e) {
   const auto it = e.find("dtype");
   if (it == e.end() || !it->is_string()) fail_tensor(path, name, "missing string field 'dtype'");
-  const auto dt = dtype_from_file(it->get<std::string>());
-  if (!dt) {
-    fail_tensor(path, name,
-                "unknown dtype '" + it->get<std::string>() +
-                    "' (supported: F32, F64, BF16, F16, I32, I64, F8_E4M3, F8_E8M0, U8)");
-  }
-  return *dt;
+  return it->get<std::string>();
+}
+
+[[noreturn]] void fail_unknown_dtype(const std::string& path, const SafetensorsReader::Entry& e) {
+  fail_tensor(path, e.name,
+              "unknown dtype '" + e.file_dtype +
+                  "' (supported: F32, F64, BF16, F16, I32, I64, F8_E4M3, F8_E8M0, U8)");
 }
 
 Shape parse_shape(const std::string& path, const std::string& name, const json& e) {
@@ -115,10 +108,17 @@ std::pair<std::uint64_t, std::uint64_t> parse_offsets(const std::string& path,
   return {(*it)[0].get<std::uint64_t>(), (*it)[1].get<std::uint64_t>()};
 }
 
-Entry parse_entry(const std::string& path, const std::string& name, const json& e,
-                  std::uint64_t data_bytes) {
+// An entry of a dtype csattn does not know (a checkpoint's packed FP4 experts, ...) keeps
+// its dtype text and fails only when it is read: a layer can be loaded from a shard that
+// holds such tensors beside it.
+SafetensorsReader::Entry parse_entry(const std::string& path, const std::string& name,
+                                     const json& e, std::uint64_t data_bytes) {
   if (!e.is_object()) fail_tensor(path, name, "header entry is not a JSON object");
-  Entry out{name, parse_dtype(path, name, e), parse_shape(path, name, e), 0, 0};
+  SafetensorsReader::Entry out;
+  out.name = name;
+  out.file_dtype = parse_dtype(path, name, e);
+  out.dtype = dtype_from_file(out.file_dtype);
+  out.shape = parse_shape(path, name, e);
   std::tie(out.begin, out.end) = parse_offsets(path, name, e);
   const std::string range =
       "data_offsets [" + std::to_string(out.begin) + ", " + std::to_string(out.end) + "]";
@@ -134,21 +134,23 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   } catch (const Error& err) {
     fail_tensor(path, name, err.what());
   }
-  const std::uint64_t size = dtype_size(out.dtype);
+  if (!out.dtype) return out;  // its size is unknown: checked when read (never)
+  const std::uint64_t size = dtype_size(*out.dtype);
   // Compare numel with the range before multiplying so a huge shape cannot overflow.
   const std::uint64_t span = out.end - out.begin;
   if (static_cast<std::uint64_t>(numel) > span / size ||
       static_cast<std::uint64_t>(numel) * size != span) {
     fail_tensor(path, name,
                 range + " span " + std::to_string(span) + " bytes but shape " +
-                    shape_str(out.shape) + " of " + dtype_name(out.dtype) + " needs " +
+                    shape_str(out.shape) + " of " + dtype_name(*out.dtype) + " needs " +
                     std::to_string(static_cast<std::uint64_t>(numel)) + " x " +
                     std::to_string(size) + " bytes");
   }
   return out;
 }
 
-void check_no_overlap(const std::string& path, std::vector<Entry> entries) {
+void check_no_overlap(const std::string& path, std::vector<SafetensorsReader::Entry> entries) {
+  using Entry = SafetensorsReader::Entry;
   // Empty tensors occupy no bytes and cannot overlap anything.
   std::erase_if(entries, [](const Entry& e) { return e.begin == e.end; });
   std::sort(entries.begin(), entries.end(),
@@ -179,53 +181,83 @@ json parse_header_json(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-TensorMap load_safetensors(const std::string& path) {
+SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) fail_file(path, "no such file");
-  const std::uint64_t file_bytes = std::filesystem::file_size(path, ec);
-  if (ec) fail_file(path, "cannot get the file size: " + ec.message());
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_file(path, "cannot open for reading");
+  if (!std::filesystem::is_regular_file(path_, ec)) fail_file(path_, "no such file");
+  const std::uint64_t file_bytes = std::filesystem::file_size(path_, ec);
+  if (ec) fail_file(path_, "cannot get the file size: " + ec.message());
+  in_ = std::make_unique<std::ifstream>(path_, std::ios::binary);
+  std::ifstream& in = *in_;
+  if (!in) fail_file(path_, "cannot open for reading");
   if (file_bytes < 8) {
-    fail_file(path, "file has " + std::to_string(file_bytes) +
-                        " bytes, fewer than the 8-byte header length");
+    fail_file(path_, "file has " + std::to_string(file_bytes) +
+                         " bytes, fewer than the 8-byte header length");
   }
 
   unsigned char len_bytes[8];
   in.read(reinterpret_cast<char*>(len_bytes), 8);
   const std::uint64_t header_bytes = read_u64_le(len_bytes);
   if (header_bytes > kMaxHeaderBytes) {
-    fail_file(path, "header length " + std::to_string(header_bytes) +
-                        " is implausibly large (corrupt file?)");
+    fail_file(path_, "header length " + std::to_string(header_bytes) +
+                         " is implausibly large (corrupt file?)");
   }
   if (header_bytes > file_bytes - 8) {
-    fail_file(path, "header length " + std::to_string(header_bytes) + " exceeds the " +
-                        std::to_string(file_bytes - 8) +
-                        " bytes after the length field (file truncated?)");
+    fail_file(path_, "header length " + std::to_string(header_bytes) + " exceeds the " +
+                         std::to_string(file_bytes - 8) +
+                         " bytes after the length field (file truncated?)");
   }
   std::string header_text(header_bytes, '\0');
   in.read(header_text.data(), static_cast<std::streamsize>(header_bytes));
-  if (!in) fail_file(path, "cannot read the header");
+  if (!in) fail_file(path_, "cannot read the header");
 
-  const json header = parse_header_json(path, header_text);
-  const std::uint64_t data_start = 8 + header_bytes;
-  const std::uint64_t data_bytes = file_bytes - data_start;
+  const json header = parse_header_json(path_, header_text);
+  data_start_ = 8 + header_bytes;
+  const std::uint64_t data_bytes = file_bytes - data_start_;
   std::vector<Entry> entries;
   for (const auto& [name, value] : header.items()) {
     if (name == kMetadataKey) continue;
-    entries.push_back(parse_entry(path, name, value, data_bytes));
+    entries.push_back(parse_entry(path_, name, value, data_bytes));
   }
-  check_no_overlap(path, entries);
+  check_no_overlap(path_, entries);
+  for (Entry& e : entries) entries_.emplace(e.name, std::move(e));
+}
 
-  // Read each tensor straight into its buffer: no copy of the whole file in memory.
+SafetensorsReader::~SafetensorsReader() = default;
+SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&&) noexcept = default;
+
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsReader::Entry& SafetensorsReader::entry(const std::string& name) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) fail_tensor(path_, name, "no such tensor in the file");
+  return it->second;
+}
+
+Tensor SafetensorsReader::read(const std::string& name) const {
+  const Entry& e = entry(name);
+  if (!e.dtype) fail_unknown_dtype(path_, e);
+  // Straight into the tensor's buffer: no copy of the file in memory.
+  Tensor t(*e.dtype, e.shape);
+  in_->clear();
+  in_->seekg(static_cast<std::streamoff>(data_start_ + e.begin));
+  in_->read(static_cast<char*>(t.data()), static_cast<std::streamsize>(t.nbytes()));
+  if (!*in_) fail_tensor(path_, e.name, "cannot read its data");
+  return t;
+}
+
+TensorMap load_safetensors(const std::string& path) {
+  const SafetensorsReader file(path);
   TensorMap out;
-  for (const Entry& e : entries) {
-    Tensor t(e.dtype, e.shape);
-    in.seekg(static_cast<std::streamoff>(data_start + e.begin));
-    in.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(t.nbytes()));
-    if (!in) fail_tensor(path, e.name, "cannot read its data");
-    out.emplace(e.name, std::move(t));
+  for (const auto& [name, e] : file.entries()) {
+    if (!e.dtype) fail_unknown_dtype(path, e);
   }
+  for (const auto& [name, e] : file.entries()) out.emplace(name, file.read(name));
   return out;
 }
 

@@ -457,6 +457,82 @@ TEST(Cli, InputsAndWeightsFiles) {
   for (const std::string& p : {weights, inputs, out}) std::filesystem::remove(p);
 }
 
+// The DeepSeek-V4 release layout: a directory with config.json, model.safetensors.index.json
+// and shards whose linear weights are F8_E4M3 with an F8_E8M0 scale per 128 x 128 block.
+// `--weights DIR --layer 1` reads config.json and the layer; its outputs equal those of the
+// same layer given as dequantized bf16 weights in one file.
+TEST(Cli, ReleaseCheckpointDirectory) {
+  ModelConfig model = ModelConfig::preset("tiny");
+  model.compress_ratios = {0, 4, 128};
+  AttentionConfig cfg = model.base;
+  cfg.compress_ratio = 4;
+  const std::filesystem::path dir = temp_path("release");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << model.to_hf_json();
+
+  LayerWeights dequantized = LayerWeights::random(cfg, 77);
+  TensorMap shard1, shard2;
+  for (const ParamInfo& p : dequantized.params()) {
+    const std::string name = "layers.1." + p.name;
+    TensorMap& shard = (p.group == ParamGroup::main) ? shard1 : shard2;
+    const bool fp8 = p.file_dtype == DType::bf16 && p.shape.size() == 2 &&
+                     p.name.find("compressor") == std::string::npos;
+    float* v = dequantized.f32(p.name);
+    if (!fp8) {
+      Tensor t = Tensor::from_f32(dequantized.get(p.name).to_f32(), p.shape);
+      if (p.file_dtype == DType::bf16) {
+        Tensor b(DType::bf16, p.shape);
+        for (std::int64_t i = 0; i < b.numel(); ++i) b.ptr<std::uint16_t>()[i] = float_to_bf16_bits(v[i]);
+        t = std::move(b);
+      }
+      shard.emplace(name, std::move(t));
+      continue;
+    }
+    // Scale 2^-3 for every block; values quantized to E4M3 at that scale.
+    const std::int64_t rows = p.shape[0], cols = p.shape[1];
+    Tensor q(DType::e4m3, p.shape), s(DType::e8m0, {(rows + 127) / 128, (cols + 127) / 128});
+    for (std::int64_t i = 0; i < s.numel(); ++i) static_cast<std::uint8_t*>(s.data())[i] = 127 - 3;
+    for (std::int64_t i = 0; i < rows * cols; ++i) {
+      const std::uint8_t b = float_to_e4m3_bits(v[i] * 8.0f);
+      static_cast<std::uint8_t*>(q.data())[i] = b;
+      v[i] = e4m3_bits_to_float(b) / 8.0f;
+    }
+    shard.emplace(name, std::move(q));
+    shard.emplace("layers.1." + p.name.substr(0, p.name.size() - 7) + ".scale", std::move(s));
+  }
+  save_safetensors((dir / "model-00001-of-00002.safetensors").string(), shard1);
+  save_safetensors((dir / "model-00002-of-00002.safetensors").string(), shard2);
+  nlohmann::json index = {{"weight_map", nlohmann::json::object()}};
+  for (const auto& [n, t] : shard1) index["weight_map"][n] = "model-00001-of-00002.safetensors";
+  for (const auto& [n, t] : shard2) index["weight_map"][n] = "model-00002-of-00002.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+  const std::string single = temp_path("dequantized.safetensors");
+  dequantized.save(single);
+
+  const std::string out_release = temp_path("out_release.safetensors");
+  const std::string out_single = temp_path("out_single.safetensors");
+  const CliResult r = run_cli("run --preset tiny --weights '" + dir.string() +
+                              "' --layer 1 --seqlens 20,9 --check-rows 4 --json --save '" +
+                              out_release + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = parse_json(r);
+  EXPECT_EQ(j["config_file"], (dir / "config.json").string());
+  ASSERT_EQ(j["layers"].size(), 1u);
+  EXPECT_EQ(j["layers"][0]["type"], "CSA");
+  const CliResult r2 = run_cli("run --preset tiny --ratio 4 --weights '" + single +
+                               "' --seqlens 20,9 --check-rows 0 -q --save '" + out_single + "'");
+  ASSERT_EQ(r2.status, 0) << r2.err;
+  const TensorMap a = load_safetensors(out_release), b = load_safetensors(out_single);
+  for (const char* name : {"output", "topk_indices", "grad.hidden_states", "grad.attn.wq_b.weight"}) {
+    ASSERT_TRUE(a.count(name) && b.count(name)) << name;
+    EXPECT_EQ(a.at(name).to_f32(), b.at(name).to_f32()) << name;
+  }
+  // A missing layer names the layers the checkpoint has.
+  expect_usage_error("run --preset tiny --weights '" + dir.string() + "' --layer 2", {"layers.2.attn", "1"});
+  std::filesystem::remove_all(dir);
+  for (const std::string& p : {single, out_release, out_single}) std::filesystem::remove(p);
+}
+
 TEST(Cli, BenchJson) {
   const CliResult r =
       run_cli("bench --preset tiny --seqlens 32 --ratio 0,4 --repeat 1 --warmup 0 --json");

@@ -301,7 +301,7 @@ TEST_F(LayerWeightsFile, WrongDtypeIsNamed) {
     m["attn.wq_b.weight"] = Tensor::from_f32(m["attn.wq_b.weight"].to_f32(), {64, 16});
   });
   expect_error([&] { LayerWeights::load(p, cfg); }, ErrorKind::DTypeMismatch,
-               {p, "'attn.wq_b.weight'", "expected dtype bf16, got f32"});
+               {p, "'attn.wq_b.weight'", "expected dtype bf16 (or F8_E4M3", "got f32"});
   const auto q = edited_file(cfg, [](TensorMap& m) { m["attn.attn_sink"] = Tensor(DType::bf16, {4}); });
   expect_error([&] { LayerWeights::load(q, cfg); }, ErrorKind::DTypeMismatch,
                {"'attn.attn_sink'", "expected dtype f32, got bf16"});

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include <CLI/CLI.hpp>
 
@@ -25,6 +26,12 @@ const char* kRunFooter = R"(Layers:
   --config without --ratio runs every layer of the config's compress_ratios; --layer N runs
   layer N of the config (or preset) only. --weights runs one layer: its ratio comes from
   --ratio or from compress_ratios[N] of --layer N.
+
+Checkpoints:
+  --weights DIR --layer N reads layer N of a Hugging Face checkpoint directory as the
+  DeepSeek-V4 release ships it: model.safetensors.index.json and its shards (only the
+  layer's tensors are read), config.json as --config unless one is given, and F8_E4M3
+  linear weights dequantized with their F8_E8M0 scale per 128 x 128 block (<name>.scale).
 
 Files:
   --inputs FILE   safetensors with hidden_states [T, d_model] (f32/bf16), cu_seqlens i32
@@ -188,9 +195,12 @@ void add_run_options(CLI::App& run, RunArgs& a) {
                      "indexer loss backward stays bf16 / fp32")
           ->capture_default_str();
   auto* weights = run.add_option("--weights", a.weights_file,
-                                 "safetensors with one layer (attn.*) or a checkpoint "
-                                 "(layers.N.attn.*, pick N with --layer)")
-                     ->type_name("FILE");
+                                 "safetensors with one layer (attn.*), a checkpoint "
+                                 "(layers.N.attn.*, pick N with --layer), or a sharded "
+                                 "checkpoint directory such as the DeepSeek-V4 release (its "
+                                 "model.safetensors.index.json; its config.json unless "
+                                 "--config; FP8 weights dequantized with their block scales)")
+                     ->type_name("PATH");
   a.layer_opt = run.add_option("--layer", a.layer, "Layer N of the config / checkpoint");
   auto* inputs = run.add_option("--inputs", a.inputs_file,
                                 "safetensors with hidden_states, cu_seqlens, ... (see below)")
@@ -209,7 +219,20 @@ void add_run_options(CLI::App& run, RunArgs& a) {
   (void)weights;
 }
 
-RunPlan resolve_run(const RunArgs& args) {
+// A checkpoint directory in the Hugging Face layout carries its config.json: --weights DIR
+// without --config reads it (the report names the file), as transformers does.
+RunArgs with_checkpoint_config(RunArgs args) {
+  std::error_code ec;
+  if (args.config_file.empty() && !args.weights_file.empty() &&
+      std::filesystem::is_directory(args.weights_file, ec)) {
+    const auto cfg = std::filesystem::path(args.weights_file) / "config.json";
+    if (std::filesystem::is_regular_file(cfg, ec)) args.config_file = cfg.string();
+  }
+  return args;
+}
+
+RunPlan resolve_run(const RunArgs& raw_args) {
+  const RunArgs args = with_checkpoint_config(raw_args);
   RunPlan p;
   p.preset = check_preset(args.preset, "--preset");
   ModelConfig model = ModelConfig::preset(p.preset);

@@ -1,0 +1,123 @@
+// Checkpoint: tensor names -> the safetensors files that hold them. An index is a file from
+// outside like the shards: every field is checked, every error names the index (and the
+// tensor and shard where there is one).
+#include "csattn/checkpoint.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "csattn/error.hpp"
+
+namespace csattn {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw Error(ErrorKind::Io, "checkpoint '" + path + "': " + what);
+}
+
+std::map<std::string, std::string> read_index(const std::string& index_path) {
+  std::ifstream in(index_path);
+  if (!in) fail(index_path, "cannot open the index for reading");
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    fail(index_path, std::string("the index is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object())
+    fail(index_path, "the index has no \"weight_map\" object (tensor name -> shard file)");
+  const fs::path dir = fs::path(index_path).parent_path();
+  std::map<std::string, std::string> out;
+  for (const auto& [name, file] : j.at("weight_map").items()) {
+    if (!file.is_string() || file.get<std::string>().empty())
+      fail(index_path, "weight_map[\"" + name + "\"] is not a shard file name");
+    const fs::path shard(file.get<std::string>());
+    if (shard.is_absolute())
+      fail(index_path, "weight_map[\"" + name + "\"] = '" + shard.string() +
+                           "' is absolute; shards are named relative to the index");
+    out.emplace(name, (dir / shard).string());
+  }
+  return out;
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const std::string& path) {
+  Checkpoint c;
+  c.path_ = path;
+  std::error_code ec;
+  std::string single;  // a one-file checkpoint
+  if (fs::is_directory(path, ec)) {
+    const fs::path index = fs::path(path) / kIndexName;
+    if (fs::is_regular_file(index, ec)) {
+      c.shard_of_ = read_index(index.string());
+      return c;
+    }
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path().string());
+    if (files.size() != 1)
+      fail(path, "a directory is read through its " + std::string(kIndexName) +
+                     " (the sharded Hugging Face layout) or its one .safetensors file; it has no "
+                     "index and " + std::to_string(files.size()) + " .safetensors files");
+    single = files[0];
+  } else if (fs::is_regular_file(path, ec)) {
+    if (fs::path(path).filename().string().ends_with(".index.json")) {
+      c.shard_of_ = read_index(path);
+      return c;
+    }
+    single = path;
+  } else {
+    fail(path, "no such file or directory");
+  }
+  SafetensorsReader reader(single);
+  for (const std::string& name : reader.names()) c.shard_of_.emplace(name, single);
+  c.open_.emplace(single, std::move(reader));
+  return c;
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  out.reserve(shard_of_.size());
+  for (const auto& [name, file] : shard_of_) out.push_back(name);
+  return out;
+}
+
+const std::string& Checkpoint::file_of(const std::string& name) const {
+  const auto it = shard_of_.find(name);
+  if (it == shard_of_.end()) fail(path_, "no tensor named '" + name + "'");
+  return it->second;
+}
+
+const SafetensorsReader& Checkpoint::shard(const std::string& name) const {
+  const std::string& file = file_of(name);
+  auto it = open_.find(file);
+  if (it == open_.end()) {
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec))
+      fail(path_, "tensor '" + name + "' is in shard '" + file + "', which does not exist");
+    it = open_.emplace(file, SafetensorsReader(file)).first;
+  }
+  if (!it->second.contains(name))
+    fail(path_, "the index puts tensor '" + name + "' in shard '" + file +
+                    "', which does not hold it");
+  return it->second;
+}
+
+const SafetensorsReader::Entry& Checkpoint::entry(const std::string& name) const {
+  return shard(name).entry(name);
+}
+
+Tensor Checkpoint::read(const std::string& name) const { return shard(name).read(name); }
+
+}  // namespace csattn
