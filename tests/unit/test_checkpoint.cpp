@@ -18,8 +18,10 @@
 #include "csattn/error.hpp"
 #include "csattn/safetensors.hpp"
 #include "csattn/weights.hpp"
+#include "expect_error.hpp"
 
 using namespace csattn;
+using csattn::testing_util::expect_error;
 namespace fs = std::filesystem;
 
 namespace {
@@ -58,18 +60,6 @@ double e4m3_value(std::uint8_t b) {
   return sign ? -mag : mag;
 }
 
-template <class F>
-void expect_error(F f, ErrorKind kind, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no csattn::Error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << to_string(e.kind()) << ": " << e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message lacks '" << p << "': " << e.what();
-  }
-}
 
 class ReleaseCheckpoint : public ::testing::Test {
  protected:

@@ -11,9 +11,12 @@
 
 #include "csattn/config.hpp"
 #include "csattn/error.hpp"
+#include "expect_error.hpp"
 
 namespace csattn {
 namespace {
+
+using testing_util::expect_error;
 
 void expect_same(const ModelConfig& a, const ModelConfig& b) {
   const AttentionConfig& x = a.base;
@@ -37,19 +40,6 @@ void expect_same(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(x.yarn_beta_slow, y.yarn_beta_slow);
   EXPECT_EQ(x.norm_eps, y.norm_eps);
   EXPECT_EQ(a.compress_ratios, b.compress_ratios);
-}
-
-// Runs f, expects a csattn::Error of the given kind whose message contains `needle`.
-template <class F>
-void expect_error(F&& f, ErrorKind kind, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no csattn::Error thrown (expected one mentioning '" << needle << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message '" << e.what() << "' does not mention '" << needle << "'";
-  }
 }
 
 TEST(ConfigJson, ReadsEveryKeyAndIgnoresUnknownOnes) {

@@ -8,10 +8,12 @@
 #include <filesystem>
 
 #include "csattn/error.hpp"
+#include "expect_error.hpp"
 #include "csattn/safetensors.hpp"
 #include "csattn/weights.hpp"
 
 using namespace csattn;
+using csattn::testing_util::expect_error;
 
 namespace {
 
@@ -44,20 +46,6 @@ void expect_same_weights(const LayerWeights& a, const LayerWeights& b) {
   }
 }
 
-// Runs `f`, expects a csattn::Error of `kind` whose message holds every one of `parts`.
-template <class F>
-void expect_error(F f, ErrorKind kind, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no csattn::Error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << to_string(e.kind()) << ": " << e.what();
-    for (const auto& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message lacks '" << p << "': " << e.what();
-    }
-  }
-}
 
 class LayerWeightsFile : public ::testing::Test {
  protected:
