@@ -529,6 +529,33 @@ TEST(Cli, ReleaseCheckpointDirectory) {
   }
   // A missing layer names the layers the checkpoint has.
   expect_usage_error("run --preset tiny --weights '" + dir.string() + "' --layer 2", {"layers.2.attn", "1"});
+
+  // `csattn checkpoint`: layer 1 from the headers (CSA by its tensors and by config.json),
+  // then loaded; a second layer of the wrong type for the config fails --load (status 2).
+  const CliResult c = run_cli("checkpoint '" + dir.string() + "' --preset tiny --load --json");
+  ASSERT_EQ(c.status, 0) << c.err;
+  nlohmann::json cj = parse_json(c);
+  EXPECT_EQ(cj["config_file"], (dir / "config.json").string());
+  ASSERT_EQ(cj["layers"].size(), 1u);
+  EXPECT_EQ(cj["layers"][0]["layer"], 1);
+  EXPECT_EQ(cj["layers"][0]["type_from_tensors"], "CSA");
+  EXPECT_EQ(cj["layers"][0]["config_type"], "CSA");
+  EXPECT_EQ(cj["layers"][0]["tensors"], 18 + 7);  // 18 parameters, the 7 FP8 linears' scales
+  EXPECT_EQ(cj["layers"][0]["fp8_weights"], 7);
+  EXPECT_EQ(cj["layers"][0]["load"], "ok");
+  EXPECT_EQ(cj["layers"][0]["files"].size(), 2u);
+  {
+    TensorMap extra;
+    for (auto& [n, t] : shard1)
+      if (n.find(".compressor.") == std::string::npos) extra.emplace("layers.2." + n.substr(9), t);
+    save_safetensors((dir / "model-00003-of-00003.safetensors").string(), extra);
+    for (const auto& [n, t] : extra) index["weight_map"][n] = "model-00003-of-00003.safetensors";
+    std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+  }
+  const CliResult bad = run_cli("checkpoint '" + dir.string() + "' --preset tiny --load");
+  EXPECT_EQ(bad.status, 2) << bad.out << bad.err;
+  EXPECT_NE(bad.out.find("1 of 2 layers load"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("(differs)"), std::string::npos) << bad.out;  // SWA tensors, HCA config
   std::filesystem::remove_all(dir);
   for (const std::string& p : {single, out_release, out_single}) std::filesystem::remove(p);
 }

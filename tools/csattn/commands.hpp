@@ -18,5 +18,6 @@ Command add_bench_indexer_command(CLI::App& app);  // bench_indexer.cpp
 Command add_comm_check_command(CLI::App& app);     // comm_check.cpp
 Command add_info_command(CLI::App& app);           // info_cmd.cpp
 Command add_memory_command(CLI::App& app);         // memory_cmd.cpp
+Command add_checkpoint_command(CLI::App& app);     // checkpoint_cmd.cpp
 
 }  // namespace csattn::cli

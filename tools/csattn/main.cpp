@@ -1,5 +1,5 @@
 // csattn: the command-line program. Subcommands: run (the main job), config, bench,
-// bench-indexer, comm-check, info, memory.
+// bench-indexer, comm-check, info, memory, checkpoint.
 // Errors: one line "csattn: error: <message>" on stderr; exit status 2 for bad options,
 // inconsistent configs and bad files (any csattn::Error), 1 for anything unexpected.
 #include <cstdio>
@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   add(&csattn::cli::add_comm_check_command);
   add(&csattn::cli::add_info_command);
   add(&csattn::cli::add_memory_command);
+  add(&csattn::cli::add_checkpoint_command);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,176 @@
+// `csattn checkpoint PATH`: what a checkpoint holds for csattn, without reading its data - the
+// attention layers (layers.N.attn.*), each one's type as its tensors say (an indexer: CSA, a
+// compressor without one: HCA, neither: SWA) beside its config's compress_ratios[N], its
+// tensor count and bytes, how many linears are block-scaled FP8 and which shards hold it.
+// With --load every layer is loaded as `csattn run --weights PATH --layer N` would (FP8
+// dequantized, every name, shape and dtype checked) and its result reported; the exit status
+// is then 2 if any layer fails. For the release checkpoint: `csattn checkpoint DeepSeek-V4-Flash`.
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.hpp"
+#include "commands.hpp"
+#include "csattn/checkpoint.hpp"
+#include "csattn/config.hpp"
+#include "csattn/error.hpp"
+#include "csattn/weights.hpp"
+
+namespace csattn::cli {
+
+namespace {
+
+struct CheckpointArgs {
+  std::string path;
+  std::string config_file;
+  std::string preset = "flash";
+  bool load = false;
+  bool json = false;
+};
+
+struct LayerSummary {
+  int index = 0;
+  int tensors = 0;
+  int fp8_weights = 0;
+  std::uint64_t bytes = 0;
+  bool has_compressor = false, has_indexer = false;
+  std::set<std::string> files;
+  std::optional<int> config_ratio;  // compress_ratios[N] where the config has layer N
+  std::string load_result;          // with --load: "ok" or the error
+  const char* tensor_type() const { return has_indexer ? "CSA" : has_compressor ? "HCA" : "SWA"; }
+};
+
+// "layers.12.attn.wkv.weight" -> 12 (nullopt for anything else).
+std::optional<int> attention_layer_of(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return std::nullopt;
+  const auto dot = name.find('.', 7);
+  if (dot == std::string::npos || dot == 7 || name.compare(dot, 6, ".attn.") != 0) return std::nullopt;
+  const std::string digits = name.substr(7, dot - 7);
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 6) return std::nullopt;
+  return std::stoi(digits);
+}
+
+std::optional<ModelConfig> config_of(const CheckpointArgs& a, std::string& config_path) {
+  config_path = a.config_file;
+  std::error_code ec;
+  if (config_path.empty() && std::filesystem::is_directory(a.path, ec) &&
+      std::filesystem::is_regular_file(std::filesystem::path(a.path) / "config.json", ec))
+    config_path = (std::filesystem::path(a.path) / "config.json").string();
+  if (config_path.empty()) return std::nullopt;
+  try {
+    return ModelConfig::from_hf_json_file(config_path, ModelConfig::preset(check_preset(a.preset, "--preset")));
+  } catch (const Error& e) {
+    throw Error(e.kind(), std::string("--config: ") + e.what());
+  }
+}
+
+int run_checkpoint(const CheckpointArgs& a) {
+  const Checkpoint ckpt = Checkpoint::open(a.path);
+  std::string config_path;
+  const std::optional<ModelConfig> model = config_of(a, config_path);
+
+  std::map<int, LayerSummary> layers;
+  for (const std::string& name : ckpt.names()) {
+    const std::optional<int> n = attention_layer_of(name);
+    if (!n) continue;
+    LayerSummary& s = layers[*n];
+    s.index = *n;
+    const SafetensorsReader::Entry& e = ckpt.entry(name);
+    s.tensors += 1;
+    s.bytes += e.end - e.begin;
+    s.files.insert(std::filesystem::path(ckpt.file_of(name)).filename().string());
+    s.has_compressor |= name.find(".attn.compressor.") != std::string::npos;
+    s.has_indexer |= name.find(".attn.indexer.") != std::string::npos;
+    s.fp8_weights += e.file_dtype == "F8_E4M3" ? 1 : 0;
+  }
+  if (layers.empty())
+    throw Error(ErrorKind::InvalidArgument,
+                "checkpoint '" + a.path + "' has no attention layers (no tensor named layers.N.attn.*)");
+
+  int failed = 0;
+  for (auto& [n, s] : layers) {
+    if (model && n < static_cast<int>(model->compress_ratios.size()))
+      s.config_ratio = model->compress_ratios[static_cast<std::size_t>(n)];
+    if (!a.load) continue;
+    try {
+      if (!model) throw Error(ErrorKind::InvalidArgument, "no config to load with (give --config)");
+      if (!s.config_ratio)
+        throw Error(ErrorKind::InvalidArgument, fmt::format("the config has no layer {}", n));
+      (void)LayerWeights::load(a.path, model->layer(n), n);
+      s.load_result = "ok";
+    } catch (const Error& e) {
+      s.load_result = one_line(e.what());
+      ++failed;
+    }
+  }
+
+  if (a.json) {
+    nlohmann::json j;
+    j["path"] = a.path;
+    j["config_file"] = config_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(config_path);
+    j["tensors"] = ckpt.names().size();
+    for (const auto& [n, s] : layers) {
+      nlohmann::json l = {{"layer", n},
+                          {"type_from_tensors", s.tensor_type()},
+                          {"tensors", s.tensors},
+                          {"bytes", s.bytes},
+                          {"fp8_weights", s.fp8_weights},
+                          {"files", std::vector<std::string>(s.files.begin(), s.files.end())}};
+      l["config_type"] = s.config_ratio ? nlohmann::json(layer_kind_name(layer_kind(*s.config_ratio)))
+                                        : nlohmann::json(nullptr);
+      if (a.load) l["load"] = s.load_result;
+      j["layers"].push_back(l);
+    }
+    fmt::print("{}\n", j.dump(1));
+  } else {
+    fmt::print("checkpoint {}: {} tensors, {} attention layers{}\n", a.path, ckpt.names().size(),
+               layers.size(), config_path.empty() ? "" : ", config " + config_path);
+    fmt::print("{:>5}  {:<4} {:<6} {:>7} {:>10} {:>4}  {}\n", "layer", "type", "config", "tensors",
+               "MiB", "FP8", a.load ? "load" : "files");
+    for (const auto& [n, s] : layers) {
+      const std::string cfg_type =
+          s.config_ratio ? layer_kind_name(layer_kind(*s.config_ratio)) : std::string("-");
+      const std::string mark = s.config_ratio && cfg_type != s.tensor_type() ? " (differs)" : "";
+      std::string files;
+      for (const std::string& f : s.files) files += (files.empty() ? "" : " ") + f;
+      fmt::print("{:>5}  {:<4} {:<6} {:>7} {:>10.1f} {:>4}  {}{}\n", n, s.tensor_type(), cfg_type,
+                 s.tensors, static_cast<double>(s.bytes) / (1 << 20), s.fp8_weights,
+                 a.load ? s.load_result : files, mark);
+    }
+    if (a.load)
+      fmt::print("{} of {} layers load\n", layers.size() - static_cast<std::size_t>(failed), layers.size());
+  }
+  return failed > 0 ? 2 : 0;
+}
+
+}  // namespace
+
+Command add_checkpoint_command(CLI::App& app) {
+  auto a = std::make_shared<CheckpointArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "checkpoint",
+      "The attention layers a checkpoint holds (type, tensors, bytes, FP8 linears, shards), "
+      "read from its headers; --load loads each as `run --weights` would");
+  cmd->add_option("path", a->path,
+                  "A safetensors file, a sharded checkpoint directory (model.safetensors.index.json) "
+                  "or its index")
+      ->required()
+      ->type_name("PATH");
+  cmd->add_option("--config", a->config_file,
+                  "DeepSeek-V4 config.json (default: PATH/config.json when PATH is a directory)")
+      ->type_name("FILE");
+  cmd->add_option("--preset", a->preset, "Defaults for keys the config lacks")->capture_default_str();
+  cmd->add_flag("--load", a->load, "Load every layer (all its tensors are read; FP8 dequantized)");
+  cmd->add_flag("--json", a->json, "One JSON object instead of the table");
+  return [a]() { return run_checkpoint(*a); };
+}
+
+}  // namespace csattn::cli
