@@ -489,9 +489,20 @@ def main() -> int:
 
     if not build_only:
         log(f"== testing: {len(filters)} baseline filters, {len(ready)} mutants, {test_jobs} at a time")
+        # Longest first (by how many tests a filter selects): the CP filters' 20 cases each
+        # then overlap the many short kernel-level runs instead of ending the call alone.
+        names = listed_tests(str(binary))
+        size = {f: sum(filter_matches(f, t) for t in names) for f in filters}
+        jobs_in_order = sorted([(size[f], "base", i) for i, f in enumerate(filters)] +
+                               [(size[selected[k - 1].tests], "mutant", k) for k in ready],
+                               key=lambda j: -j[0])
         with ThreadPoolExecutor(test_jobs) as pool:
-            base_futures = [pool.submit(base_one, i) for i in range(len(filters))]
-            mutant_futures = [pool.submit(test_one, k) for k in ready]
+            base_futures, mutant_futures = [], []
+            for _, kind, i in jobs_in_order:
+                if kind == "base":
+                    base_futures.append(pool.submit(base_one, i))
+                else:
+                    mutant_futures.append(pool.submit(test_one, i))
             for fut in base_futures:
                 f, what = fut.result()
                 baseline[f] = what
