@@ -140,7 +140,10 @@ NB_MODULE(_csattn, m) {
       .def_static("random", &LayerWeights::random, "config"_a, "seed"_a,
                   "Random weights (rounded to the file dtypes, so save / load is exact).")
       .def_static("zeros", &LayerWeights::zeros, "config"_a)
-      .def_static("load", &LayerWeights::load, "path"_a, "config"_a, "layer"_a = nb::none(),
+      .def_static("load",
+                  static_cast<LayerWeights (*)(const std::string&, const AttentionConfig&, std::optional<int>)>(
+                      &LayerWeights::load),
+                  "path"_a, "config"_a, "layer"_a = nb::none(),
                   "One layer from a safetensors file ('attn.*' names, or 'layers.N.attn.*' with layer=N) "
                   "or a sharded checkpoint directory / its model.safetensors.index.json (the "
                   "DeepSeek-V4 release: only the layer's tensors are read, F8_E4M3 weights are "

@@ -26,8 +26,13 @@ scripts/prepare-device-deps.sh):
 Environment: BUILD_DIR (default build-gpu), OUT (logs; default out/gpu-mutants), JOBS
 (parallel compiles, default the CPU count), TEST_JOBS (mutant test processes at once,
 default 4), MUTANT_TIMEOUT (seconds a mutant's tests may take, default 300).
-Exit status: 0 every selected mutant detected, 1 some survived or failed to build, 2 the
-run could not start (the build or the baseline tests fail as they are, no GPU, bad MUTANTS).
+Verdicts: "detected" (a test failed, the process died, or it timed out where its baseline
+took under a third of MUTANT_TIMEOUT), "SURVIVED", "not judged" (the filter fails without the
+mutant), "inconclusive" (a timeout beside a slow baseline), or a build problem; each is also
+appended to $OUT/gpu-mutants.jsonl as it comes, the whole table written to gpu-mutants.json.
+Exit status: 0 every selected mutant detected (--build-only: built), 1 any other verdict, 2
+the run could not start (the build fails as it is, every test skipped - no GPU -, bad
+MUTANTS or arguments).
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +59,7 @@ class Mutant:
     file: str  # relative to the repository root, under src/ or include/
     sed: str  # one GNU sed script, applied with sed -i -e
     tests: str  # a --gtest_filter
+    control: bool = False  # a harmless edit: must SURVIVE (the pipeline's own check)
 
 
 # Forward kernels -------------------------------------------------------------------------
@@ -64,6 +71,12 @@ FWD_WGMMA = "Kernels/CudaAttentionForward.WgmmaMatchesReferenceMmaAndBaseline/"
 INDEXER = "Shapes/CudaIndexer.TiledMatchesOneRowKernelsExact/H8_D64_K32"
 SMALL_LAYER = "Layers/CudaForward.MatchesCpuBackendAndOracle/small_"
 MUTANTS: list[Mutant] = [
+    # The control: the same object code from the copy (a comment added). Detected would mean
+    # the pipeline or the tests' stability is at fault, not the code.
+    Mutant("control: a comment added to the wgmma forward (must survive)",
+           "src/cuda/sparse_attention_wgmma.cu",
+           r"s#^\(    float l_part\[2\] = .*\)$#\1  // gpu_mutants control#",
+           f"{FWD_WGMMA}SWA_H8:{FWD_WGMMA}CSA_H64", control=True),
     Mutant("attention forward (wgmma): the sink left out of the softmax denominator",
            "src/cuda/sparse_attention_wgmma.cu",
            r"s/float l_part\[2\] = {c == 0 && qd == 0 ? 1\.0f : 0\.0f, c == 0 && qd == 0 ? 1\.0f : 0\.0f};/float l_part[2] = {0.0f, 0.0f};/",
@@ -303,14 +316,29 @@ def link_parts(build: Path) -> tuple[str, str, set[str], set[str]]:
 
 
 def shadow_command(cmd: str, shadow: Path, obj_out: Path) -> str:
-    """A compile command reading src/ and include/ from the shadow copy, writing obj_out."""
-    cmd = re.sub(r"\s-MD\s+-MT\s+\S+\s+-MF\s+\S+", " ", cmd)
+    """A compile command reading src/ and include/ from the shadow copy, writing obj_out and
+    its dependency file obj_out.d (checked afterwards: the mutated file must be in it)."""
+    cmd, n_mf = re.subn(r"\s-MF\s+\S+", f" -MF {shlex.quote(str(obj_out))}.d", cmd)
+    if n_mf != 1:
+        raise RuntimeError(f"compile command without exactly one -MF: {cmd[:200]}")
+    # Every spelling: "-I/root/src", "-isystem /root/include", "-c /root/src/x.cu", ...
     root = re.escape(str(ROOT))
-    cmd = re.sub(rf"(?<=[\s=]){root}/(src|include)(?=[/\s]|$)", lambda mt: f"{shadow}/{mt.group(1)}", cmd)
+    cmd = re.sub(rf"{root}/(src|include)(?=[/\s]|$)", lambda mt: f"{shadow}/{mt.group(1)}", cmd)
+    if re.search(rf"{root}/(src|include)(?=[/\s]|$)", cmd):
+        raise RuntimeError(f"compile command still reads the real sources: {cmd[:300]}")
     cmd, n = re.subn(r"\s-o\s+\S+", f" -o {shlex.quote(str(obj_out))}", cmd)
     if n != 1:
         raise RuntimeError(f"compile command without exactly one -o: {cmd[:200]}")
     return cmd
+
+
+def depfile_lists(obj_out: Path, path: Path) -> bool:
+    """Whether the compiler's dependency file for obj_out names `path` (the mutated copy)."""
+    try:
+        text = Path(f"{obj_out}.d").read_text()
+    except OSError:
+        return False
+    return str(path) in text.replace("\\\n", " ").split() or str(path) in text
 
 
 # ---- the run -----------------------------------------------------------------------------
@@ -323,16 +351,24 @@ def gtest_failed(log_text: str) -> int | None:
 
 
 def all_skipped(log_text: str) -> bool:
+    """GoogleTest counts skipped tests apart from passed ones: all skipped = none passed,
+    none failed, some skipped."""
     p = re.search(r"^\[  PASSED  \] (\d+) test", log_text, re.M)
     s = re.search(r"^\[  SKIPPED \] (\d+) test", log_text, re.M)
-    return bool(p and s and p.group(1) == s.group(1))
+    return bool(p and s and int(p.group(1)) == 0 and int(s.group(1)) > 0 and gtest_failed(log_text) == 0)
+
+
+# TEST_JOBS processes share the CPUs (their CPU references run OpenMP and BLAS) as ctest's
+# entries do, each with its share of the cores.
+TEST_ENV = dict(os.environ)
 
 
 def run_tests(binary: Path, filt: str, log_path: Path, timeout: int) -> tuple[str, int | None]:
     """('ran' | 'timeout' | 'died', failed count or None)."""
     try:
         r = subprocess.run([str(binary), f"--gtest_filter={filt}"], text=True, timeout=timeout,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=binary.parent)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=binary.parent,
+                           env=TEST_ENV)
     except subprocess.TimeoutExpired as e:
         log_path.write_text((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))
         return "timeout", None
@@ -346,19 +382,20 @@ def run_tests(binary: Path, filt: str, log_path: Path, timeout: int) -> tuple[st
 def main() -> int:
     args = sys.argv[1:]
     pattern = os.environ.get("MUTANTS", "")
-    selected = [m for m in MUTANTS if not pattern or re.search(pattern, m.name)]
+    # Numbered as --list numbers them, whatever MUTANTS selects.
+    selected = {k: m for k, m in enumerate(MUTANTS, 1) if not pattern or re.search(pattern, m.name)}
     if not selected:
         log(f"gpu_mutants: no mutant matches MUTANTS='{pattern}'")
         return 2
     if args[:1] == ["--list"]:
-        for i, m in enumerate(MUTANTS, 1):
-            log(f"{i:2d} {m.name}  [{m.file}; {m.tests}]")
+        for k, m in enumerate(MUTANTS, 1):
+            log(f"{k:2d} {m.name}  [{m.file}; {m.tests}]")
         return 0
     if args[:1] == ["--check"]:
         if len(args) != 2:
             log("usage: gpu_mutants.py --check <csattn_tests binary>")
             return 2
-        return check(args[1], selected)
+        return check(args[1], list(selected.values()))
     build_only = args[:1] == ["--build-only"]
     if args and not build_only:
         log(f"gpu_mutants: unknown arguments {args} (see the docstring)")
@@ -369,11 +406,13 @@ def main() -> int:
         build = ROOT / build
     out = Path(os.environ.get("OUT", ROOT / "out" / "gpu-mutants"))
     out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("*.tests.log"), *out.glob("*.compile.log")]:
-        old.unlink()
+    for old in [*out.glob("*.tests.log"), *out.glob("*.compile.log"), out / "gpu-mutants.jsonl"]:
+        old.unlink(missing_ok=True)
     jobs = int(os.environ.get("JOBS", os.cpu_count() or 2))
     test_jobs = int(os.environ.get("TEST_JOBS", "4"))
     timeout = int(os.environ.get("MUTANT_TIMEOUT", "300"))
+    threads = str(max(1, (os.cpu_count() or 2) // test_jobs))
+    TEST_ENV.update(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads)
     start = time.time()
 
     # 1. the build as it is
@@ -391,7 +430,6 @@ def main() -> int:
         (out / "build.log").write_text(r.stdout + r.stderr)
         if r.returncode != 0:
             log(f"gpu_mutants: the build fails as it is ({out}/build.log)"); return 2
-
     binary = build / "tests" / "csattn_tests"
 
     # 2. shadow trees and the objects each mutant changes
@@ -399,10 +437,10 @@ def main() -> int:
     link_cmd, link_out, own_objs, lib_objs = link_parts(build)
     work = build / "mutants"
     shutil.rmtree(work, ignore_errors=True)
-    jobs_list: list[tuple[int, str, str]] = []  # (mutant index, object, command)
+    compiles: list[tuple[int, str, str, Path]] = []  # (mutant, object, command, its output)
     plans: dict[int, list[tuple[str, Path]]] = {}
     problems: dict[int, str] = {}
-    for k, m in enumerate(selected, 1):
+    for k, m in selected.items():
         shadow = work / f"m{k}"
         for sub in ("src", "include"):
             shutil.copytree(ROOT / sub, shadow / sub)
@@ -419,20 +457,25 @@ def main() -> int:
             obj_out = shadow / "obj" / f"{i}_{Path(o).name}"
             obj_out.parent.mkdir(parents=True, exist_ok=True)
             plans[k].append((o, obj_out))
-            jobs_list.append((k, o, shadow_command(last_command(build, o), shadow, obj_out)))
-    log(f"== compiling {len(jobs_list)} objects for {len(plans)} mutants, {jobs} at a time")
+            compiles.append((k, o, shadow_command(last_command(build, o), shadow, obj_out), obj_out))
+    log(f"== compiling {len(compiles)} objects for {len(plans)} mutants, {jobs} at a time")
 
-    def compile_one(job: tuple[int, str, str]) -> tuple[int, str, bool]:
-        k, o, cmd = job
+    def compile_one(job: tuple[int, str, str, Path]) -> tuple[int, str, str]:
+        k, o, cmd, obj_out = job
         r = run(cmd, shell=True, cwd=build)
         with open(out / f"m{k}.compile.log", "a") as f:
             f.write(f"$ {cmd}\n{r.stdout}{r.stderr}\n")
-        return k, o, r.returncode == 0
+        if r.returncode != 0:
+            return k, o, f"compile of {Path(o).name} failed ({out}/m{k}.compile.log)"
+        # The proof that the object holds the bug: its dependency file names the mutated copy.
+        if not depfile_lists(obj_out, work / f"m{k}" / selected[k].file):
+            return k, o, f"{Path(o).name} was compiled without the mutated {selected[k].file}"
+        return k, o, ""
 
     with ThreadPoolExecutor(jobs) as pool:
-        for k, o, ok in pool.map(compile_one, jobs_list):
-            if not ok and k not in problems:
-                problems[k] = f"compile of {Path(o).name} failed ({out}/m{k}.compile.log)"
+        for k, o, problem in pool.map(compile_one, compiles):
+            if problem and k not in problems:
+                problems[k] = problem
     log(f"compiled: {time.time() - start:.0f} s")
 
     # 3. one test binary a mutant: its objects first, the archive's originals left out
@@ -449,97 +492,98 @@ def main() -> int:
             f.write(f"$ (link) {shlex.join(tokens)[:300]}...\n{r.stdout}{r.stderr}\n")
         return k, r.returncode == 0
 
-    to_link = [k for k in plans if k not in problems]
     with ThreadPoolExecutor(jobs) as pool:
-        for k, ok in pool.map(link_one, to_link):
+        for k, ok in pool.map(link_one, [k for k in plans if k not in problems]):
             if not ok:
                 problems[k] = f"link failed ({out}/m{k}.compile.log)"
     log(f"linked: {time.time() - start:.0f} s")
 
     # 4. the tests: each distinct filter on the real binary (the baseline: it must pass) and
-    # each mutant's on its binary, TEST_JOBS processes at a time on the one GPU
-    results: dict[int, str] = {}
+    # each mutant's on its binary, TEST_JOBS processes at a time on the one GPU. Verdicts are
+    # appended to gpu-mutants.jsonl as they come (a call cut short keeps what finished).
+    results: dict[int, tuple[str, str, float]] = {}  # mutant -> (how, verdict text, seconds)
     ready = [k for k in plans if k not in problems]
-    filters = sorted({selected[k - 1].tests for k in ready})
-    baseline: dict[str, str] = {}  # filter -> "" (passed) or what went wrong
+    filters = sorted({selected[k].tests for k in ready})
+    baseline: dict[str, tuple[str, float]] = {}  # filter -> ("" passed / "skipped" / what failed, s)
+    lock = threading.Lock()
 
-    def base_one(i: int) -> tuple[str, str]:
-        f = filters[i]
+    def record(entry: dict) -> None:
+        with lock, open(out / "gpu-mutants.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def base_one(i: int) -> None:
+        f, t0 = filters[i], time.time()
         how, failed = run_tests(binary, f, out / f"base{i + 1}.tests.log", timeout)
         text = (out / f"base{i + 1}.tests.log").read_text()
-        if how == "ran" and not failed:
-            return f, "skipped" if all_skipped(text) else ""
-        return f, f"{how}, {failed} failed (base{i + 1}.tests.log)"
+        what = ("skipped" if all_skipped(text) else "") if how == "ran" and not failed else \
+            f"{how}, {failed} failed (base{i + 1}.tests.log)"
+        baseline[f] = (what, time.time() - t0)
+        record({"baseline": f, "result": what or "passed", "seconds": round(baseline[f][1], 1)})
 
-    def test_one(k: int) -> tuple[int, str]:
+    def test_one(k: int) -> None:
         t0 = time.time()
-        how, failed = run_tests(build / f"{link_out}.mutant{k}", selected[k - 1].tests,
-                                out / f"m{k}.tests.log", timeout)
-        took = f"{time.time() - t0:.0f} s"
+        log_path = out / f"m{k}.tests.log"
+        how, failed = run_tests(build / f"{link_out}.mutant{k}", selected[k].tests, log_path, timeout)
+        took = time.time() - t0
         if how == "timeout":
-            return k, f"detected (timed out after {timeout} s)"
-        if how == "died":
-            return k, f"detected (the test process died; m{k}.tests.log) [{took}]"
-        if failed:
-            first = re.search(r"^\[  FAILED  \] (\S+)", (out / f"m{k}.tests.log").read_text(), re.M)
-            return k, f"detected ({failed} failed, e.g. {first.group(1) if first else '?'}) [{took}]"
-        if all_skipped((out / f"m{k}.tests.log").read_text()):
-            return k, "NOT RUN (its tests skipped)"
-        return k, f"SURVIVED (m{k}.tests.log) [{took}]"
+            text = f"timed out after {timeout} s"
+        elif how == "died":
+            text = f"detected (the test process died; m{k}.tests.log) [{took:.0f} s]"
+        elif failed:
+            first = re.search(r"^\[  FAILED  \] (\S+)", log_path.read_text(), re.M)
+            text = f"detected ({failed} failed, e.g. {first.group(1) if first else '?'}) [{took:.0f} s]"
+        elif all_skipped(log_path.read_text()):
+            text = "NOT RUN (its tests skipped)"
+        else:
+            text = f"SURVIVED (m{k}.tests.log) [{took:.0f} s]"
+        results[k] = (how, text, took)
+        record({"mutant": k, "name": selected[k].name, "result": text})
 
-    if not build_only:
+    if not build_only and ready:
         log(f"== testing: {len(filters)} baseline filters, {len(ready)} mutants, {test_jobs} at a time")
         # Longest first (by how many tests a filter selects): the CP filters' 20 cases each
         # then overlap the many short kernel-level runs instead of ending the call alone.
         names = listed_tests(str(binary))
         size = {f: sum(filter_matches(f, t) for t in names) for f in filters}
-        jobs_in_order = sorted([(size[f], "base", i) for i, f in enumerate(filters)] +
-                               [(size[selected[k - 1].tests], "mutant", k) for k in ready],
-                               key=lambda j: -j[0])
+        order = sorted([(size[f], "base", i) for i, f in enumerate(filters)] +
+                       [(size[selected[k].tests], "mutant", k) for k in ready], key=lambda j: -j[0])
         with ThreadPoolExecutor(test_jobs) as pool:
-            base_futures, mutant_futures = [], []
-            for _, kind, i in jobs_in_order:
-                if kind == "base":
-                    base_futures.append(pool.submit(base_one, i))
-                else:
-                    mutant_futures.append(pool.submit(test_one, i))
-            for fut in base_futures:
-                f, what = fut.result()
-                baseline[f] = what
-            for fut in mutant_futures:
-                k, verdict = fut.result()
-                results[k] = verdict
-        if all(w == "skipped" for w in baseline.values()):
+            futures = [pool.submit(base_one if kind == "base" else test_one, i) for _, kind, i in order]
+            for fut in futures:
+                fut.result()
+        if all(what == "skipped" for what, _ in baseline.values()):
             log("gpu_mutants: every test skipped (no GPU here?); --build-only compiles and links only")
             return 2
         for k in ready:
-            what = baseline[selected[k - 1].tests]
+            what, base_s = baseline[selected[k].tests]
+            how, text, _ = results[k]
             if what:
                 problems[k] = f"not judged: its tests fail as they are ({what})"
+            elif how == "timeout" and base_s > timeout / 3:
+                # A slow baseline: the mutant may only have been slow under contention.
+                problems[k] = f"inconclusive: {text}, its baseline took {base_s:.0f} s"
+            elif how == "timeout":
+                results[k] = (how, f"detected ({text}; its baseline took {base_s:.0f} s)", 0.0)
 
     # 5. report
-    survived = 0
+    bad_count = 0
     report = []
-    for k, m in enumerate(selected, 1):
-        if k in problems:
-            verdict = problems[k]
-        elif build_only:
-            verdict = "built"
-        else:
-            verdict = results[k]
-        bad = k in problems or not (build_only or verdict.startswith("detected"))
-        survived += bad
+    for k, m in selected.items():
+        verdict = problems.get(k) or ("built" if build_only else results[k][1])
+        expected = "SURVIVED" if m.control else "detected"
+        bad = k in problems or not (build_only or verdict.startswith(expected))
+        bad_count += bad
         log(f"mutant {k} '{m.name}': {verdict}")
-        report.append({"mutant": m.name, "file": m.file, "tests": m.tests, "verdict": verdict})
+        report.append({"mutant": k, "name": m.name, "file": m.file, "tests": m.tests, "verdict": verdict})
         if not bad:
             (build / f"{link_out}.mutant{k}").unlink(missing_ok=True)
     (out / "gpu-mutants.json").write_text(json.dumps(report, indent=1))
-    if survived == 0:
+    if bad_count == 0:
         shutil.rmtree(work, ignore_errors=True)
     what = "built" if build_only else "detected"
-    log(f"gpu_mutants: {len(selected) - survived} of {len(selected)} mutants {what} "
+    log(f"gpu_mutants: {len(selected) - bad_count} of {len(selected)} mutants {what} "
         f"({time.time() - start:.0f} s)")
-    return 1 if survived else 0
+    return 1 if bad_count else 0
 
 
 if __name__ == "__main__":

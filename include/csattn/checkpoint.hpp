@@ -4,6 +4,7 @@
 // file itself, or a directory with exactly one .safetensors file.
 #pragma once
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,14 @@
 #include "csattn/tensor.hpp"
 
 namespace csattn {
+
+// "layers.12.attn.wkv.weight" -> 12: the layer of a tensor in a multi-layer checkpoint's
+// attention (nullopt for any other name: embeddings, ffn, mtp, ...).
+std::optional<int> attention_layer_of(const std::string& name);
+
+// The config.json that comes with a checkpoint in the Hugging Face layout: <dir>/config.json
+// for a checkpoint directory or for an index file's directory; "" when there is none.
+std::string checkpoint_config_file(const std::string& path);
 
 class Checkpoint {
  public:

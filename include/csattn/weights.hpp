@@ -12,6 +12,8 @@
 
 namespace csattn {
 
+class Checkpoint;  // checkpoint.hpp
+
 // Who trains a parameter: the main loss (main), or only the indexer loss (indexer).
 enum class ParamGroup { main, indexer };
 
@@ -43,6 +45,9 @@ class LayerWeights {
   // is dequantized (block_fp8.hpp). Every missing, extra or mis-shaped tensor, wrong dtype,
   // missing or mis-shaped block scale or truncated file is a csattn::Error naming the tensor.
   static LayerWeights load(const std::string& path, const AttentionConfig& cfg,
+                           std::optional<int> layer = std::nullopt);
+  // The same from an opened checkpoint (several layers without reopening its shards).
+  static LayerWeights load(const Checkpoint& ckpt, const AttentionConfig& cfg,
                            std::optional<int> layer = std::nullopt);
   void save(const std::string& path) const;
 

@@ -100,19 +100,11 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 }
 
 std::string layers_with_attn(const std::vector<std::string>& names) {
-  std::set<long> layers;
-  for (const std::string& name : names) {
-    const auto dot = name.find('.', 7);
-    if (starts_with(name, "layers.") && dot != std::string::npos &&
-        name.compare(dot, 6, ".attn.") == 0) {
-      try {
-        layers.insert(std::stol(name.substr(7, dot - 7)));
-      } catch (const std::exception&) {
-      }
-    }
-  }
+  std::set<int> layers;
+  for (const std::string& name : names)
+    if (const std::optional<int> n = attention_layer_of(name)) layers.insert(*n);
   std::string s;
-  for (long l : layers) s += (s.empty() ? "" : ", ") + std::to_string(l);
+  for (int l : layers) s += (s.empty() ? "" : ", ") + std::to_string(l);
   return s.empty() ? "none" : s;
 }
 
@@ -143,6 +135,11 @@ std::map<std::string, std::string> select_layer(const std::vector<std::string>& 
     out.emplace(name, name);
   }
   return out;
+}
+
+// A bf16 linear weight, which the release may store as block-scaled FP8.
+bool may_be_block_fp8(const ParamInfo& p) {
+  return p.file_dtype == DType::bf16 && p.shape.size() == 2 && p.name.ends_with(".weight");
 }
 
 // "attn.wq_a.weight" -> "attn.wq_a.scale": where the release keeps an FP8 weight's block
@@ -257,7 +254,12 @@ void LayerWeights::check(const AttentionConfig& cfg) const {
 
 LayerWeights LayerWeights::load(const std::string& path, const AttentionConfig& cfg,
                                 std::optional<int> layer) {
-  const Checkpoint ckpt = Checkpoint::open(path);
+  return load(Checkpoint::open(path), cfg, layer);
+}
+
+LayerWeights LayerWeights::load(const Checkpoint& ckpt, const AttentionConfig& cfg,
+                                std::optional<int> layer) {
+  const std::string& path = ckpt.path();
   const std::map<std::string, std::string> sel = select_layer(ckpt.names(), path, layer);
   LayerWeights w;
   w.cfg_ = cfg;
@@ -278,9 +280,7 @@ LayerWeights LayerWeights::load(const std::string& path, const AttentionConfig& 
                 ", got " + shape_str(e.shape));
     // A bf16 linear weight may come as the release stores it: E4M3 with 128 x 128 block
     // scales beside it (`<name>.scale`), dequantized here.
-    const bool block_fp8 = e.dtype == DType::e4m3 && p.file_dtype == DType::bf16 &&
-                           p.name.ends_with(".weight") && p.shape.size() == 2;
-    if (block_fp8) {
+    if (e.dtype == DType::e4m3 && may_be_block_fp8(p)) {
       const std::string scale = scale_name_of(p.name);
       const auto s = sel.find(scale);
       require(s != sel.end(), ErrorKind::Io,
@@ -294,8 +294,7 @@ LayerWeights LayerWeights::load(const std::string& path, const AttentionConfig& 
     }
     require(e.dtype == p.file_dtype, ErrorKind::DTypeMismatch,
             where + "tensor '" + file_name + "': expected dtype " + dtype_name(p.file_dtype) +
-                (p.file_dtype == DType::bf16 && p.shape.size() == 2
-                     ? " (or F8_E4M3 with 128 x 128 block scales)" : "") +
+                (may_be_block_fp8(p) ? " (or F8_E4M3 with 128 x 128 block scales)" : "") +
                 ", got " + (e.dtype ? dtype_name(*e.dtype) : e.file_dtype));
     w.tensors_.emplace(p.name, Tensor::from_f32(ckpt.read(it->second).to_f32(), p.shape));
   }

@@ -42,15 +42,37 @@ std::map<std::string, std::string> read_index(const std::string& index_path) {
     if (!file.is_string() || file.get<std::string>().empty())
       fail(index_path, "weight_map[\"" + name + "\"] is not a shard file name");
     const fs::path shard(file.get<std::string>());
-    if (shard.is_absolute())
+    bool leaves = shard.is_absolute();
+    for (const fs::path& part : shard) leaves |= part == "..";
+    if (leaves)
       fail(index_path, "weight_map[\"" + name + "\"] = '" + shard.string() +
-                           "' is absolute; shards are named relative to the index");
+                           "' leaves the index's directory; shards are named relative to it");
     out.emplace(name, (dir / shard).string());
   }
   return out;
 }
 
 }  // namespace
+
+std::optional<int> attention_layer_of(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return std::nullopt;
+  const auto dot = name.find('.', 7);
+  if (dot == std::string::npos || dot == 7 || dot > 7 + 6 || name.compare(dot, 6, ".attn.") != 0)
+    return std::nullopt;
+  for (std::size_t i = 7; i < dot; ++i)
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+  return std::stoi(name.substr(7, dot - 7));
+}
+
+std::string checkpoint_config_file(const std::string& path) {
+  std::error_code ec;
+  fs::path dir;
+  if (fs::is_directory(path, ec)) dir = path;
+  else if (fs::path(path).filename().string().ends_with(".index.json")) dir = fs::path(path).parent_path();
+  else return "";
+  const fs::path cfg = dir / "config.json";
+  return fs::is_regular_file(cfg, ec) ? cfg.string() : "";
+}
 
 Checkpoint Checkpoint::open(const std::string& path) {
   Checkpoint c;
@@ -64,8 +86,11 @@ Checkpoint Checkpoint::open(const std::string& path) {
       return c;
     }
     std::vector<std::string> files;
-    for (const auto& e : fs::directory_iterator(path, ec))
-      if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path().string());
+    fs::directory_iterator it(path, ec);
+    for (; !ec && it != fs::directory_iterator(); it.increment(ec))
+      if (it->is_regular_file(ec) && it->path().extension() == ".safetensors")
+        files.push_back(it->path().string());
+    if (ec) fail(path, "cannot list the directory: " + ec.message());
     if (files.size() != 1)
       fail(path, "a directory is read through its " + std::string(kIndexName) +
                      " (the sharded Hugging Face layout) or its one .safetensors file; it has no "

@@ -312,14 +312,16 @@ def test_weights_io(tmp_path):
     with pytest.raises(csattn.Error):
         csattn.LayerWeights.load(path, tiny("SWA"))  # extra compressor / indexer tensors
     # A checkpoint directory in the Hugging Face sharded layout: only its index and the
-    # shard it names are read (C++ tests cover FP8 shards and every index error).
+    # shard it names are read (C++ tests cover FP8 shards and every index error). The shard
+    # sits in a subfolder beside a decoy file: only the index finds it.
     ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    (tmp_path / "layer.safetensors").rename(ckpt / "model-00001-of-00001.safetensors")
+    (ckpt / "shards").mkdir(parents=True)
+    (tmp_path / "layer.safetensors").rename(ckpt / "shards" / "model-00001-of-00001.safetensors")
+    csattn.LayerWeights.random(cfg, 20).save(str(ckpt / "decoy.safetensors"))
     import json
     names = w.names()
     (ckpt / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {n: "model-00001-of-00001.safetensors" for n in names}}))
+        json.dumps({"weight_map": {n: "shards/model-00001-of-00001.safetensors" for n in names}}))
     from_dir = csattn.LayerWeights.load(str(ckpt), cfg)
     for name in names:
         np.testing.assert_array_equal(back[name], from_dir[name], err_msg=name)

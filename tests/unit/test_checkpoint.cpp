@@ -238,6 +238,15 @@ TEST_F(ReleaseCheckpoint, BlockScaleErrorsNameTheTensor) {
   with([](TensorMap& m) { static_cast<std::uint8_t*>(m["layers.1.attn.wq_a.weight"].data())[300] = 0x7F; });
   expect_error([&] { LayerWeights::load(file, cfg, 1); }, ErrorKind::InvalidArgument,
                {"'layers.1.attn.wq_a.weight'", "element [1, 44]", "NaN"});
+  with([](TensorMap& m) { m["layers.1.attn.wkv.scale"] = Tensor(DType::f16, {1, 2}); });
+  expect_error([&] { LayerWeights::load(file, cfg, 1); }, ErrorKind::DTypeMismatch,
+               {"'layers.1.attn.wkv.weight'", "got f16"});
+  with([](TensorMap& m) {  // 2^127 times E4M3 448 leaves bf16's range
+    static_cast<std::uint8_t*>(m["layers.1.attn.wkv.scale"].data())[0] = 254;
+    static_cast<std::uint8_t*>(m["layers.1.attn.wkv.weight"].data())[0] = 0x7E;
+  });
+  expect_error([&] { LayerWeights::load(file, cfg, 1); }, ErrorKind::InvalidArgument,
+               {"'layers.1.attn.wkv.weight'", "element [0, 0]", "out of range"});
   // FP8 only stands in for bf16 linear weights: an f32 parameter stays f32.
   with([](TensorMap& m) { m["layers.1.attn.attn_sink"] = Tensor(DType::e4m3, {4}); });
   expect_error([&] { LayerWeights::load(file, cfg, 1); }, ErrorKind::DTypeMismatch,
@@ -251,6 +260,26 @@ TEST_F(ReleaseCheckpoint, BlockScaleErrorsNameTheTensor) {
                {"unexpected tensor 'layers.1.attn.wkv.scale'", "block scales of an F8_E4M3"});
 }
 
+// F32 block scales (checkpoints converted from the V3-style weight_scale_inv): any value, the
+// product rounded to bf16.
+TEST_F(ReleaseCheckpoint, F32BlockScalesRoundTheProductToBf16) {
+  const AttentionConfig cfg = release_like_cfg(0);
+  std::map<std::string, std::vector<float>> want;
+  TensorMap m = release_layer(cfg, 0, 21, &want);
+  const Tensor& q = m.at("layers.0.attn.wq_a.weight");  // [160, 256]: 2 x 2 blocks
+  const float scales[4] = {0.3f, -1.7f, 1e-3f, 3.0f};
+  m["layers.0.attn.wq_a.scale"] = Tensor::from_f32({scales[0], scales[1], scales[2], scales[3]}, {2, 2});
+  const auto* qb = static_cast<const std::uint8_t*>(q.data());
+  std::vector<float>& w = want.at("attn.wq_a.weight");
+  for (std::int64_t i = 0; i < 160; ++i)
+    for (std::int64_t j = 0; j < 256; ++j)
+      w[static_cast<std::size_t>(i * 256 + j)] =
+          round_bf16(static_cast<float>(e4m3_value(qb[i * 256 + j])) * scales[(i / 128) * 2 + j / 128]);
+  const std::string file = (dir_ / "l.safetensors").string();
+  save_safetensors(file, m);
+  expect_values(LayerWeights::load(file, cfg, 0), want);
+}
+
 TEST_F(ReleaseCheckpoint, IndexErrorsNameTheIndexShardAndTensor) {
   const AttentionConfig cfg = release_like_cfg(0);
   const std::string index = (dir_ / "model.safetensors.index.json").string();
@@ -260,8 +289,14 @@ TEST_F(ReleaseCheckpoint, IndexErrorsNameTheIndexShardAndTensor) {
   expect_error([&] { Checkpoint::open(dir_.string()); }, ErrorKind::Io, {index, "weight_map"});
   write_index({{"weight_map", {{"layers.0.attn.attn_sink", 7}}}});
   expect_error([&] { Checkpoint::open(index); }, ErrorKind::Io, {"layers.0.attn.attn_sink", "shard file name"});
-  write_index({{"weight_map", {{"layers.0.attn.attn_sink", "/abs.safetensors"}}}});
-  expect_error([&] { Checkpoint::open(index); }, ErrorKind::Io, {"absolute"});
+  write_index({{"weight_map", nlohmann::json::array({"a", "b"})}});
+  expect_error([&] { Checkpoint::open(index); }, ErrorKind::Io, {index, "weight_map"});
+  write_index({{"weight_map", {{"layers.0.attn.attn_sink", ""}}}});
+  expect_error([&] { Checkpoint::open(index); }, ErrorKind::Io, {"layers.0.attn.attn_sink", "shard file name"});
+  for (const char* outside : {"/abs.safetensors", "../x.safetensors", "shards/../../x.safetensors"}) {
+    write_index({{"weight_map", {{"layers.0.attn.attn_sink", outside}}}});
+    expect_error([&] { Checkpoint::open(index); }, ErrorKind::Io, {outside, "leaves the index's directory"});
+  }
   // A shard the index names but the directory lacks, and a shard without the tensor.
   write_sharded({release_layer(cfg, 0, 1, nullptr)});
   nlohmann::json j;
@@ -305,5 +340,10 @@ TEST(SafetensorsReaderTest, ReadsOneTensorAtATime) {
   EXPECT_EQ(r.read("a").to_f32(), (std::vector<float>{1.0f, 2.0f, 3.0f}));
   EXPECT_EQ(r.read("b").to_f32(), (std::vector<float>{4.0f, 5.0f}));  // seeks back
   expect_error([&] { r.read("c"); }, ErrorKind::Io, {p, "'c'", "no such tensor"});
+  // A read that fails (the file cut short after the header was read) leaves the reader
+  // usable for the tensors before the cut.
+  std::filesystem::resize_file(p, std::filesystem::file_size(p) - 4);
+  expect_error([&] { r.read("b"); }, ErrorKind::Io, {p, "'b'", "cannot read its data"});
+  EXPECT_EQ(r.read("a").to_f32(), (std::vector<float>{1.0f, 2.0f, 3.0f}));
   std::filesystem::remove(p);
 }

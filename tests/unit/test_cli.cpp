@@ -528,7 +528,7 @@ TEST(Cli, ReleaseCheckpointDirectory) {
     EXPECT_EQ(a.at(name).to_f32(), b.at(name).to_f32()) << name;
   }
   // A missing layer names the layers the checkpoint has.
-  expect_usage_error("run --preset tiny --weights '" + dir.string() + "' --layer 2", {"layers.2.attn", "1"});
+  expect_usage_error("run --preset tiny --weights '" + dir.string() + "' --layer 2", {"layers.2.attn", "in it: 1"});
 
   // `csattn checkpoint`: layer 1 from the headers (CSA by its tensors and by config.json),
   // then loaded; a second layer of the wrong type for the config fails --load (status 2).

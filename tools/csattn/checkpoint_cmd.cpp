@@ -48,27 +48,15 @@ struct LayerSummary {
   const char* tensor_type() const { return has_indexer ? "CSA" : has_compressor ? "HCA" : "SWA"; }
 };
 
-// "layers.12.attn.wkv.weight" -> 12 (nullopt for anything else).
-std::optional<int> attention_layer_of(const std::string& name) {
-  if (name.rfind("layers.", 0) != 0) return std::nullopt;
-  const auto dot = name.find('.', 7);
-  if (dot == std::string::npos || dot == 7 || name.compare(dot, 6, ".attn.") != 0) return std::nullopt;
-  const std::string digits = name.substr(7, dot - 7);
-  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 6) return std::nullopt;
-  return std::stoi(digits);
-}
-
 std::optional<ModelConfig> config_of(const CheckpointArgs& a, std::string& config_path) {
-  config_path = a.config_file;
-  std::error_code ec;
-  if (config_path.empty() && std::filesystem::is_directory(a.path, ec) &&
-      std::filesystem::is_regular_file(std::filesystem::path(a.path) / "config.json", ec))
-    config_path = (std::filesystem::path(a.path) / "config.json").string();
+  config_path = a.config_file.empty() ? checkpoint_config_file(a.path) : a.config_file;
   if (config_path.empty()) return std::nullopt;
+  const std::string origin =
+      a.config_file.empty() ? config_path + " (the checkpoint's config.json)" : "--config";
   try {
     return ModelConfig::from_hf_json_file(config_path, ModelConfig::preset(check_preset(a.preset, "--preset")));
   } catch (const Error& e) {
-    throw Error(e.kind(), std::string("--config: ") + e.what());
+    throw Error(e.kind(), origin + ": " + e.what());
   }
 }
 
@@ -104,7 +92,7 @@ int run_checkpoint(const CheckpointArgs& a) {
       if (!model) throw Error(ErrorKind::InvalidArgument, "no config to load with (give --config)");
       if (!s.config_ratio)
         throw Error(ErrorKind::InvalidArgument, fmt::format("the config has no layer {}", n));
-      (void)LayerWeights::load(a.path, model->layer(n), n);
+      (void)LayerWeights::load(ckpt, model->layer(n), n);
       s.load_result = "ok";
     } catch (const Error& e) {
       s.load_result = one_line(e.what());

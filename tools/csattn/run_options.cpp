@@ -3,11 +3,11 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 
 #include <CLI/CLI.hpp>
 
 #include "cli_util.hpp"
+#include "csattn/checkpoint.hpp"
 #include "csattn/error.hpp"
 #include "csattn/safetensors.hpp"
 
@@ -221,18 +221,18 @@ void add_run_options(CLI::App& run, RunArgs& a) {
 
 // A checkpoint directory in the Hugging Face layout carries its config.json: --weights DIR
 // without --config reads it (the report names the file), as transformers does.
-RunArgs with_checkpoint_config(RunArgs args) {
-  std::error_code ec;
-  if (args.config_file.empty() && !args.weights_file.empty() &&
-      std::filesystem::is_directory(args.weights_file, ec)) {
-    const auto cfg = std::filesystem::path(args.weights_file) / "config.json";
-    if (std::filesystem::is_regular_file(cfg, ec)) args.config_file = cfg.string();
+RunArgs with_checkpoint_config(RunArgs args, std::string& config_origin) {
+  config_origin = "--config";
+  if (args.config_file.empty() && !args.weights_file.empty()) {
+    args.config_file = checkpoint_config_file(args.weights_file);
+    config_origin = args.config_file + " (the config.json of --weights)";
   }
   return args;
 }
 
 RunPlan resolve_run(const RunArgs& raw_args) {
-  const RunArgs args = with_checkpoint_config(raw_args);
+  std::string config_origin;
+  const RunArgs args = with_checkpoint_config(raw_args, config_origin);
   RunPlan p;
   p.preset = check_preset(args.preset, "--preset");
   ModelConfig model = ModelConfig::preset(p.preset);
@@ -240,7 +240,7 @@ RunPlan resolve_run(const RunArgs& raw_args) {
     try {
       model = ModelConfig::from_hf_json_file(args.config_file, model);
     } catch (const Error& e) {
-      throw Error(e.kind(), std::string("--config: ") + e.what());
+      throw Error(e.kind(), config_origin + ": " + e.what());
     }
     p.config_file = args.config_file;
   }
