@@ -37,7 +37,6 @@ class SafetensorsReader {
   SafetensorsReader& operator=(SafetensorsReader&&) noexcept;
 
   const std::string& path() const { return path_; }
-  std::vector<std::string> names() const;  // in name order
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
   const Entry& entry(const std::string& name) const;  // throws Io for an unknown name
   const std::map<std::string, Entry>& entries() const { return entries_; }

@@ -106,7 +106,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
     fail(path, "no such file or directory");
   }
   SafetensorsReader reader(single);
-  for (const std::string& name : reader.names()) c.shard_of_.emplace(name, single);
+  for (const auto& [name, e] : reader.entries()) c.shard_of_.emplace(name, single);
   c.open_.emplace(single, std::move(reader));
   return c;
 }

@@ -62,7 +62,6 @@ const char* dtype_to_file(DType dt) {
   throw Error(ErrorKind::Internal, "safetensors: invalid DType value");
 }
 
-
 std::uint64_t read_u64_le(const unsigned char* p) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
@@ -225,13 +224,6 @@ SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) 
 SafetensorsReader::~SafetensorsReader() = default;
 SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
 SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&&) noexcept = default;
-
-std::vector<std::string> SafetensorsReader::names() const {
-  std::vector<std::string> out;
-  out.reserve(entries_.size());
-  for (const auto& [name, e] : entries_) out.push_back(name);
-  return out;
-}
 
 const SafetensorsReader::Entry& SafetensorsReader::entry(const std::string& name) const {
   const auto it = entries_.find(name);

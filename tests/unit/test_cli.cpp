@@ -556,6 +556,14 @@ TEST(Cli, ReleaseCheckpointDirectory) {
   EXPECT_EQ(bad.status, 2) << bad.out << bad.err;
   EXPECT_NE(bad.out.find("1 of 2 layers load"), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("(differs)"), std::string::npos) << bad.out;  // SWA tensors, HCA config
+
+  // A config.json found through --weights DIR that does not parse: the error says where it
+  // came from (the user gave no --config); a checkpoint without attention layers is refused.
+  std::ofstream(dir / "config.json") << "{\"hidden_size\": \"big\"}";
+  expect_usage_error("run --preset tiny --weights '" + dir.string() + "' --layer 1",
+                     {(dir / "config.json").string(), "the config.json of --weights", "hidden_size"});
+  expect_usage_error("checkpoint '" + dir.string() + "'", {"the checkpoint's config.json", "hidden_size"});
+  expect_usage_error("checkpoint '" + single + "'", {single, "no attention layers"});
   std::filesystem::remove_all(dir);
   for (const std::string& p : {single, out_release, out_single}) std::filesystem::remove(p);
 }

@@ -66,7 +66,8 @@ int run_checkpoint(const CheckpointArgs& a) {
   const std::optional<ModelConfig> model = config_of(a, config_path);
 
   std::map<int, LayerSummary> layers;
-  for (const std::string& name : ckpt.names()) {
+  const std::vector<std::string> names = ckpt.names();
+  for (const std::string& name : names) {
     const std::optional<int> n = attention_layer_of(name);
     if (!n) continue;
     LayerSummary& s = layers[*n];
@@ -104,7 +105,7 @@ int run_checkpoint(const CheckpointArgs& a) {
     nlohmann::json j;
     j["path"] = a.path;
     j["config_file"] = config_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(config_path);
-    j["tensors"] = ckpt.names().size();
+    j["tensors"] = names.size();
     for (const auto& [n, s] : layers) {
       nlohmann::json l = {{"layer", n},
                           {"type_from_tensors", s.tensor_type()},
@@ -119,7 +120,7 @@ int run_checkpoint(const CheckpointArgs& a) {
     }
     fmt::print("{}\n", j.dump(1));
   } else {
-    fmt::print("checkpoint {}: {} tensors, {} attention layers{}\n", a.path, ckpt.names().size(),
+    fmt::print("checkpoint {}: {} tensors, {} attention layers{}\n", a.path, names.size(),
                layers.size(), config_path.empty() ? "" : ", config " + config_path);
     fmt::print("{:>5}  {:<4} {:<6} {:>7} {:>10} {:>4}  {}\n", "layer", "type", "config", "tensors",
                "MiB", "FP8", a.load ? "load" : "files");
