@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "csattn/build_info.hpp"
+#include "csattn/checkpoint.hpp"
 #include "csattn/config.hpp"
 #include "csattn/error.hpp"
 #include "csattn/host_memory.hpp"
@@ -141,10 +142,28 @@ NB_MODULE(_csattn, m) {
                   "Random weights (rounded to the file dtypes, so save / load is exact).")
       .def_static("zeros", &LayerWeights::zeros, "config"_a)
       .def_static("load",
-                  static_cast<LayerWeights (*)(const std::string&, const AttentionConfig&, std::optional<int>)>(
-                      &LayerWeights::load),
+                  [](const std::string& path, const AttentionConfig& cfg, const nb::object& layer) {
+                    // None, an integer N (numpy's too: anything with __index__, but not a
+                    // bool) for layers.N, or a str "N" / "layers.N" / "mtp.K".
+                    std::optional<CheckpointLayer> l;
+                    long long n = 0;
+                    if (nb::isinstance<nb::str>(layer)) {
+                      l = CheckpointLayer::parse(nb::cast<std::string>(layer), "layer");
+                    } else if (!layer.is_none() && !nb::isinstance<nb::bool_>(layer) &&
+                               PyIndex_Check(layer.ptr()) && nb::try_cast<long long>(layer, n)) {
+                      require(n >= 0 && n < (1 << 20), ErrorKind::InvalidArgument,
+                              "layer = " + std::to_string(n) + ": expected 0 <= N < 2^20");
+                      l = CheckpointLayer(static_cast<int>(n));
+                    } else if (!layer.is_none()) {
+                      throw Error(ErrorKind::InvalidArgument,
+                                  "layer: expected None, an int N or a str ('layers.N', 'mtp.K'), got " +
+                                      std::string(nb::type_name(layer.type()).c_str()));
+                    }
+                    return LayerWeights::load(path, cfg, l);
+                  },
                   "path"_a, "config"_a, "layer"_a = nb::none(),
-                  "One layer from a safetensors file ('attn.*' names, or 'layers.N.attn.*' with layer=N) "
+                  "One layer from a safetensors file ('attn.*' names, or 'layers.N.attn.*' with layer=N, "
+                  "'mtp.K.attn.*' with layer='mtp.K') "
                   "or a sharded checkpoint directory / its model.safetensors.index.json (the "
                   "DeepSeek-V4 release: only the layer's tensors are read, F8_E4M3 weights are "
                   "dequantized with their F8_E8M0 scale per 128 x 128 block).")

@@ -580,9 +580,18 @@ def main() -> int:
     (out / "gpu-mutants.json").write_text(json.dumps(report, indent=1))
     if bad_count == 0:
         shutil.rmtree(work, ignore_errors=True)
-    what = "built" if build_only else "detected"
-    log(f"gpu_mutants: {len(selected) - bad_count} of {len(selected)} mutants {what} "
-        f"({time.time() - start:.0f} s)")
+    took = f"({time.time() - start:.0f} s)"
+    if build_only:
+        log(f"gpu_mutants: {len(selected) - bad_count} of {len(selected)} mutants built {took}")
+    else:
+        # The controls are counted apart: "36 of 36 detected" read wrong when the control
+        # (rightly) survived.
+        bugs = [k for k, m in selected.items() if not m.control]
+        caught = sum(k not in problems and results[k][1].startswith("detected") for k in bugs)
+        controls = [k for k, m in selected.items() if m.control]
+        kept = sum(k not in problems and results[k][1].startswith("SURVIVED") for k in controls)
+        log(f"gpu_mutants: {caught} of {len(bugs)} mutants detected, {kept} of {len(controls)} "
+            f"controls survived {took}")
     return 1 if bad_count else 0
 
 

@@ -8,14 +8,47 @@
 #include <string>
 #include <vector>
 
+#include "csattn/config.hpp"
 #include "csattn/safetensors.hpp"
 #include "csattn/tensor.hpp"
 
 namespace csattn {
 
-// "layers.12.attn.wkv.weight" -> 12: the layer of a tensor in a multi-layer checkpoint's
-// attention (nullopt for any other name: embeddings, ffn, mtp, ...).
-std::optional<int> attention_layer_of(const std::string& name);
+// One attention layer of a multi-layer checkpoint: `layers.N.attn.*` of the main stack, or
+// `mtp.K.attn.*` of the release's K-th multi-token-prediction module.
+// A bare int converts to `layers.N` (so LayerWeights::load(path, cfg, 3) reads layers.3.*);
+// the model's layer index - a position in compress_ratios, which may be an MTP module's - is
+// another number: checkpoint_layer_of maps it.
+struct CheckpointLayer {
+  bool mtp = false;
+  int index = 0;  // N, or K for an MTP module
+
+  CheckpointLayer(int main_layer) : index(main_layer) {}  // NOLINT(google-explicit-constructor)
+  CheckpointLayer(bool) = delete;  // load(path, cfg, true) is a bug, not layers.1
+  static CheckpointLayer mtp_module(int k) {
+    CheckpointLayer l(k);
+    l.mtp = true;
+    return l;
+  }
+  // "12" or "layers.12" -> layer 12; "mtp.0" -> MTP module 0 (decimal, at most six digits,
+  // no leading zeros). Throws InvalidArgument (naming `what`, e.g. "--layer") otherwise.
+  static CheckpointLayer parse(const std::string& text, const std::string& what);
+  std::string prefix() const;  // "layers.12" / "mtp.0": the names' prefix before ".attn."
+  auto operator<=>(const CheckpointLayer&) const = default;
+};
+
+// "layers.12.attn.wkv.weight" -> layer 12, "mtp.0.attn.wkv.weight" -> MTP module 0: the layer
+// of a tensor of a multi-layer checkpoint's attention (nullopt for any other name:
+// embeddings, ffn, the MTP module's own projections, ...).
+std::optional<CheckpointLayer> attention_layer_of(const std::string& name);
+
+// The model's layer `index` (its position in compress_ratios) as the checkpoint names it, and
+// back. DeepSeek-V4's config lists one ratio per main layer, then one per MTP module (Flash:
+// 43 + 1 = 44), so with num_hidden_layers = M, index M + K is mtp.K; with M = 0 (unknown)
+// every index is a main layer. model_layer_index is nullopt where the config has no entry
+// for the layer (or, for an MTP module, does not give M).
+CheckpointLayer checkpoint_layer_of(const ModelConfig& model, int index);
+std::optional<int> model_layer_index(const ModelConfig& model, const CheckpointLayer& layer);
 
 // The config.json that comes with a checkpoint in the Hugging Face layout: <dir>/config.json
 // for a checkpoint directory or for an index file's directory; "" when there is none.

@@ -67,6 +67,10 @@ struct AttentionConfig {
 struct ModelConfig {
   AttentionConfig base;              // compress_ratio unused here
   std::vector<int> compress_ratios;  // one per layer
+  // The main stack's layer count (config.json's num_hidden_layers): compress_ratios lists
+  // the main layers, then the multi-token-prediction modules' (checkpoint.hpp maps an index
+  // to its `layers.N` / `mtp.K` tensors). 0: not known - every layer is a main one.
+  int num_hidden_layers = 0;
 
   AttentionConfig layer(int index) const;  // base with the layer's ratio; validates index
   void validate() const;

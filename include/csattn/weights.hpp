@@ -7,12 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "csattn/checkpoint.hpp"
 #include "csattn/config.hpp"
 #include "csattn/tensor.hpp"
 
 namespace csattn {
-
-class Checkpoint;  // checkpoint.hpp
 
 // Who trains a parameter: the main loss (main), or only the indexer loss (indexer).
 enum class ParamGroup { main, indexer };
@@ -38,17 +37,18 @@ class LayerWeights {
   static LayerWeights zeros(const AttentionConfig& cfg);
 
   // Load one layer. A file with `attn.*` names is one layer; a checkpoint with
-  // `layers.N.attn.*` names needs `layer` = N. `path` is a safetensors file or a sharded
+  // `layers.N.attn.*` names needs `layer` = N (or CheckpointLayer::mtp_module(K) for the
+  // release's `mtp.K.attn.*`). `path` is a safetensors file or a sharded
   // checkpoint (a directory with model.safetensors.index.json, or that index: see
   // checkpoint.hpp); only the layer's tensors are read. A bf16 linear weight may be stored
   // as the DeepSeek-V4 release stores it - F8_E4M3 with a `.scale` per 128 x 128 block - and
   // is dequantized (block_fp8.hpp). Every missing, extra or mis-shaped tensor, wrong dtype,
   // missing or mis-shaped block scale or truncated file is a csattn::Error naming the tensor.
   static LayerWeights load(const std::string& path, const AttentionConfig& cfg,
-                           std::optional<int> layer = std::nullopt);
+                           std::optional<CheckpointLayer> layer = std::nullopt);
   // The same from an opened checkpoint (several layers without reopening its shards).
   static LayerWeights load(const Checkpoint& ckpt, const AttentionConfig& cfg,
-                           std::optional<int> layer = std::nullopt);
+                           std::optional<CheckpointLayer> layer = std::nullopt);
   void save(const std::string& path) const;
 
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }

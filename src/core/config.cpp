@@ -116,6 +116,12 @@ AttentionConfig ModelConfig::layer(int index) const {
 void ModelConfig::validate() const {
   require(!compress_ratios.empty(), ErrorKind::InvalidArgument,
           "compress_ratios is empty: a model needs at least one layer");
+  require(num_hidden_layers >= 0 &&
+              num_hidden_layers <= static_cast<int>(compress_ratios.size()),
+          ErrorKind::InvalidArgument,
+          "num_hidden_layers = " + std::to_string(num_hidden_layers) + " but compress_ratios has " +
+              std::to_string(compress_ratios.size()) +
+              " entries: DeepSeek-V4 lists one ratio per main layer, then one per MTP module");
   for (std::size_t i = 0; i < compress_ratios.size(); ++i) {
     AttentionConfig cfg = base;
     cfg.compress_ratio = compress_ratios[i];
@@ -149,14 +155,16 @@ ModelConfig ModelConfig::preset(const std::string& name) {
     c.index_n_heads = 64; c.index_head_dim = 128; c.index_topk = 512;
     m.compress_ratios = {0, 0, 4};
     for (int i = 0; i < 20; ++i) { m.compress_ratios.push_back(128); m.compress_ratios.push_back(4); }
-    m.compress_ratios.push_back(0);
+    m.compress_ratios.push_back(0);  // the MTP module's layer
+    m.num_hidden_layers = 43;
   } else if (name == "pro") {
     c.d_model = 7168; c.n_heads = 128; c.head_dim = 512; c.rope_dim = 64;
     c.q_lora_rank = 1536; c.o_groups = 16; c.o_lora_rank = 1024; c.window = 128;
     c.index_n_heads = 64; c.index_head_dim = 128; c.index_topk = 1024;
     m.compress_ratios = {128, 128, 4};
     for (int i = 0; i < 29; ++i) { m.compress_ratios.push_back(128); m.compress_ratios.push_back(4); }
-    m.compress_ratios.push_back(0);
+    m.compress_ratios.push_back(0);  // the MTP module's layer
+    m.num_hidden_layers = 61;
   } else {
     throw Error(ErrorKind::InvalidArgument,
                 "unknown preset '" + name + "': expected tiny, small, flash or pro");

@@ -6,6 +6,8 @@
 //   head_dim -> head_dim              qk_rope_head_dim -> rope_dim
 //   q_lora_rank, o_groups, o_lora_rank
 //   sliding_window -> window          compress_ratios -> compress_ratios (one per layer)
+//   num_hidden_layers (the main layers; compress_ratios lists the MTP modules' after them;
+//                      read only beside compress_ratios)
 //   index_n_heads, index_head_dim, index_topk
 //   rope_theta, compress_rope_theta   rms_norm_eps -> norm_eps
 //   rope_scaling.{factor -> yarn_factor, original_max_position_embeddings ->
@@ -150,7 +152,13 @@ ModelConfig ModelConfig::from_hf_json_text(const std::string& text,
       ratios.push_back(r);
     }
     m.compress_ratios = std::move(ratios);
+    // num_hidden_layers splits this list into main and MTP layers; without it in the file
+    // the split is unknown (the defaults' count belongs to their own list).
+    m.num_hidden_layers = 0;
+    read_int(j, "num_hidden_layers", "num_hidden_layers", m.num_hidden_layers);
   }
+  // A num_hidden_layers without compress_ratios beside it is not read: it would split the
+  // defaults' list by another model's count (the split only names MTP layers' tensors).
 
   m.validate();
   return m;
@@ -178,6 +186,7 @@ std::string ModelConfig::to_hf_json() const {
   j["o_groups"] = c.o_groups;
   j["o_lora_rank"] = c.o_lora_rank;
   j["sliding_window"] = c.window;
+  if (num_hidden_layers > 0) j["num_hidden_layers"] = num_hidden_layers;
   j["compress_ratios"] = compress_ratios;
   j["index_n_heads"] = c.index_n_heads;
   j["index_head_dim"] = c.index_head_dim;

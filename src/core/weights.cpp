@@ -100,22 +100,24 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 }
 
 std::string layers_with_attn(const std::vector<std::string>& names) {
-  std::set<int> layers;
+  std::set<CheckpointLayer> layers;
   for (const std::string& name : names)
-    if (const std::optional<int> n = attention_layer_of(name)) layers.insert(*n);
+    if (const std::optional<CheckpointLayer> l = attention_layer_of(name)) layers.insert(*l);
   std::string s;
-  for (int l : layers) s += (s.empty() ? "" : ", ") + std::to_string(l);
+  for (const CheckpointLayer& l : layers)
+    s += (s.empty() ? "" : ", ") + (l.mtp ? l.prefix() : std::to_string(l.index));
   return s.empty() ? "none" : s;
 }
 
 // The layer's tensors: release name ("attn.*") -> name in the checkpoint.
 std::map<std::string, std::string> select_layer(const std::vector<std::string>& names,
-                                                const std::string& path, std::optional<int> layer) {
+                                                const std::string& path,
+                                                const std::optional<CheckpointLayer>& layer) {
   std::map<std::string, std::string> out;
   if (layer) {
-    require(*layer >= 0, ErrorKind::InvalidArgument,
-            "LayerWeights::load: layer = " + std::to_string(*layer) + ", expected >= 0");
-    const std::string prefix = "layers." + std::to_string(*layer) + ".";
+    require(layer->index >= 0, ErrorKind::InvalidArgument,
+            "LayerWeights::load: layer = " + layer->prefix() + ", expected >= 0");
+    const std::string prefix = layer->prefix() + ".";
     for (const std::string& name : names) {
       if (!starts_with(name, prefix + "attn.")) continue;  // other layers, ffn, embed...
       out.emplace(name.substr(prefix.size()), name);
@@ -126,10 +128,10 @@ std::map<std::string, std::string> select_layer(const std::vector<std::string>& 
     return out;
   }
   for (const std::string& name : names) {
-    if (starts_with(name, "layers.")) {
+    if (starts_with(name, "layers.") || starts_with(name, "mtp.")) {
       throw Error(ErrorKind::InvalidArgument,
                   "LayerWeights::load: '" + path + "' is a multi-layer checkpoint (tensor '" +
-                      name + "'); pass the layer index (layers with attention tensors: " +
+                      name + "'); pass the layer (layers with attention tensors: " +
                       layers_with_attn(names) + ")");
     }
     out.emplace(name, name);
@@ -253,12 +255,12 @@ void LayerWeights::check(const AttentionConfig& cfg) const {
 }
 
 LayerWeights LayerWeights::load(const std::string& path, const AttentionConfig& cfg,
-                                std::optional<int> layer) {
+                                std::optional<CheckpointLayer> layer) {
   return load(Checkpoint::open(path), cfg, layer);
 }
 
 LayerWeights LayerWeights::load(const Checkpoint& ckpt, const AttentionConfig& cfg,
-                                std::optional<int> layer) {
+                                std::optional<CheckpointLayer> layer) {
   const std::string& path = ckpt.path();
   const std::map<std::string, std::string> sel = select_layer(ckpt.names(), path, layer);
   LayerWeights w;
@@ -268,8 +270,7 @@ LayerWeights LayerWeights::load(const Checkpoint& ckpt, const AttentionConfig& c
   std::set<std::string> used;  // release names read (parameters and their block scales)
   for (const ParamInfo& p : w.params_) {
     const auto it = sel.find(p.name);
-    const std::string file_name = layer ? "layers." + std::to_string(*layer) + "." + p.name
-                                        : p.name;
+    const std::string file_name = layer ? layer->prefix() + "." + p.name : p.name;
     require(it != sel.end(), ErrorKind::Io,
             where + "missing tensor '" + file_name + "' (" + shape_str(p.shape) + " " +
                 dtype_name(p.file_dtype) + ", needed for " + ratio_str(cfg) + ")");

@@ -54,14 +54,63 @@ std::map<std::string, std::string> read_index(const std::string& index_path) {
 
 }  // namespace
 
-std::optional<int> attention_layer_of(const std::string& name) {
-  if (name.rfind("layers.", 0) != 0) return std::nullopt;
-  const auto dot = name.find('.', 7);
-  if (dot == std::string::npos || dot == 7 || dot > 7 + 6 || name.compare(dot, 6, ".attn.") != 0)
-    return std::nullopt;
-  for (std::size_t i = 7; i < dot; ++i)
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-  return std::stoi(name.substr(7, dot - 7));
+namespace {
+
+// A decimal layer number of at most six digits at text[pos, end), without leading zeros (so
+// that "043" is not quietly 43); nullopt otherwise.
+std::optional<int> layer_number(const std::string& text, std::size_t pos, std::size_t end) {
+  if (end <= pos || end - pos > 6 || (end - pos > 1 && text[pos] == '0')) return std::nullopt;
+  for (std::size_t i = pos; i < end; ++i)
+    if (text[i] < '0' || text[i] > '9') return std::nullopt;
+  return std::stoi(text.substr(pos, end - pos));
+}
+
+// "layers.12<rest>" / "mtp.0<rest>": the layer and where <rest> starts.
+std::optional<std::pair<CheckpointLayer, std::size_t>> leading_layer(const std::string& text) {
+  for (const bool mtp : {false, true}) {
+    const std::string stack = mtp ? "mtp." : "layers.";
+    if (text.rfind(stack, 0) != 0) continue;
+    std::size_t end = text.find('.', stack.size());
+    if (end == std::string::npos) end = text.size();
+    const std::optional<int> n = layer_number(text, stack.size(), end);
+    if (!n) return std::nullopt;
+    return std::pair{mtp ? CheckpointLayer::mtp_module(*n) : CheckpointLayer(*n), end};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+CheckpointLayer CheckpointLayer::parse(const std::string& text, const std::string& what) {
+  if (const std::optional<int> n = layer_number(text, 0, text.size())) return CheckpointLayer(*n);
+  if (const auto l = leading_layer(text); l && l->second == text.size()) return l->first;
+  throw Error(ErrorKind::InvalidArgument,
+              what + ": '" + text + "' is not a layer: expected N, layers.N or mtp.K (K-th "
+                     "multi-token-prediction module)");
+}
+
+std::string CheckpointLayer::prefix() const {
+  return (mtp ? "mtp." : "layers.") + std::to_string(index);
+}
+
+std::optional<CheckpointLayer> attention_layer_of(const std::string& name) {
+  const auto l = leading_layer(name);
+  if (!l || name.compare(l->second, 6, ".attn.") != 0) return std::nullopt;
+  return l->first;
+}
+
+CheckpointLayer checkpoint_layer_of(const ModelConfig& model, int index) {
+  const int m = model.num_hidden_layers;
+  return m > 0 && index >= m ? CheckpointLayer::mtp_module(index - m) : CheckpointLayer(index);
+}
+
+std::optional<int> model_layer_index(const ModelConfig& model, const CheckpointLayer& layer) {
+  const int m = model.num_hidden_layers;
+  const int n = static_cast<int>(model.compress_ratios.size());
+  if (layer.index < 0 || (layer.mtp && m == 0)) return std::nullopt;
+  if (layer.mtp) return layer.index < n - m ? std::optional<int>(m + layer.index) : std::nullopt;
+  // layers.N past the main layers would be an MTP module's entry.
+  return layer.index < (m > 0 ? m : n) ? std::optional<int>(layer.index) : std::nullopt;
 }
 
 std::string checkpoint_config_file(const std::string& path) {

@@ -327,6 +327,57 @@ def test_weights_io(tmp_path):
         np.testing.assert_array_equal(back[name], from_dir[name], err_msg=name)
 
 
+def with_prefix(src, dst, prefix):
+    """Copies a safetensors file with every tensor renamed to prefix + name (the header
+    rewritten by the format's definition: u64 header length, JSON header, data)."""
+    import json
+    import struct
+    raw = open(src, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    renamed = {(k if k == "__metadata__" else prefix + k): v for k, v in header.items()}
+    text = json.dumps(renamed).encode()
+    text += b" " * (-len(text) % 8)
+    open(dst, "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+
+
+def test_weights_load_picks_a_layer_or_the_mtp_module(tmp_path):
+    # The release's checkpoint holds layers.N.attn.* and the MTP module's mtp.K.attn.*:
+    # `layer` takes N, "layers.N" or "mtp.K".
+    cfg, mtp_cfg = tiny("CSA"), tiny("SWA")
+    main, mtp = csattn.LayerWeights.random(cfg, 31), csattn.LayerWeights.random(mtp_cfg, 32)
+    main.save(str(tmp_path / "main.safetensors"))
+    mtp.save(str(tmp_path / "mtp.safetensors"))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with_prefix(tmp_path / "main.safetensors", ckpt / "model-00001-of-00002.safetensors", "layers.3.")
+    with_prefix(tmp_path / "mtp.safetensors", ckpt / "model-00002-of-00002.safetensors", "mtp.0.")
+    import json
+    index = {"layers.3." + n: "model-00001-of-00002.safetensors" for n in main.names()}
+    index.update({"mtp.0." + n: "model-00002-of-00002.safetensors" for n in mtp.names()})
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+    for layer, c, want in ((3, cfg, main), ("layers.3", cfg, main), ("mtp.0", mtp_cfg, mtp)):
+        got = csattn.LayerWeights.load(str(ckpt), c, layer)
+        for name in want.names():
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{layer}: {name}")
+    with pytest.raises(csattn.Error, match="mtp.1.attn"):
+        csattn.LayerWeights.load(str(ckpt), mtp_cfg, "mtp.1")
+    with pytest.raises(csattn.Error, match="not a layer"):
+        csattn.LayerWeights.load(str(ckpt), mtp_cfg, "last")
+    with pytest.raises(csattn.Error, match="3, mtp.0"):
+        csattn.LayerWeights.load(str(ckpt), cfg)
+    for layer in (np.int64(3), np.int32(3)):  # numpy integers are integers
+        got = csattn.LayerWeights.load(str(ckpt), cfg, layer)
+        np.testing.assert_array_equal(got["attn.wkv.weight"], main["attn.wkv.weight"])
+    with pytest.raises(csattn.Error, match="expected None"):
+        csattn.LayerWeights.load(str(ckpt), cfg, 3.0)
+    with pytest.raises(csattn.Error, match="expected None"):
+        csattn.LayerWeights.load(str(ckpt), cfg, True)  # not layers.1
+    for bad in (-1, 1 << 40):
+        with pytest.raises(csattn.Error, match="expected 0 <= N"):
+            csattn.LayerWeights.load(str(ckpt), cfg, bad)
+
+
 def test_every_bad_input_is_a_csattn_error():
     cfg = tiny("CSA")
     layer = csattn.Layer(cfg, seed=21)

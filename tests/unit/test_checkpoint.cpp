@@ -75,12 +75,12 @@ class ReleaseCheckpoint : public ::testing::Test {
   // One layer (index `layer`) as the release has it: FP8 + E8M0 block scales for the
   // released FP8 linears, everything else in its file dtype; `expected` gets the values
   // LayerWeights::load must produce.
-  TensorMap release_layer(const AttentionConfig& cfg, int layer, std::uint32_t seed,
+  TensorMap release_layer(const AttentionConfig& cfg, const CheckpointLayer& layer, std::uint32_t seed,
                           std::map<std::string, std::vector<float>>* expected) {
     std::mt19937 rng(seed);
     const LayerWeights base = LayerWeights::random(cfg, seed);
     TensorMap out;
-    const std::string prefix = "layers." + std::to_string(layer) + ".";
+    const std::string prefix = layer.prefix() + ".";
     for (const ParamInfo& p : base.params()) {
       if (!released_as_fp8(p.name)) {
         Tensor t = p.file_dtype == DType::bf16 ? Tensor(DType::bf16, p.shape) : base.get(p.name);
@@ -196,6 +196,62 @@ TEST_F(ReleaseCheckpoint, ShardedFp8LayerLoadsExactly) {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
+}
+
+// The release's multi-token-prediction module has an attention layer of its own,
+// mtp.0.attn.*, beside its other tensors (mtp.0.emb / .e_proj / .ffn ...) and the main stack.
+TEST_F(ReleaseCheckpoint, MtpModuleLayerLoadsByItsName) {
+  const AttentionConfig swa = release_like_cfg(0), csa = release_like_cfg(4);
+  std::map<std::string, std::vector<float>> want;
+  std::vector<TensorMap> shards(2);
+  shards[0] = release_layer(csa, 0, 11, nullptr);
+  shards[1] = release_layer(swa, CheckpointLayer::mtp_module(0), 12, &want);
+  shards[1].emplace("mtp.0.e_proj.weight", Tensor(DType::bf16, {8, 256}));
+  shards[1].emplace("mtp.0.ffn.gate.weight", Tensor(DType::bf16, {8, 256}));
+  write_sharded(shards);
+  expect_values(LayerWeights::load(dir_.string(), swa, CheckpointLayer::mtp_module(0)), want);
+  expect_values(LayerWeights::load(dir_.string(), swa, CheckpointLayer::parse("mtp.0", "layer")), want);
+  EXPECT_NO_THROW(LayerWeights::load(dir_.string(), csa, 0));
+  // A missing module, and a load without a layer, list what there is, MTP modules included.
+  expect_error([&] { LayerWeights::load(dir_.string(), swa, CheckpointLayer::mtp_module(1)); },
+               ErrorKind::InvalidArgument, {"mtp.1.attn.*", "in it: 0, mtp.0"});
+  expect_error([&] { LayerWeights::load(dir_.string(), swa); }, ErrorKind::InvalidArgument,
+               {"multi-layer", "0, mtp.0"});
+}
+
+TEST(CheckpointLayerName, ParsesAndMapsToTheModelsLayers) {
+  EXPECT_EQ(CheckpointLayer::parse("12", "x").prefix(), "layers.12");
+  EXPECT_EQ(CheckpointLayer::parse("layers.3", "x").prefix(), "layers.3");
+  EXPECT_EQ(CheckpointLayer::parse("mtp.0", "x"), CheckpointLayer::mtp_module(0));
+  for (const char* bad : {"", "-1", "mtp", "mtp.", "mtp.x", "layers.2.attn", "layer.2", "1234567", " 1",
+                          "043", "mtp.01", "layers.00"})
+    expect_error([&] { CheckpointLayer::parse(bad, "--layer"); }, ErrorKind::InvalidArgument,
+                 {"--layer", "mtp.K"});
+  EXPECT_EQ(attention_layer_of("layers.7.attn.wkv.weight"), CheckpointLayer(7));
+  EXPECT_EQ(attention_layer_of("mtp.0.attn.compressor.ape"), CheckpointLayer::mtp_module(0));
+  for (const char* other : {"mtp.0.e_proj.weight", "layers.7.ffn.w1.weight", "embed.weight",
+                            "layers.x.attn.wkv.weight", "attn.wkv.weight", "mtp.0.attn"})
+    EXPECT_EQ(attention_layer_of(other), std::nullopt) << other;
+  // Flash: 43 main layers, then the MTP module's entry (44 ratios).
+  const ModelConfig flash = ModelConfig::preset("flash");
+  EXPECT_EQ(checkpoint_layer_of(flash, 42), CheckpointLayer(42));
+  EXPECT_EQ(checkpoint_layer_of(flash, 43), CheckpointLayer::mtp_module(0));
+  EXPECT_EQ(model_layer_index(flash, CheckpointLayer::mtp_module(0)), 43);
+  EXPECT_EQ(model_layer_index(flash, CheckpointLayer::mtp_module(1)), std::nullopt);
+  EXPECT_EQ(model_layer_index(flash, CheckpointLayer(43)), std::nullopt);  // no layers.43
+  EXPECT_EQ(model_layer_index(flash, CheckpointLayer(5)), 5);
+  EXPECT_EQ(model_layer_index(flash, CheckpointLayer::mtp_module(-1)), std::nullopt);  // not layers.42
+  EXPECT_EQ(model_layer_index(flash, CheckpointLayer(-1)), std::nullopt);
+  ModelConfig no_mtp = flash;
+  no_mtp.num_hidden_layers = 44;  // every entry a main layer
+  EXPECT_EQ(model_layer_index(no_mtp, CheckpointLayer::mtp_module(0)), std::nullopt);
+  EXPECT_EQ(model_layer_index(no_mtp, CheckpointLayer(43)), 43);
+  EXPECT_EQ(checkpoint_layer_of(no_mtp, 43), CheckpointLayer(43));
+  // Without num_hidden_layers every entry is a main layer and no MTP module can be placed.
+  const ModelConfig tiny = ModelConfig::preset("tiny");
+  EXPECT_EQ(checkpoint_layer_of(tiny, 2), CheckpointLayer(2));
+  EXPECT_EQ(model_layer_index(tiny, CheckpointLayer(2)), 2);
+  EXPECT_EQ(model_layer_index(tiny, CheckpointLayer::mtp_module(0)), std::nullopt);
 }
 
 TEST_F(ReleaseCheckpoint, OneFileAndDirectoryWithOneFile) {

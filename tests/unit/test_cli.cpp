@@ -457,6 +457,90 @@ TEST(Cli, InputsAndWeightsFiles) {
   for (const std::string& p : {weights, inputs, out}) std::filesystem::remove(p);
 }
 
+// The release's MTP module has an attention layer, mtp.0.attn.*, whose ratio is the entry
+// of compress_ratios after the num_hidden_layers main ones. `--layer mtp.0` (or its index)
+// runs it; `csattn checkpoint` lists and loads it; bad or missing layers are named.
+TEST(Cli, MtpModuleLayer) {
+  ModelConfig model = ModelConfig::preset("tiny");
+  model.compress_ratios = {0, 4, 0};
+  model.num_hidden_layers = 2;
+  const std::filesystem::path dir = temp_path("mtp");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << model.to_hf_json();
+  const std::string single = temp_path("mtp_single.safetensors");
+  TensorMap ckpt;
+  LayerWeights::random(model.layer(1), 5).save(single);
+  for (auto& [name, t] : load_safetensors(single)) ckpt.emplace("layers.1." + name, t);
+  LayerWeights::random(model.layer(2), 6).save(single);  // the MTP module's (SWA) layer
+  for (auto& [name, t] : load_safetensors(single)) ckpt.emplace("mtp.0." + name, t);
+  ckpt.emplace("mtp.0.e_proj.weight", Tensor(DType::bf16, {4, 64}));
+  save_safetensors((dir / "model.safetensors").string(), ckpt);
+
+  const std::string out_mtp = temp_path("out_mtp.safetensors");
+  const std::string out_index = temp_path("out_mtp_index.safetensors");
+  const std::string out_single = temp_path("out_mtp_file.safetensors");
+  const std::string common = " --seqlens 20,9 --check-rows 0 -q --save '";
+  const CliResult r = run_cli("run --preset tiny --weights '" + dir.string() + "' --layer mtp.0" +
+                              common + out_mtp + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const CliResult r2 = run_cli("run --preset tiny --weights '" + dir.string() + "' --layer 2" +
+                               common + out_index + "'");
+  ASSERT_EQ(r2.status, 0) << r2.err;
+  const CliResult r3 = run_cli("run --preset tiny --ratio 0 --weights '" + single + "'" + common +
+                               out_single + "'");
+  ASSERT_EQ(r3.status, 0) << r3.err;
+  const TensorMap a = load_safetensors(out_mtp), b = load_safetensors(out_index),
+                  c = load_safetensors(out_single);
+  for (const char* name : {"output", "grad.hidden_states", "grad.attn.wq_b.weight"}) {
+    ASSERT_TRUE(a.count(name) && b.count(name) && c.count(name)) << name;
+    EXPECT_EQ(a.at(name).to_f32(), c.at(name).to_f32()) << name;
+    EXPECT_EQ(b.at(name).to_f32(), c.at(name).to_f32()) << name;
+  }
+
+  const CliResult k = run_cli("checkpoint '" + dir.string() + "' --preset tiny --load --json");
+  ASSERT_EQ(k.status, 0) << k.err;
+  const nlohmann::json kj = parse_json(k);
+  ASSERT_EQ(kj["layers"].size(), 2u);
+  EXPECT_EQ(kj["layers"][0]["layer"], 1);
+  EXPECT_EQ(kj["layers"][0]["config_type"], "CSA");
+  EXPECT_TRUE(kj["layers"][1]["layer"].is_null());
+  EXPECT_EQ(kj["layers"][1]["name"], "mtp.0");
+  EXPECT_EQ(kj["layers"][1]["model_index"], 2);
+  EXPECT_EQ(kj["layers"][1]["type_from_tensors"], "SWA");
+  EXPECT_EQ(kj["layers"][1]["config_type"], "SWA");
+  EXPECT_EQ(kj["layers"][1]["load"], "ok");
+  const CliResult table = run_cli("checkpoint '" + dir.string() + "' --preset tiny");
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find(" mtp.0  SWA  SWA"), std::string::npos) << table.out;
+
+  const std::string w = "run --preset tiny --weights '" + dir.string() + "' --layer ";
+  expect_usage_error(w + "mtp.1", {"--layer", "mtp.1 does not exist", "2 main layers", "(mtp.0)"});
+  expect_usage_error(w + "layers.2", {"--layer", "layers.2 does not exist"});
+  expect_usage_error(w + "last", {"--layer", "'last' is not a layer"});
+  expect_usage_error(w + "02", {"--layer", "'02' is not a layer", "leading zeros"});
+  // With several layers, --save names each by the checkpoint's name: the MTP module's
+  // entry is mtp.0, not layers.2.
+  const std::string out_all = temp_path("out_mtp_all.safetensors");
+  const CliResult all = run_cli("run --config '" + (dir / "config.json").string() +
+                                "' --preset tiny --seqlens 20 --check-rows 0 -q --save '" + out_all + "'");
+  ASSERT_EQ(all.status, 0) << all.err;
+  const TensorMap saved = load_safetensors(out_all);
+  for (const char* name : {"layers.0.output", "layers.1.output", "mtp.0.output"})
+    EXPECT_TRUE(saved.count(name)) << name;
+  EXPECT_FALSE(saved.count("layers.2.output"));
+  std::filesystem::remove(out_all);
+  // Without num_hidden_layers (the tiny preset) an MTP module has no place in compress_ratios.
+  expect_usage_error("run --preset tiny --layer mtp.0", {"--layer", "num_hidden_layers"});
+  // A config.json without num_hidden_layers: the checkpoint lists the module, cannot load it.
+  model.num_hidden_layers = 0;
+  std::ofstream(dir / "config.json") << model.to_hf_json();
+  const CliResult unknown = run_cli("checkpoint '" + dir.string() + "' --preset tiny --load");
+  EXPECT_EQ(unknown.status, 2) << unknown.out << unknown.err;
+  EXPECT_NE(unknown.out.find("does not give num_hidden_layers"), std::string::npos) << unknown.out;
+  std::filesystem::remove_all(dir);
+  for (const std::string& p : {single, out_mtp, out_index, out_single}) std::filesystem::remove(p);
+}
+
 // The DeepSeek-V4 release layout: a directory with config.json, model.safetensors.index.json
 // and shards whose linear weights are F8_E4M3 with an F8_E8M0 scale per 128 x 128 block.
 // `--weights DIR --layer 1` reads config.json and the layer; its outputs equal those of the
@@ -538,6 +622,8 @@ TEST(Cli, ReleaseCheckpointDirectory) {
   EXPECT_EQ(cj["config_file"], (dir / "config.json").string());
   ASSERT_EQ(cj["layers"].size(), 1u);
   EXPECT_EQ(cj["layers"][0]["layer"], 1);
+  EXPECT_EQ(cj["layers"][0]["name"], "layers.1");
+  EXPECT_EQ(cj["layers"][0]["model_index"], 1);
   EXPECT_EQ(cj["layers"][0]["type_from_tensors"], "CSA");
   EXPECT_EQ(cj["layers"][0]["config_type"], "CSA");
   EXPECT_EQ(cj["layers"][0]["tensors"], 18 + 7);  // 18 parameters, the 7 FP8 linears' scales

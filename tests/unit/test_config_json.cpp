@@ -40,6 +40,7 @@ void expect_same(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(x.yarn_beta_slow, y.yarn_beta_slow);
   EXPECT_EQ(x.norm_eps, y.norm_eps);
   EXPECT_EQ(a.compress_ratios, b.compress_ratios);
+  EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
 }
 
 TEST(ConfigJson, ReadsEveryKeyAndIgnoresUnknownOnes) {
@@ -158,6 +159,30 @@ TEST(ConfigJson, InconsistentValuesAreRejected) {
   EXPECT_THROW(ModelConfig::from_hf_json_text(R"({"hidden_size": -4})", d), Error);
 }
 
+// num_hidden_layers splits compress_ratios into main layers and MTP modules (the release's
+// Flash: 43 + 1). A ratio list read without it must not keep the defaults' count, which
+// belongs to another list; more main layers than ratios is refused.
+TEST(ConfigJson, NumHiddenLayersSplitsMainAndMtpLayers) {
+  const ModelConfig flash = ModelConfig::preset("flash");
+  EXPECT_EQ(flash.num_hidden_layers, 43);
+  EXPECT_EQ(ModelConfig::preset("pro").num_hidden_layers, 61);
+  EXPECT_EQ(ModelConfig::preset("tiny").num_hidden_layers, 0);
+  EXPECT_EQ(ModelConfig::from_hf_json_text(R"({"num_hidden_layers": 2, "compress_ratios": [0, 4, 0]})", flash)
+                .num_hidden_layers, 2);
+  EXPECT_EQ(ModelConfig::from_hf_json_text(R"({"compress_ratios": [0, 4, 0]})", flash).num_hidden_layers, 0);
+  EXPECT_EQ(ModelConfig::from_hf_json_text(R"({"hidden_size": 4096})", flash).num_hidden_layers, 43);
+  // Alone it is not read: it would split the defaults' list by another model's count.
+  EXPECT_EQ(ModelConfig::from_hf_json_text(R"({"num_hidden_layers": 5})", flash).num_hidden_layers, 43);
+  EXPECT_EQ(ModelConfig::from_hf_json_text(R"({"num_hidden_layers": 99})", flash).num_hidden_layers, 43);
+  // As many main layers as ratios: no MTP entries.
+  EXPECT_EQ(ModelConfig::from_hf_json_text(R"({"num_hidden_layers": 3, "compress_ratios": [0, 4, 0]})", flash)
+                .num_hidden_layers, 3);
+  expect_error([&] { ModelConfig::from_hf_json_text(R"({"num_hidden_layers": 4, "compress_ratios": [0, 4, 0]})", flash); },
+               ErrorKind::InvalidArgument, {"num_hidden_layers = 4", "3 entries"});
+  expect_error([&] { ModelConfig::from_hf_json_text(R"({"num_hidden_layers": -1, "compress_ratios": [0]})", flash); },
+               ErrorKind::InvalidArgument, "num_hidden_layers = -1");
+}
+
 TEST(ConfigJson, PresetsRoundTrip) {
   for (const std::string& name : ModelConfig::preset_names()) {
     SCOPED_TRACE(name);
@@ -176,8 +201,10 @@ TEST(ConfigJson, WritesExactlyTheMappedKeys) {
       "hidden_size",   "num_attention_heads", "head_dim",      "qk_rope_head_dim",
       "q_lora_rank",   "o_groups",            "o_lora_rank",   "sliding_window",
       "compress_ratios", "index_n_heads",     "index_head_dim", "index_topk",
-      "rope_theta",    "compress_rope_theta", "rope_scaling",  "rms_norm_eps"};
+      "rope_theta",    "compress_rope_theta", "rope_scaling",  "rms_norm_eps",
+      "num_hidden_layers"};
   EXPECT_EQ(keys, expected);
+  EXPECT_EQ(j["num_hidden_layers"], 43);  // + the MTP module's entry: 44 ratios
   EXPECT_EQ(j["hidden_size"], 4096);
   EXPECT_EQ(j["compress_ratios"].size(), 44u);
   EXPECT_TRUE(j["rope_scaling"].contains("factor"));

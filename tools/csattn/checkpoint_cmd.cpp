@@ -1,7 +1,8 @@
 // `csattn checkpoint PATH`: what a checkpoint holds for csattn, without reading its data - the
-// attention layers (layers.N.attn.*), each one's type as its tensors say (an indexer: CSA, a
-// compressor without one: HCA, neither: SWA) beside its config's compress_ratios[N], its
-// tensor count and bytes, how many linears are block-scaled FP8 and which shards hold it.
+// attention layers (layers.N.attn.*, and the MTP modules' mtp.K.attn.*), each one's type as
+// its tensors say (an indexer: CSA, a compressor without one: HCA, neither: SWA) beside its
+// config's compress_ratios entry, its tensor count and bytes, how many linears are
+// block-scaled FP8 and which shards hold it.
 // With --load every layer is loaded as `csattn run --weights PATH --layer N` would (FP8
 // dequantized, every name, shape and dtype checked) and its result reported; the exit status
 // is then 2 if any layer fails. For the release checkpoint: `csattn checkpoint DeepSeek-V4-Flash`.
@@ -37,13 +38,14 @@ struct CheckpointArgs {
 };
 
 struct LayerSummary {
-  int index = 0;
+  std::string name;  // "12" for layers.12, "mtp.0"
   int tensors = 0;
   int fp8_weights = 0;
   std::uint64_t bytes = 0;
   bool has_compressor = false, has_indexer = false;
   std::set<std::string> files;
-  std::optional<int> config_ratio;  // compress_ratios[N] where the config has layer N
+  std::optional<int> model_index;   // its compress_ratios entry, where the config has one
+  std::optional<int> config_ratio;  // compress_ratios[model_index]
   std::string load_result;          // with --load: "ok" or the error
   const char* tensor_type() const { return has_indexer ? "CSA" : has_compressor ? "HCA" : "SWA"; }
 };
@@ -65,13 +67,13 @@ int run_checkpoint(const CheckpointArgs& a) {
   std::string config_path;
   const std::optional<ModelConfig> model = config_of(a, config_path);
 
-  std::map<int, LayerSummary> layers;
+  std::map<CheckpointLayer, LayerSummary> layers;
   const std::vector<std::string> names = ckpt.names();
   for (const std::string& name : names) {
-    const std::optional<int> n = attention_layer_of(name);
-    if (!n) continue;
-    LayerSummary& s = layers[*n];
-    s.index = *n;
+    const std::optional<CheckpointLayer> l = attention_layer_of(name);
+    if (!l) continue;
+    LayerSummary& s = layers.try_emplace(*l).first->second;
+    s.name = l->mtp ? l->prefix() : std::to_string(l->index);
     const SafetensorsReader::Entry& e = ckpt.entry(name);
     s.tensors += 1;
     s.bytes += e.end - e.begin;
@@ -82,18 +84,22 @@ int run_checkpoint(const CheckpointArgs& a) {
   }
   if (layers.empty())
     throw Error(ErrorKind::InvalidArgument,
-                "checkpoint '" + a.path + "' has no attention layers (no tensor named layers.N.attn.*)");
+                "checkpoint '" + a.path +
+                    "' has no attention layers (no tensor named layers.N.attn.* or mtp.K.attn.*)");
 
   int failed = 0;
-  for (auto& [n, s] : layers) {
-    if (model && n < static_cast<int>(model->compress_ratios.size()))
-      s.config_ratio = model->compress_ratios[static_cast<std::size_t>(n)];
+  for (auto& [l, s] : layers) {
+    if (model) s.model_index = model_layer_index(*model, l);
+    if (s.model_index) s.config_ratio = model->compress_ratios[static_cast<std::size_t>(*s.model_index)];
     if (!a.load) continue;
     try {
       if (!model) throw Error(ErrorKind::InvalidArgument, "no config to load with (give --config)");
       if (!s.config_ratio)
-        throw Error(ErrorKind::InvalidArgument, fmt::format("the config has no layer {}", n));
-      (void)LayerWeights::load(ckpt, model->layer(n), n);
+        throw Error(ErrorKind::InvalidArgument,
+                    l.mtp && model->num_hidden_layers == 0
+                        ? "the config does not give num_hidden_layers, so its MTP layers are unknown"
+                        : fmt::format("the config has no layer {}", l.prefix()));
+      (void)LayerWeights::load(ckpt, model->layer(*s.model_index), l);
       s.load_result = "ok";
     } catch (const Error& e) {
       s.load_result = one_line(e.what());
@@ -106,8 +112,10 @@ int run_checkpoint(const CheckpointArgs& a) {
     j["path"] = a.path;
     j["config_file"] = config_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(config_path);
     j["tensors"] = names.size();
-    for (const auto& [n, s] : layers) {
-      nlohmann::json l = {{"layer", n},
+    for (const auto& [layer, s] : layers) {
+      nlohmann::json l = {{"layer", layer.mtp ? nlohmann::json(nullptr) : nlohmann::json(layer.index)},
+                          {"name", layer.prefix()},
+                          {"model_index", s.model_index ? nlohmann::json(*s.model_index) : nlohmann::json(nullptr)},
                           {"type_from_tensors", s.tensor_type()},
                           {"tensors", s.tensors},
                           {"bytes", s.bytes},
@@ -122,15 +130,15 @@ int run_checkpoint(const CheckpointArgs& a) {
   } else {
     fmt::print("checkpoint {}: {} tensors, {} attention layers{}\n", a.path, names.size(),
                layers.size(), config_path.empty() ? "" : ", config " + config_path);
-    fmt::print("{:>5}  {:<4} {:<6} {:>7} {:>10} {:>4}  {}\n", "layer", "type", "config", "tensors",
+    fmt::print("{:>6}  {:<4} {:<6} {:>7} {:>10} {:>4}  {}\n", "layer", "type", "config", "tensors",
                "MiB", "FP8", a.load ? "load" : "files");
-    for (const auto& [n, s] : layers) {
+    for (const auto& [layer, s] : layers) {
       const std::string cfg_type =
           s.config_ratio ? layer_kind_name(layer_kind(*s.config_ratio)) : std::string("-");
       const std::string mark = s.config_ratio && cfg_type != s.tensor_type() ? " (differs)" : "";
       std::string files;
       for (const std::string& f : s.files) files += (files.empty() ? "" : " ") + f;
-      fmt::print("{:>5}  {:<4} {:<6} {:>7} {:>10.1f} {:>4}  {}{}\n", n, s.tensor_type(), cfg_type,
+      fmt::print("{:>6}  {:<4} {:<6} {:>7} {:>10.1f} {:>4}  {}{}\n", s.name, s.tensor_type(), cfg_type,
                  s.tensors, static_cast<double>(s.bytes) / (1 << 20), s.fp8_weights,
                  a.load ? s.load_result : files, mark);
     }

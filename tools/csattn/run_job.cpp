@@ -9,6 +9,7 @@
 #include <fmt/core.h>
 
 #include "cli_util.hpp"
+#include "csattn/checkpoint.hpp"
 #include "csattn/error.hpp"
 #include "csattn/layer.hpp"
 #include "csattn/safetensors.hpp"
@@ -146,8 +147,9 @@ void record_layer(const RunPlan& plan, const LayerSpec& spec, const LayerOutputs
     res.grad_weights_norm = std::sqrt(ss);
   }
   if (plan.save_file.empty()) return;
+  // The checkpoint's name of the layer (layers.N, or mtp.K for an MTP module's entry).
   const std::string pre =
-      plan.layers.size() > 1 ? "layers." + std::to_string(spec.index) + "." : "";
+      plan.layers.size() > 1 ? checkpoint_layer_of(plan.model, spec.index).prefix() + "." : "";
   saved[pre + "output"] = out.output;
   saved[pre + "indexer_loss"] = Tensor::scalar_f32(out.indexer_loss);
   if (spec.cfg.has_indexer() && out.topk_indices.nbytes() > 0)

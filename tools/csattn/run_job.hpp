@@ -61,7 +61,7 @@ OracleCheck check_with_oracle(const AttentionConfig& cfg, const RunPlan& plan,
 std::map<std::string, std::string> save_metadata(const RunPlan& plan);
 
 // One layer's results (global rows): their norms into `res` and, with --save, its tensors
-// into `saved` (prefixed `layers.<index>.` when several layers run). Shared by the
+// into `saved` (prefixed `layers.N.` / `mtp.K.` - the checkpoint's name - when several layers run). Shared by the
 // single-rank job and the context-parallel one. grad_input / grads are null without backward.
 void record_layer(const RunPlan& plan, const LayerSpec& spec, const LayerOutputs& out,
                   const Tensor* grad_input, const std::map<std::string, Tensor>* grads,

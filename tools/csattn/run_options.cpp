@@ -25,10 +25,12 @@ const char* kRunFooter = R"(Layers:
   --ratio selects the layers by compress ratio (layer i of the list gets seed + i);
   --config without --ratio runs every layer of the config's compress_ratios; --layer N runs
   layer N of the config (or preset) only. --weights runs one layer: its ratio comes from
-  --ratio or from compress_ratios[N] of --layer N.
+  --ratio or from compress_ratios[N] of --layer N. --layer mtp.K is the K-th multi-token-
+  prediction module's layer: compress_ratios lists it after the num_hidden_layers main ones
+  (Flash: --layer mtp.0 is --layer 43), and the release names its tensors mtp.K.attn.*.
 
 Checkpoints:
-  --weights DIR --layer N reads layer N of a Hugging Face checkpoint directory as the
+  --weights DIR --layer N (or mtp.K) reads that layer of a Hugging Face checkpoint directory as the
   DeepSeek-V4 release ships it: model.safetensors.index.json and its shards (only the
   layer's tensors are read), config.json as --config unless one is given, and F8_E4M3
   linear weights dequantized with their F8_E8M0 scale per 128 x 128 block (<name>.scale).
@@ -81,6 +83,34 @@ Tensor read_activation(const Tensor& t, const std::string& name, std::int64_t ro
   return f32_tensor(t.to_f32(), want, round_to_bf16);
 }
 
+// --layer's position in the model's compress_ratios: N itself (N >= num_hidden_layers being
+// an MTP module's layer), num_hidden_layers + K for mtp.K, N < num_hidden_layers for layers.N.
+int layer_index(const RunArgs& args, const ModelConfig& model) {
+  CheckpointLayer layer(0);
+  try {
+    layer = CheckpointLayer::parse(args.layer, "--layer");
+  } catch (const Error&) {
+    bad_option("--layer", "'" + args.layer + "' is not a layer: expected N, layers.N or mtp.K "
+                          "(the K-th MTP module's), decimal without leading zeros");
+  }
+  const std::string source = args.config_file.empty() ? "preset" : "config";
+  const int n = static_cast<int>(model.compress_ratios.size());
+  const bool plain_number = args.layer.find('.') == std::string::npos;
+  if (plain_number && layer.index < n) return layer.index;
+  if (const std::optional<int> index = model_layer_index(model, layer)) return *index;
+  if (layer.mtp && model.num_hidden_layers == 0)
+    bad_option("--layer", args.layer + ": the " + source +
+                              " does not give num_hidden_layers, so which compress_ratios entries "
+                              "are MTP modules' is unknown (add it to the config beside "
+                              "compress_ratios, or take --preset flash / pro)");
+  const int main_layers = model.num_hidden_layers > 0 ? model.num_hidden_layers : n;
+  std::string has = std::to_string(main_layers) + " main layers (0.." + std::to_string(main_layers - 1) + ")";
+  if (main_layers < n)
+    has += " and " + std::to_string(n - main_layers) + " MTP module layer" +
+           (n - main_layers > 1 ? "s (mtp.0.." + std::to_string(n - main_layers - 1) + ")" : " (mtp.0)");
+  bad_option("--layer", args.layer + " does not exist: the " + source + " has " + has);
+}
+
 // The layers to run, from --ratio / --config / --layer / --weights.
 std::vector<LayerSpec> select_layers(const RunArgs& args, const ModelConfig& model) {
   const bool have_ratio = !args.ratios.empty();
@@ -91,17 +121,12 @@ std::vector<LayerSpec> select_layers(const RunArgs& args, const ModelConfig& mod
 
   std::vector<std::pair<int, int>> picked;  // (index, ratio)
   if (have_layer) {
-    const int n = static_cast<int>(model.compress_ratios.size());
-    if (args.layer < 0 || args.layer >= n)
-      bad_option("--layer", std::to_string(args.layer) + " does not exist: the " +
-                                (args.config_file.empty() ? "preset" : "config") + " has " +
-                                std::to_string(n) + " layers (0.." + std::to_string(n - 1) +
-                                ")");
+    const int index = layer_index(args, model);
     if (have_ratio && ratios.size() != 1)
       bad_option("--ratio", "with --layer give exactly one ratio, got " +
                                 std::to_string(ratios.size()));
     picked.push_back(
-        {args.layer, have_ratio ? ratios[0] : model.compress_ratios[static_cast<std::size_t>(args.layer)]});
+        {index, have_ratio ? ratios[0] : model.compress_ratios[static_cast<std::size_t>(index)]});
   } else if (have_weights) {
     if (!have_ratio)
       bad_option("--weights", "give the layer's compress ratio with --ratio, or --layer N to "
@@ -201,7 +226,9 @@ void add_run_options(CLI::App& run, RunArgs& a) {
                                  "model.safetensors.index.json; its config.json unless "
                                  "--config; FP8 weights dequantized with their block scales)")
                      ->type_name("PATH");
-  a.layer_opt = run.add_option("--layer", a.layer, "Layer N of the config / checkpoint");
+  a.layer_opt = run.add_option("--layer", a.layer,
+                               "Layer N of the config / checkpoint, or mtp.K (the K-th MTP module's)")
+                    ->type_name("N|mtp.K");
   auto* inputs = run.add_option("--inputs", a.inputs_file,
                                 "safetensors with hidden_states, cu_seqlens, ... (see below)")
                     ->type_name("FILE");
@@ -362,8 +389,8 @@ RunPlan resolve_run(const RunArgs& raw_args) {
 
   if (!args.weights_file.empty()) {
     p.weights_file = args.weights_file;
-    std::optional<int> layer;
-    if (args.layer_opt && args.layer_opt->count()) layer = args.layer;
+    std::optional<CheckpointLayer> layer;
+    if (args.layer_opt && args.layer_opt->count()) layer = checkpoint_layer_of(p.model, p.layers.at(0).index);
     try {
       p.file_weights = LayerWeights::load(args.weights_file, p.layers.at(0).cfg, layer);
     } catch (const Error& e) {

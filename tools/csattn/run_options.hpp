@@ -39,7 +39,7 @@ struct RunArgs {
   std::string device = "auto";
   std::string indexer_precision = "bf16";
   std::string weights_file;
-  int layer = -1;
+  std::string layer;  // N, layers.N or mtp.K (checkpoint.hpp's CheckpointLayer::parse)
   std::string inputs_file;
   std::string save_file;
   bool json = false;
@@ -62,7 +62,7 @@ struct RunArgs {
 void add_run_options(CLI::App& run, RunArgs& args);
 
 // One layer to run: its index (the seed offset of its random weights, and the name prefix
-// `layers.<index>.` in --save files when several layers run) and its config.
+// `layers.<index>.`, or `mtp.K.` for an MTP module's, in --save files when several layers run) and its config.
 struct LayerSpec {
   int index = 0;
   AttentionConfig cfg;
