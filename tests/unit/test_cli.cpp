@@ -537,6 +537,21 @@ TEST(Cli, MtpModuleLayer) {
   const CliResult unknown = run_cli("checkpoint '" + dir.string() + "' --preset tiny --load");
   EXPECT_EQ(unknown.status, 2) << unknown.out << unknown.err;
   EXPECT_NE(unknown.out.find("does not give num_hidden_layers"), std::string::npos) << unknown.out;
+  // --config FILE takes the place of the checkpoint's config.json: with num_hidden_layers
+  // the module has its entry again, and every layer loads.
+  model.num_hidden_layers = 2;
+  const std::string given = temp_path("mtp_config.json");
+  std::ofstream(given) << model.to_hf_json();
+  const CliResult with_config =
+      run_cli("checkpoint '" + dir.string() + "' --config '" + given + "' --preset tiny --load --json");
+  ASSERT_EQ(with_config.status, 0) << with_config.out << with_config.err;
+  const nlohmann::json gj = parse_json(with_config);
+  EXPECT_EQ(gj["config_file"], given);
+  EXPECT_EQ(gj["layers"][1]["model_index"], 2);
+  EXPECT_EQ(gj["layers"][1]["load"], "ok");
+  std::ofstream(given) << "{\"compress_ratios\": [0, 7]}";
+  expect_usage_error("checkpoint '" + dir.string() + "' --config '" + given + "'", {"--config", "7"});
+  std::filesystem::remove(given);
   std::filesystem::remove_all(dir);
   for (const std::string& p : {single, out_mtp, out_index, out_single}) std::filesystem::remove(p);
 }
