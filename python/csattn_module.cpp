@@ -136,6 +136,18 @@ NB_MODULE(_csattn, m) {
         return out;
       },
       "path"_a, "The layer configurations of a DeepSeek-V4 config.json (missing keys: the flash preset's).");
+  m.def(
+      "hf_config_layer_names",
+      [](const std::string& path) {
+        const ModelConfig mc = ModelConfig::from_hf_json_file(path, ModelConfig::preset("flash"));
+        std::vector<std::string> out;
+        for (std::size_t i = 0; i < mc.compress_ratios.size(); ++i)
+          out.push_back(checkpoint_layer_of(mc, static_cast<int>(i)).prefix());
+        return out;
+      },
+      "path"_a,
+      "The checkpoint name of each layer of hf_config_layers(path): 'layers.N', or 'mtp.K' for the "
+      "entries after num_hidden_layers (the MTP modules'); LayerWeights.load takes it as layer.");
 
   nb::class_<LayerWeights>(m, "LayerWeights", "One layer's parameters by release name (float32 in memory).")
       .def_static("random", &LayerWeights::random, "config"_a, "seed"_a,

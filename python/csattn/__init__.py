@@ -27,7 +27,7 @@ import numpy as np
 
 from ._csattn import (AttentionConfig, Communicator, ContextParallelLayer, CpForward,
                       CpPartition, DeviceLayer, Error, Forward, LayerWeights, cuda_available,
-                      hf_config_layers, launcher_local_rank, mpi_available, mpi_world,
+                      hf_config_layer_names, hf_config_layers, launcher_local_rank, mpi_available, mpi_world,
                       nccl_available, nccl_communicator, pad_for_context_parallel,
                       plan_cp_device_memory, plan_device_memory, preset_layers, preset_names,
                       retain_freed_host_memory)
@@ -37,7 +37,7 @@ from .ops import compact_indexer_topk, dequantize_mxfp8, pack_mxfp8_scales, quan
 
 __all__ = ["AttentionConfig", "Communicator", "ContextParallelLayer", "CpForward", "CpPartition",
            "DeviceLayer", "Error", "Forward", "Layer", "LayerWeights", "bshd_cu_seqlens", "compact_indexer_topk",
-           "cuda_available", "dequantize_mxfp8", "hf_config_layers", "launcher_local_rank",
+           "cuda_available", "dequantize_mxfp8", "hf_config_layer_names", "hf_config_layers", "launcher_local_rank",
            "mpi_available", "mpi_world", "nccl_available", "nccl_communicator",
            "oracle_forward", "pack_mxfp8_scales", "pad_for_context_parallel", "plan_cp_device_memory",
            "plan_device_memory",

@@ -366,6 +366,14 @@ def test_weights_load_picks_a_layer_or_the_mtp_module(tmp_path):
         csattn.LayerWeights.load(str(ckpt), mtp_cfg, "last")
     with pytest.raises(csattn.Error, match="3, mtp.0"):
         csattn.LayerWeights.load(str(ckpt), cfg)
+    # The config names each layer as the checkpoint does: its last entry is the MTP module's.
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"hidden_size": 64, "num_hidden_layers": 4, "compress_ratios": [0, 0, 0, 4, 0]}))
+    names = csattn.hf_config_layer_names(str(tmp_path / "config.json"))
+    assert names == ["layers.0", "layers.1", "layers.2", "layers.3", "mtp.0"]
+    assert [c.compress_ratio for c in csattn.hf_config_layers(str(tmp_path / "config.json"))] == [0, 0, 0, 4, 0]
+    (tmp_path / "config.json").write_text(json.dumps({"compress_ratios": [0, 4]}))
+    assert csattn.hf_config_layer_names(str(tmp_path / "config.json")) == ["layers.0", "layers.1"]
     for layer in (np.int64(3), np.int32(3)):  # numpy integers are integers
         got = csattn.LayerWeights.load(str(ckpt), cfg, layer)
         np.testing.assert_array_equal(got["attn.wkv.weight"], main["attn.wkv.weight"])
