@@ -509,6 +509,10 @@ TEST(Cli, MtpModuleLayer) {
   EXPECT_EQ(kj["layers"][1]["type_from_tensors"], "SWA");
   EXPECT_EQ(kj["layers"][1]["config_type"], "SWA");
   EXPECT_EQ(kj["layers"][1]["load"], "ok");
+  EXPECT_EQ(k.err, "");  // a small read, stderr not a terminal: no progress lines
+  const CliResult quiet = run_cli("checkpoint '" + dir.string() + "' --preset tiny --load -q");
+  EXPECT_EQ(quiet.status, 0) << quiet.err;
+  EXPECT_NE(quiet.out.find("2 of 2 layers load"), std::string::npos) << quiet.out;
   const CliResult table = run_cli("checkpoint '" + dir.string() + "' --preset tiny");
   ASSERT_EQ(table.status, 0) << table.err;
   EXPECT_NE(table.out.find(" mtp.0  SWA  SWA"), std::string::npos) << table.out;

@@ -6,6 +6,9 @@
 // With --load every layer is loaded as `csattn run --weights PATH --layer N` would (FP8
 // dequantized, every name, shape and dtype checked) and its result reported; the exit status
 // is then 2 if any layer fails. For the release checkpoint: `csattn checkpoint DeepSeek-V4-Flash`.
+#include <unistd.h>
+
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -35,6 +38,7 @@ struct CheckpointArgs {
   std::string preset = "flash";
   bool load = false;
   bool json = false;
+  bool quiet = false;
 };
 
 struct LayerSummary {
@@ -87,7 +91,12 @@ int run_checkpoint(const CheckpointArgs& a) {
                 "checkpoint '" + a.path +
                     "' has no attention layers (no tensor named layers.N.attn.* or mtp.K.attn.*)");
 
-  int failed = 0;
+  // --load reads every attention tensor (the release's Flash: ~4 GB): a line a layer on
+  // stderr when it is a terminal or the read is large, as `csattn run` does.
+  std::uint64_t total_bytes = 0;
+  for (const auto& [l, s] : layers) total_bytes += s.bytes;
+  const bool progress = a.load && !a.quiet && (isatty(STDERR_FILENO) || total_bytes >= (1ull << 30));
+  int failed = 0, done = 0;
   for (auto& [l, s] : layers) {
     if (model) s.model_index = model_layer_index(*model, l);
     if (s.model_index) s.config_ratio = model->compress_ratios[static_cast<std::size_t>(*s.model_index)];
@@ -99,12 +108,20 @@ int run_checkpoint(const CheckpointArgs& a) {
                     l.mtp && model->num_hidden_layers == 0
                         ? "the config does not give num_hidden_layers, so its MTP layers are unknown"
                         : fmt::format("the config has no layer {}", l.prefix()));
+      const Stopwatch sw;
       (void)LayerWeights::load(ckpt, model->layer(*s.model_index), l);
       s.load_result = "ok";
+      if (progress)
+        fmt::print(stderr, "csattn: [{}/{}] {}: loaded, {:.1f} MiB in {:.2f} s\n", done + 1, layers.size(),
+                   l.prefix(), static_cast<double>(s.bytes) / (1 << 20), sw.ms() / 1e3);
     } catch (const Error& e) {
       s.load_result = one_line(e.what());
       ++failed;
+      if (progress)
+        fmt::print(stderr, "csattn: [{}/{}] {}: failed: {}\n", done + 1, layers.size(), l.prefix(), s.load_result);
     }
+    ++done;
+    if (progress) std::fflush(stderr);
   }
 
   if (a.json) {
@@ -167,6 +184,7 @@ Command add_checkpoint_command(CLI::App& app) {
   cmd->add_option("--preset", a->preset, "Defaults for keys the config lacks")->capture_default_str();
   cmd->add_flag("--load", a->load, "Load every layer (all its tensors are read; FP8 dequantized)");
   cmd->add_flag("--json", a->json, "One JSON object instead of the table");
+  cmd->add_flag("-q,--quiet", a->quiet, "No progress lines on stderr (with --load)");
   return [a]() { return run_checkpoint(*a); };
 }
 
