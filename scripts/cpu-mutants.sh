@@ -52,6 +52,8 @@ mutants=(
   "indexer weights: the 1/sqrt(heads) scale left out|src/cpu/layer_ops.cpp|s/v = bf16 ? round_bf16(v \* head_scale) : v \* head_scale;/(void)head_scale;/"
   "release FP8 weights: the block scale ignored|src/core/block_fp8.cpp|s/round_bf16(v \* srow\[j \/ kFp8WeightBlock\])/round_bf16(v)/"
   "release FP8 weights: every row block reads the first row of scales|src/core/block_fp8.cpp|s/s.data() + (i \/ kFp8WeightBlock) \* want\[1\]/s.data()/"
+  "checkpoint: the MTP module's compress_ratios entry read as a main layer|src/io/checkpoint.cpp|s/return m > 0 \&\& index >= m ? CheckpointLayer::mtp_module(index - m) : CheckpointLayer(index);/return CheckpointLayer(index);/"
+  "config.json: num_hidden_layers kept from the defaults beside the file's compress_ratios|src/core/config_json.cpp|s/    m.num_hidden_layers = 0;/    (void)0;/"
   "CP: a rank's halo two rows short|src/cp/layer_plan.cpp|s/g = std::max(a - d_w, geo.seg_start\[s\])/g = std::max(a - d_w + 2, geo.seg_start[s])/"
   "CP: the halo rows' gradients never reach their owners|src/cp/cp_layer.cpp|/const float\* src = recv\[k\].data() + i \* cols;/{n;s/dst\[j\] += src\[j\];/(void)src;/}"
   "CP: fp32 ranks without batch-invariant GEMMs|src/cp/cp_layer.cpp|s/BatchInvariantScope batch_invariant(options_.precision == Precision::fp32);/BatchInvariantScope batch_invariant(false);/"
