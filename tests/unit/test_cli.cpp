@@ -532,6 +532,19 @@ TEST(Cli, MtpModuleLayer) {
   for (const char* name : {"layers.0.output", "layers.1.output", "mtp.0.output"})
     EXPECT_TRUE(saved.count(name)) << name;
   EXPECT_FALSE(saved.count("layers.2.output"));
+  // Reports name it too: the table's layer column and the JSON's "name".
+  const CliResult named = run_cli("run --config '" + (dir / "config.json").string() +
+                                  "' --preset tiny --seqlens 20 --check-rows 0 --json");
+  ASSERT_EQ(named.status, 0) << named.err;
+  const nlohmann::json nj = parse_json(named);
+  ASSERT_EQ(nj["layers"].size(), 3u);
+  EXPECT_EQ(nj["layers"][1]["name"], "layers.1");
+  EXPECT_EQ(nj["layers"][2]["name"], "mtp.0");
+  EXPECT_EQ(nj["layers"][2]["index"], 2);
+  const CliResult text = run_cli("run --config '" + (dir / "config.json").string() +
+                                 "' --preset tiny --seqlens 20 --check-rows 0 -q");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("mtp.0  SWA"), std::string::npos) << text.out;
   std::filesystem::remove(out_all);
   // Without num_hidden_layers (the tiny preset) an MTP module has no place in compress_ratios.
   expect_usage_error("run --preset tiny --layer mtp.0", {"--layer", "num_hidden_layers"});

@@ -120,6 +120,9 @@ std::vector<LayerSpec> select_layers(const RunArgs& args, const ModelConfig& mod
   const bool have_weights = !args.weights_file.empty();
 
   std::vector<std::pair<int, int>> picked;  // (index, ratio)
+  // Whether the picks are the config's own layers (so an index past num_hidden_layers is an
+  // MTP module's), not positions in a --ratio list.
+  bool config_layers = false;
   if (have_layer) {
     const int index = layer_index(args, model);
     if (have_ratio && ratios.size() != 1)
@@ -127,6 +130,7 @@ std::vector<LayerSpec> select_layers(const RunArgs& args, const ModelConfig& mod
                                 std::to_string(ratios.size()));
     picked.push_back(
         {index, have_ratio ? ratios[0] : model.compress_ratios[static_cast<std::size_t>(index)]});
+    config_layers = true;
   } else if (have_weights) {
     if (!have_ratio)
       bad_option("--weights", "give the layer's compress ratio with --ratio, or --layer N to "
@@ -141,6 +145,7 @@ std::vector<LayerSpec> select_layers(const RunArgs& args, const ModelConfig& mod
   } else if (!args.config_file.empty()) {
     for (std::size_t i = 0; i < model.compress_ratios.size(); ++i)
       picked.push_back({static_cast<int>(i), model.compress_ratios[i]});
+    config_layers = true;
   } else {
     for (std::size_t i = 0; i < kDefaultRatios.size(); ++i)
       picked.push_back({static_cast<int>(i), kDefaultRatios[i]});
@@ -150,6 +155,7 @@ std::vector<LayerSpec> select_layers(const RunArgs& args, const ModelConfig& mod
   for (auto [index, ratio] : picked) {
     LayerSpec s;
     s.index = index;
+    s.name = config_layers ? checkpoint_layer_of(model, index).prefix() : CheckpointLayer(index).prefix();
     s.cfg = model.base;
     s.cfg.compress_ratio = ratio;
     try {
@@ -390,7 +396,8 @@ RunPlan resolve_run(const RunArgs& raw_args) {
   if (!args.weights_file.empty()) {
     p.weights_file = args.weights_file;
     std::optional<CheckpointLayer> layer;
-    if (args.layer_opt && args.layer_opt->count()) layer = checkpoint_layer_of(p.model, p.layers.at(0).index);
+    if (args.layer_opt && args.layer_opt->count())
+      layer = CheckpointLayer::parse(p.layers.at(0).name, "--layer");
     try {
       p.file_weights = LayerWeights::load(args.weights_file, p.layers.at(0).cfg, layer);
     } catch (const Error& e) {
