@@ -782,7 +782,7 @@ def cmd_compare(args) -> int:
     if set(W) != want:
         raise SystemExit(f"--weights: tensors {sorted(set(W) ^ want)} do not match ratio {ratio}")
     if "output" not in R:
-        multi = sorted({k.split(".")[1] for k in R if k.startswith("layers.")})
+        multi = sorted({".".join(k.split(".")[:2]) for k in R if k.startswith(("layers.", "mtp."))})
         raise SystemExit(f"--csattn: no 'output' tensor (layers in the file: {multi}); run csattn "
                          "with one layer (--ratio R --weights W)")
     P = compute_params(W, dtype, device, requires_grad=True)

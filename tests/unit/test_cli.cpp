@@ -512,6 +512,7 @@ TEST(Cli, MtpModuleLayer) {
   EXPECT_EQ(k.err, "");  // a small read, stderr not a terminal: no progress lines
   const CliResult quiet = run_cli("checkpoint '" + dir.string() + "' --preset tiny --load -q");
   EXPECT_EQ(quiet.status, 0) << quiet.err;
+  EXPECT_EQ(quiet.err, "");
   EXPECT_NE(quiet.out.find("2 of 2 layers load"), std::string::npos) << quiet.out;
   const CliResult table = run_cli("checkpoint '" + dir.string() + "' --preset tiny");
   ASSERT_EQ(table.status, 0) << table.err;

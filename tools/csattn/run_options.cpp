@@ -42,8 +42,9 @@ Files:
   --save FILE     safetensors with output [T, d_model], indexer_loss (f32 scalar),
                   topk_indices [T, K] i32 (CSA only), and after backward grad.hidden_states
                   and grad.<release name> for every weight (e.g. grad.attn.wq_a.weight).
-                  When several layers run, every name is prefixed with layers.<i>.
-                  (e.g. layers.1.topk_indices).
+                  When several layers run, every name is prefixed with the layer's
+                  checkpoint name: layers.<i> (e.g. layers.1.topk_indices), or mtp.<K>
+                  for a config's MTP module entry (--config / --layer picks).
 
 Exit status: 0 on success, 2 for a bad option, an inconsistent config or a bad file.)";
 
@@ -161,7 +162,7 @@ std::vector<LayerSpec> select_layers(const RunArgs& args, const ModelConfig& mod
     try {
       s.cfg.validate();
     } catch (const Error& e) {
-      throw Error(e.kind(), "layer " + std::to_string(index) + ": " + e.what());
+      throw Error(e.kind(), "layer " + layer_label(s.name) + ": " + e.what());
     }
     layers.push_back(s);
   }
