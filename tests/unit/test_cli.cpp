@@ -232,7 +232,9 @@ TEST(Cli, HelpExitsZero) {
     EXPECT_FALSE(r.out.empty()) << args;
   }
   // --help of run documents the --save naming.
-  EXPECT_NE(run_cli("run --help").out.find("layers.<i>."), std::string::npos);
+  const std::string help = run_cli("run --help").out;
+  for (const char* what : {"layers.<i> (e.g. layers.1.topk_indices)", "mtp.<K>"})
+    EXPECT_NE(help.find(what), std::string::npos) << what;
 }
 
 TEST(Cli, VersionAndInfo) {
