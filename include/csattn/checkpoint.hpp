@@ -34,6 +34,7 @@ struct CheckpointLayer {
   // no leading zeros). Throws InvalidArgument (naming `what`, e.g. "--layer") otherwise.
   static CheckpointLayer parse(const std::string& text, const std::string& what);
   std::string prefix() const;  // "layers.12" / "mtp.0": the names' prefix before ".attn."
+  std::string label() const;   // "12" / "mtp.0": how tables and messages show it
   auto operator<=>(const CheckpointLayer&) const = default;
 };
 

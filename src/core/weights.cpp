@@ -104,8 +104,7 @@ std::string layers_with_attn(const std::vector<std::string>& names) {
   for (const std::string& name : names)
     if (const std::optional<CheckpointLayer> l = attention_layer_of(name)) layers.insert(*l);
   std::string s;
-  for (const CheckpointLayer& l : layers)
-    s += (s.empty() ? "" : ", ") + (l.mtp ? l.prefix() : std::to_string(l.index));
+  for (const CheckpointLayer& l : layers) s += (s.empty() ? "" : ", ") + l.label();
   return s.empty() ? "none" : s;
 }
 

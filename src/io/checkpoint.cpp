@@ -93,6 +93,8 @@ std::string CheckpointLayer::prefix() const {
   return (mtp ? "mtp." : "layers.") + std::to_string(index);
 }
 
+std::string CheckpointLayer::label() const { return mtp ? prefix() : std::to_string(index); }
+
 std::optional<CheckpointLayer> attention_layer_of(const std::string& name) {
   const auto l = leading_layer(name);
   if (!l || name.compare(l->second, 6, ".attn.") != 0) return std::nullopt;

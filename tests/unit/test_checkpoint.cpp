@@ -223,6 +223,8 @@ TEST(CheckpointLayerName, ParsesAndMapsToTheModelsLayers) {
   EXPECT_EQ(CheckpointLayer::parse("12", "x").prefix(), "layers.12");
   EXPECT_EQ(CheckpointLayer::parse("layers.3", "x").prefix(), "layers.3");
   EXPECT_EQ(CheckpointLayer::parse("mtp.0", "x"), CheckpointLayer::mtp_module(0));
+  EXPECT_EQ(CheckpointLayer(12).label(), "12");
+  EXPECT_EQ(CheckpointLayer::mtp_module(0).label(), "mtp.0");
   for (const char* bad : {"", "-1", "mtp", "mtp.", "mtp.x", "layers.2.attn", "layer.2", "1234567", " 1",
                           "043", "mtp.01", "layers.00"})
     expect_error([&] { CheckpointLayer::parse(bad, "--layer"); }, ErrorKind::InvalidArgument,

@@ -42,7 +42,6 @@ struct CheckpointArgs {
 };
 
 struct LayerSummary {
-  std::string name;  // "12" for layers.12, "mtp.0"
   int tensors = 0;
   int fp8_weights = 0;
   std::uint64_t bytes = 0;
@@ -77,7 +76,6 @@ int run_checkpoint(const CheckpointArgs& a) {
     const std::optional<CheckpointLayer> l = attention_layer_of(name);
     if (!l) continue;
     LayerSummary& s = layers.try_emplace(*l).first->second;
-    s.name = l->mtp ? l->prefix() : std::to_string(l->index);
     const SafetensorsReader::Entry& e = ckpt.entry(name);
     s.tensors += 1;
     s.bytes += e.end - e.begin;
@@ -155,7 +153,7 @@ int run_checkpoint(const CheckpointArgs& a) {
       const std::string mark = s.config_ratio && cfg_type != s.tensor_type() ? " (differs)" : "";
       std::string files;
       for (const std::string& f : s.files) files += (files.empty() ? "" : " ") + f;
-      fmt::print("{:>6}  {:<4} {:<6} {:>7} {:>10.1f} {:>4}  {}{}\n", s.name, s.tensor_type(), cfg_type,
+      fmt::print("{:>6}  {:<4} {:<6} {:>7} {:>10.1f} {:>4}  {}{}\n", layer.label(), s.tensor_type(), cfg_type,
                  s.tensors, static_cast<double>(s.bytes) / (1 << 20), s.fp8_weights,
                  a.load ? s.load_result : files, mark);
     }

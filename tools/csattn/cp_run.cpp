@@ -95,7 +95,7 @@ void print_cp_table(const RunPlan& plan, const std::vector<LayerResult>& layers,
       const StatRow& s = cp[l].ranks[r];
       fmt::print("{:>5}  {:<4}  {:>4}  {:>7}  {:>5}  {:>10.4f}  {:>11}  {:>11}  {:>10}  {:>10}  "
                  "{:>10}  {:>10}  {:>8.1f}  {:>8}\n",
-                 layer_label(layers[l].name), layer_kind_name(layers[l].kind), r, s[kRows], s[kHalo],
+                 layers[l].layer.label(), layer_kind_name(layers[l].kind), r, s[kRows], s[kHalo],
                  s[kFlops] / 1e9, s[kPairs],
                  layers[l].kind == LayerKind::csa ? fmt::format("{}", s[kIndexerPairs]) : "-",
                  kib(s[kFwdSent]), kib(s[kFwdRecv]),
@@ -112,7 +112,7 @@ void print_cp_table(const RunPlan& plan, const std::vector<LayerResult>& layers,
       }
       return sum > 0 ? mx * cp[l].ranks.size() / sum : 1.0;
     };
-    fmt::print(" layer {} {} attention {:.2f}", layer_label(layers[l].name), layer_kind_name(layers[l].kind),
+    fmt::print(" layer {} {} attention {:.2f}", layers[l].layer.label(), layer_kind_name(layers[l].kind),
                ratio(kFlops));
     if (layers[l].kind == LayerKind::csa) fmt::print(", indexer {:.2f}", ratio(kIndexerPairs));
     fmt::print("{}", l + 1 < layers.size() ? ";" : "\n");
@@ -155,13 +155,13 @@ void cp_job(Communicator& comm, Communicator& layer_comm, const RunPlan& plan, C
     const AttentionConfig& cfg = spec.cfg;
     LayerResult res;
     res.index = spec.index;
-    res.name = spec.name;
+    res.layer = spec.layer;
     res.compress_ratio = cfg.compress_ratio;
     res.kind = cfg.kind();
     res.tokens = plan.layout.total_rows();
     if (root && plan.progress)
       fmt::print(stderr, "csattn: [{}/{}] layer {} ({}): running on {} ranks\n", li + 1,
-                 n_layers, layer_label(spec.name), layer_kind_name(res.kind), P);
+                 n_layers, spec.layer.label(), layer_kind_name(res.kind), P);
     LayerWeights weights = plan.file_weights ? *plan.file_weights
                                              : LayerWeights::random(cfg, plan.seed + static_cast<std::uint64_t>(spec.index));
     const ContextParallelLayer layer(cfg, std::move(weights), plan.run_options);
@@ -225,7 +225,7 @@ void cp_job(Communicator& comm, Communicator& layer_comm, const RunPlan& plan, C
     if (plan.check_rows > 0) res.check = check_with_oracle(cfg, plan, layer.weights(), x64, global);
     if (plan.progress)
       fmt::print(stderr, "csattn: [{}/{}] layer {} ({}): forward {:.1f} ms{}\n", li + 1, n_layers,
-                 layer_label(spec.name), layer_kind_name(res.kind), res.forward_ms,
+                 spec.layer.label(), layer_kind_name(res.kind), res.forward_ms,
                  plan.backward ? fmt::format(", backward {:.1f} ms", res.backward_ms) : "");
     report.layers.push_back(res);
     cp_reports.push_back(std::move(cr));
@@ -267,7 +267,7 @@ void cp_job(Communicator& comm, Communicator& layer_comm, const RunPlan& plan, C
                             {"backward_bytes_sent", s[kBwdSent]},
                             {"backward_bytes_received", s[kBwdRecv]},
                             {"forward_ms", s[kFwdMs]}, {"backward_ms", s[kBwdMs]}});
-      layers.push_back({{"index", report.layers[l].index}, {"name", report.layers[l].name}, {"ranks", per_rank}});
+      layers.push_back({{"index", report.layers[l].index}, {"name", report.layers[l].layer.prefix()}, {"ranks", per_rank}});
     }
     c["layers"] = layers;
     j["context_parallel"] = c;

@@ -70,7 +70,7 @@ void print_run_table(const RunPlan& plan, const RunReport& report) {
     fmt::print(
         "{:>5}  {:<4}  {:>7}  {:>9.2f}  {:>9}  {:>10}  {:>10.4e}  {:>10}  {:>10}  {:>4}  {:>9}  "
         "{:>9}  {:>9}  {:>7}\n",
-        layer_label(r.name), layer_kind_name(r.kind), r.tokens, r.forward_ms,
+        r.layer.label(), layer_kind_name(r.kind), r.tokens, r.forward_ms,
         num_or_dash(r.backward_ms, "{:.2f}"),
         r.kind == LayerKind::csa && std::isfinite(r.indexer_loss)
             ? fmt::format("{:.4e}", r.indexer_loss)
@@ -121,7 +121,7 @@ nlohmann::ordered_json run_report_json(const RunPlan& plan, const RunReport& rep
   for (const LayerResult& r : report.layers) {
     ojson l;
     l["index"] = r.index;
-    l["name"] = r.name;  // layers.N, or mtp.K for a config's MTP module entry
+    l["name"] = r.layer.prefix();  // layers.N, or mtp.K for a config's MTP module entry
     l["compress_ratio"] = r.compress_ratio;
     l["type"] = layer_kind_name(r.kind);
     l["tokens"] = r.tokens;

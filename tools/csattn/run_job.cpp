@@ -147,7 +147,7 @@ void record_layer(const RunPlan& plan, const LayerSpec& spec, const LayerOutputs
     res.grad_weights_norm = std::sqrt(ss);
   }
   if (plan.save_file.empty()) return;
-  const std::string pre = plan.layers.size() > 1 ? spec.name + "." : "";
+  const std::string pre = plan.layers.size() > 1 ? spec.layer.prefix() + "." : "";
   saved[pre + "output"] = out.output;
   saved[pre + "indexer_loss"] = Tensor::scalar_f32(out.indexer_loss);
   if (spec.cfg.has_indexer() && out.topk_indices.nbytes() > 0)
@@ -170,13 +170,13 @@ RunReport run_job(RunPlan& plan) {
     const AttentionConfig& cfg = spec.cfg;
     LayerResult res;
     res.index = spec.index;
-    res.name = spec.name;
+    res.layer = spec.layer;
     res.compress_ratio = cfg.compress_ratio;
     res.kind = cfg.kind();
     res.tokens = plan.layout.total_rows();
     if (plan.progress)
       fmt::print(stderr, "csattn: [{}/{}] layer {} ({}): running\n", li + 1, n_layers,
-                 layer_label(spec.name), layer_kind_name(res.kind));
+                 spec.layer.label(), layer_kind_name(res.kind));
 
     LayerWeights weights = plan.file_weights
                                ? *plan.file_weights
@@ -199,7 +199,7 @@ RunReport run_job(RunPlan& plan) {
 
     if (plan.progress) {
       std::string line = fmt::format("csattn: [{}/{}] layer {} ({}): forward {:.1f} ms", li + 1,
-                                     n_layers, layer_label(spec.name), layer_kind_name(res.kind),
+                                     n_layers, spec.layer.label(), layer_kind_name(res.kind),
                                      res.forward_ms);
       if (res.backward_ms >= 0) line += fmt::format(", backward {:.1f} ms", res.backward_ms);
       if (res.check.rows > 0) line += fmt::format(", oracle check {:.1f} ms", res.check.ms);

@@ -28,7 +28,7 @@ struct OracleCheck {
 
 struct LayerResult {
   int index = 0;
-  std::string name;  // LayerSpec::name
+  CheckpointLayer layer{0};  // LayerSpec::layer
   int compress_ratio = 0;
   LayerKind kind = LayerKind::swa;
   std::int64_t tokens = 0;

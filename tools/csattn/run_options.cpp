@@ -156,13 +156,13 @@ std::vector<LayerSpec> select_layers(const RunArgs& args, const ModelConfig& mod
   for (auto [index, ratio] : picked) {
     LayerSpec s;
     s.index = index;
-    s.name = config_layers ? checkpoint_layer_of(model, index).prefix() : CheckpointLayer(index).prefix();
+    s.layer = config_layers ? checkpoint_layer_of(model, index) : CheckpointLayer(index);
     s.cfg = model.base;
     s.cfg.compress_ratio = ratio;
     try {
       s.cfg.validate();
     } catch (const Error& e) {
-      throw Error(e.kind(), "layer " + layer_label(s.name) + ": " + e.what());
+      throw Error(e.kind(), "layer " + s.layer.label() + ": " + e.what());
     }
     layers.push_back(s);
   }
@@ -397,8 +397,7 @@ RunPlan resolve_run(const RunArgs& raw_args) {
   if (!args.weights_file.empty()) {
     p.weights_file = args.weights_file;
     std::optional<CheckpointLayer> layer;
-    if (args.layer_opt && args.layer_opt->count())
-      layer = CheckpointLayer::parse(p.layers.at(0).name, "--layer");
+    if (args.layer_opt && args.layer_opt->count()) layer = p.layers.at(0).layer;
     try {
       p.file_weights = LayerWeights::load(args.weights_file, p.layers.at(0).cfg, layer);
     } catch (const Error& e) {

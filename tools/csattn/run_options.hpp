@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "csattn/checkpoint.hpp"
 #include "csattn/config.hpp"
 #include "csattn/layer.hpp"
 #include "csattn/layout.hpp"
@@ -65,16 +66,12 @@ void add_run_options(CLI::App& run, RunArgs& args);
 // `layers.<index>.`, or `mtp.K.` for an MTP module's, in --save files when several layers run) and its config.
 struct LayerSpec {
   int index = 0;
-  // "layers.<index>", or "mtp.K" for a config's entry past num_hidden_layers (--layer or
-  // --config picks): the --save prefix and the name reports show.
-  std::string name;
+  // The checkpoint's layer: layers.<index>, or mtp.K for a config's entry past
+  // num_hidden_layers (--layer or --config picks). Its prefix() prefixes --save names, its
+  // label() is what reports show, and --weights DIR --layer reads its tensors.
+  CheckpointLayer layer{0};
   AttentionConfig cfg;
 };
-
-// How tables and progress lines show a layer: "12" for layers.12, "mtp.0" as it is.
-inline std::string layer_label(const std::string& name) {
-  return name.rfind("layers.", 0) == 0 ? name.substr(7) : name;
-}
 
 struct RunPlan {
   std::string preset;       // the preset that gave the defaults
